@@ -1,0 +1,83 @@
+"""Preallocated, fixed-shape KV cache and the operations the decoders need on it.
+
+A cache is a plain pytree (``KVCache``) with the **batch axis at position 1**:
+``k, v: [layers, batch, slots, kv_heads, head_dim]``. It does not record how many slots are
+filled; the decoders keep per-row lengths and build attention masks from them. The model never
+writes to it: ``forward`` returns the new tokens' keys/values and the functions below commit
+them (all shapes static, per-row offsets as arrays, so nothing recompiles).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class KVCache:
+    k: jax.Array  # [L, B, S, K, D]
+    v: jax.Array  # [L, B, S, K, D]
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def nbytes(self) -> int:
+        return int(self.k.size * self.k.dtype.itemsize + self.v.size * self.v.dtype.itemsize)
+
+
+def empty_cache(config, batch: int, slots: int, dtype=None) -> KVCache:
+    """Zero cache of ``slots`` positions for ``batch`` rows."""
+    dtype = config.jnp_dtype if dtype is None else dtype
+    shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+def write(cache: KVCache, new: KVCache, start: jax.Array) -> KVCache:
+    """Write all T new entries of each row at slots ``start[b] .. start[b] + T - 1``.
+
+    ``new``: KVCache ``[L, B, T, K, D]``; ``start``: ``[B]`` int. Slots past the end are dropped
+    by ``dynamic_update_slice`` clamping, so callers must keep ``start + T <= slots``.
+    """
+    def one(c, n, s):  # c: [L, S, K, D], n: [L, T, K, D]
+        return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (0, s, 0, 0))
+
+    f = jax.vmap(one, in_axes=(1, 1, 0), out_axes=1)
+    start = jnp.asarray(start, jnp.int32)
+    return KVCache(f(cache.k, new.k, start), f(cache.v, new.v, start))
+
+
+def write_selected(cache: KVCache, new: KVCache, select: jax.Array, start: jax.Array,
+                   count: jax.Array) -> KVCache:
+    """Copy chosen new entries into contiguous slots (EAGLE-style accepted-path commit).
+
+    For row b, entries ``new[:, b, select[b, j]]`` for ``j < count[b]`` go to slot
+    ``start[b] + j``; slots for ``j >= count[b]`` keep their old content.
+    ``select``: ``[B, n]`` indices into the T axis of ``new``; ``start``, ``count``: ``[B]``.
+    """
+    n = select.shape[1]
+    slots = cache.num_slots
+    j = jnp.arange(n)
+    dest = jnp.where(j[None, :] < count[:, None], start[:, None] + j[None, :], slots)  # [B, n]
+
+    def one(c, nw, sel, d):  # c: [L, S, K, D], nw: [L, T, K, D]
+        picked = jnp.take(nw, sel, axis=1).astype(c.dtype)  # [L, n, K, D]
+        return c.at[:, d].set(picked, mode="drop")
+
+    f = jax.vmap(one, in_axes=(1, 1, 0, 0), out_axes=1)
+    return KVCache(f(cache.k, new.k, select, dest), f(cache.v, new.v, select, dest))
+
+
+def gather_rows(cache: KVCache, rows: jax.Array) -> KVCache:
+    """Reorder/duplicate batch rows (beam reselection): ``out[:, i] = cache[:, rows[i]]``."""
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=1), cache)
+
+
+def repeat_rows(cache: KVCache, times: int) -> KVCache:
+    """Each row repeated ``times`` times consecutively (share a prompt's prefill across beams)."""
+    return jax.tree.map(lambda x: jnp.repeat(x, times, axis=1), cache)

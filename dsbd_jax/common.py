@@ -1,0 +1,174 @@
+"""Pieces shared by every decoder: output type, prompt batches, prefill, one-token steps,
+EOS handling and compile counting.
+
+Prompt convention: a batch of prompts is **right-padded** ``prompt_ids [B, P]`` with
+``prompt_lengths [B]`` (each >= 1). A token at cache slot ``s`` has RoPE position ``s``; the
+prompt fills slots ``0 .. len-1`` and generated tokens follow contiguously, so masks are built
+from per-row lengths alone. ``pad_prompts`` pads a list of token lists to a length bucket so that
+prompts of one bucket share one compiled program.
+
+EOS convention (ALGORITHM.md): a row that emitted an EOS token is *finished*; it keeps
+extending with ``pad_token_id`` at log-probability 0 (an absorbing state), so beam
+distributions keep fixed shapes. ``lengths`` counts new tokens up to and including the EOS.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Dict, Optional, Sequence, Tuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import cache as kvc
+from .config import ModelConfig
+from .model import forward
+
+logger = logging.getLogger("dsbd_jax")
+
+# ---------------------------------------------------------------------------------------------
+# compile counting: a jitted function's Python body runs once per compilation (trace).
+_TRACES: Dict[str, int] = collections.Counter()
+
+
+def note_trace(name: str, **shapes) -> None:
+    """Record (and log at INFO) that ``name`` is being traced, i.e. compiled for new shapes."""
+    _TRACES[name] += 1
+    logger.info("compiling %s (#%d) for %s", name, _TRACES[name], shapes)
+
+
+def compile_count(name: Optional[str] = None):
+    """How many times a decoder was traced/compiled in this process (all of them if no name)."""
+    return dict(_TRACES) if name is None else _TRACES.get(name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+@flax.struct.dataclass
+class GenerateOutput:
+    """What every decoder returns.
+
+    sequences:       [B, W, N] int32 new tokens (``pad_token_id`` after EOS / past lengths)
+    lengths:         [B, W] int32 new tokens up to and including EOS (N if none)
+    log_likelihoods: [B, W] float32 unwarped target log p(new tokens | prompt)
+    best:            [B] int32 index of the beam with the highest log-likelihood
+    stats:           dict of arrays: ``target_calls``, ``draft_calls``, ``iterations`` (scalars
+                     for the whole batch), ``generated_tokens`` ([B]) and method-specific ones.
+    """
+
+    sequences: jax.Array
+    lengths: jax.Array
+    log_likelihoods: jax.Array
+    best: jax.Array
+    stats: Dict[str, jax.Array]
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """The padded length for a prompt of ``n`` tokens: the next power of two >= minimum."""
+    b = minimum
+    while b < n:
+        b *= 2
+    return b
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: Optional[int] = None
+                ) -> Tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists to ``length`` (default: the bucket of the longest).
+
+    Returns ``(prompt_ids [B, P] int32, prompt_lengths [B] int32)``.
+    """
+    if len(prompts) == 0:
+        raise ValueError("pad_prompts needs at least one prompt")
+    lens = [len(p) for p in prompts]
+    if min(lens) < 1:
+        raise ValueError("every prompt needs at least one token")
+    P = bucket_length(max(lens)) if length is None else length
+    if P < max(lens):
+        raise ValueError(f"length {P} is shorter than the longest prompt ({max(lens)} tokens)")
+    ids = np.full((len(prompts), P), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = np.asarray(p, np.int32)
+    return ids, np.asarray(lens, np.int32)
+
+
+def prompt_lengths_or_full(prompt_ids, prompt_lengths) -> jax.Array:
+    """``prompt_lengths`` as an int32 array, or every row full length if it is None."""
+    B, P = prompt_ids.shape
+    if prompt_lengths is None:
+        return jnp.full((B,), P, jnp.int32)
+    return jnp.asarray(prompt_lengths, jnp.int32)
+
+
+def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
+    """Host-side check (call outside jit, where the values are concrete)."""
+    if prompt_ids.ndim != 2:
+        raise ValueError(f"prompt_ids must be [batch, length], got shape {tuple(prompt_ids.shape)}")
+    if prompt_lengths is None or isinstance(prompt_lengths, jax.core.Tracer):
+        return
+    lens = np.asarray(prompt_lengths)
+    if lens.shape != (prompt_ids.shape[0],):
+        raise ValueError(f"prompt_lengths must have shape [{prompt_ids.shape[0]}], got {lens.shape}")
+    if lens.min() < 1 or lens.max() > prompt_ids.shape[1]:
+        raise ValueError(f"prompt_lengths must be in [1, {prompt_ids.shape[1]}], got {lens.tolist()}")
+
+
+# ---------------------------------------------------------------------------------------------
+def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int):
+    """Run the prompts once. Returns ``(cache [L, B, slots, K, D], last_logits [B, V])``.
+
+    Slots ``0 .. len-1`` of each row hold the prompt; later slots are zero.
+    """
+    B, P = prompt_ids.shape
+    if slots < P:
+        raise ValueError(f"cache of {slots} slots cannot hold a prompt of {P} tokens")
+    from .model import causal_mask
+    positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
+    mask = causal_mask(prompt_lengths, P)
+    logits, new = forward(config, params, prompt_ids, positions, mask, None,
+                          logits_at=(prompt_lengths - 1)[:, None])
+    cache = kvc.empty_cache(config, B, slots)
+    cache = kvc.write(cache, new, jnp.zeros((B,), jnp.int32))
+    return cache, logits[:, 0]
+
+
+def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths):
+    """Feed one token per row at slot ``lengths[r]``; returns ``(logits [R, V], cache)``.
+
+    ``lengths`` is the number of filled slots before this token (the token's position).
+    """
+    R = tokens.shape[0]
+    S = cache.num_slots
+    slot_ok = jnp.arange(S)[None, :] < lengths[:, None]
+    mask = jnp.concatenate([slot_ok, jnp.ones((R, 1), bool)], axis=-1)[:, None, :]
+    logits, new = forward(config, params, tokens[:, None], lengths[:, None], mask, cache)
+    return logits[:, 0], kvc.write(cache, new, lengths)
+
+
+# ---------------------------------------------------------------------------------------------
+def eos_array(eos_token_id) -> jax.Array:
+    ids = () if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist())
+    return jnp.asarray(ids if ids else (-1,), jnp.int32)
+
+
+def is_eos(tokens, eos_token_id) -> jax.Array:
+    """Boolean array: tokens that are one of the EOS ids (never true if there is none)."""
+    return jnp.any(tokens[..., None] == eos_array(eos_token_id), axis=-1)
+
+
+def absorb_finished(logprobs: jax.Array, finished: jax.Array, pad_token_id: int) -> jax.Array:
+    """Finished rows become a point mass on ``pad_token_id`` (log-prob 0): ``[..., V]``."""
+    V = logprobs.shape[-1]
+    point = jnp.where(jnp.arange(V) == pad_token_id, 0.0, -jnp.inf)
+    return jnp.where(finished[..., None], point, logprobs)
+
+
+def best_and_lengths(sequences, log_likelihoods, eos_token_id):
+    """``lengths [B, W]`` (up to and including the first EOS) and ``best [B]``."""
+    N = sequences.shape[-1]
+    eos = is_eos(sequences, eos_token_id)
+    first = jnp.argmax(eos, axis=-1)
+    lengths = jnp.where(jnp.any(eos, axis=-1), first + 1, N).astype(jnp.int32)
+    best = jnp.argmax(log_likelihoods, axis=-1).astype(jnp.int32)
+    return lengths, best
