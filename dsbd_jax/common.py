@@ -172,3 +172,80 @@ def best_and_lengths(sequences, log_likelihoods, eos_token_id):
     lengths = jnp.where(jnp.any(eos, axis=-1), first + 1, N).astype(jnp.int32)
     best = jnp.argmax(log_likelihoods, axis=-1).astype(jnp.int32)
     return lengths, best
+
+
+# ---------------------------------------------------------------------------------------------
+import dataclasses  # noqa: E402
+
+from .warping import validate_warping  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of every baseline decoder; frozen and hashable (a static argument under jit).
+
+    ``target`` / ``draft`` are the model configs (``draft`` only for the speculative methods).
+    ``eos_token_id`` defaults to the target's; ``pad_token_id`` (what finished rows emit)
+    defaults to the target's pad id, else the first EOS id, else 0.
+    ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
+    token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
+    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only.
+    """
+
+    target: ModelConfig
+    draft: Optional[ModelConfig] = None
+    max_new_tokens: int = 32
+    num_beams: int = 1
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: float = 1.0
+    replacement: bool = True
+    eos_token_id: Optional[Tuple[int, ...]] = None
+    pad_token_id: Optional[int] = None
+    gamma: int = 4
+    tree_widths: Optional[Tuple[int, ...]] = None
+    length_penalty: float = 1.0
+    early_stopping: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.target, ModelConfig):
+            raise ValueError("DecodeConfig.target must be a ModelConfig")
+        if self.draft is not None:
+            if not isinstance(self.draft, ModelConfig):
+                raise ValueError("DecodeConfig.draft must be a ModelConfig or None")
+            if self.draft.vocab_size != self.target.vocab_size:
+                raise ValueError(
+                    f"draft and target vocabularies differ ({self.draft.vocab_size} vs "
+                    f"{self.target.vocab_size}); speculative decoding needs one vocabulary")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"num_beams (width) must be an int >= 1, got {self.num_beams!r}")
+        validate_warping(self.temperature, self.top_k, self.top_p)
+        if not isinstance(self.gamma, int) or self.gamma < 1:
+            raise ValueError(f"gamma must be an int >= 1, got {self.gamma!r}")
+        eos = self.eos_token_id if self.eos_token_id is not None else self.target.eos_token_id
+        if isinstance(eos, (int, np.integer)):
+            eos = (int(eos),)
+        object.__setattr__(self, "eos_token_id", tuple(eos) if eos is not None else None)
+        if self.tree_widths is not None:
+            tw = tuple(self.tree_widths)
+            if len(tw) != self.gamma or any((not isinstance(w, int)) or w < 1 for w in tw):
+                raise ValueError(f"tree_widths must be {self.gamma} ints >= 1 (one per level), got {tw}")
+            object.__setattr__(self, "tree_widths", tw)
+        for tok in (self.eos_token_id or ()):
+            if not 0 <= tok < self.target.vocab_size:
+                raise ValueError(f"eos_token_id {tok} is outside the vocabulary")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.target.vocab_size:
+            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary")
+
+    @property
+    def pad_id(self) -> int:
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        if self.target.pad_token_id is not None and self.target.pad_token_id < self.target.vocab_size:
+            return self.target.pad_token_id
+        return self.eos_token_id[0] if self.eos_token_id else 0
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
