@@ -21,23 +21,14 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def load_prompts(tokenizer, n):
-    from dsbd_jax import datasets
-    from dsbd_jax.cli import _encode
-    half = (n + 1) // 2
-    texts = datasets.chat_prompts("humaneval", half) + datasets.chat_prompts("gsm8k", n - half)
-    return texts, _encode(tokenizer, texts)
-
-
 def jax_part(args):
-    import jax
     from dsbd_jax import bench, common
+    from dsbd_jax.datasets import benchmark_prompts
     from dsbd_jax.beam import beam_sample
     from dsbd_jax.loading import load_model
     from dsbd_jax.sampling import sample
@@ -45,7 +36,7 @@ def jax_part(args):
 
     target = load_model(TARGET)
     draft = load_model(DRAFT)
-    texts, prompts = load_prompts(target.tokenizer, args.prompts)
+    texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
     P = common.bucket_length(max(len(p) for p in prompts))
     warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
                 max_new_tokens=args.max_new_tokens)
@@ -59,31 +50,8 @@ def jax_part(args):
     rows = []
     for name, fn, cfg, spec in methods:
         params = {"target": target.params, "draft": draft.params} if spec else target.params
-        per_prompt, compile_s = [], None
-        for i, p in enumerate(prompts):
-            ids, lens = common.pad_prompts([p], length=P)
-            key = jax.random.PRNGKey(args.seed + i)
-            run = lambda: fn(params, ids, key, cfg, prompt_lengths=lens)  # noqa: E731
-            if compile_s is None:
-                _, first = bench.timed(run)
-            out, t = bench.timed(run)
-            if compile_s is None:
-                compile_s = max(first - t, 0.0)
-            st = {k: np.asarray(v) for k, v in out.stats.items()}
-            b = int(np.asarray(out.best)[0])
-            n_tok = int(np.asarray(out.lengths)[0, b])
-            per_prompt.append({"seconds": t, "tokens": n_tok,
-                               "target_calls": int(st["target_calls"]),
-                               "loglik_per_token": float(np.asarray(out.log_likelihoods)[0, b]) / n_tok})
-            print(f"  {name} prompt {i}: {n_tok} tokens in {t:.2f} s", flush=True)
-        tok = sum(r["tokens"] for r in per_prompt)
-        sec = sum(r["seconds"] for r in per_prompt)
-        calls = sum(r["target_calls"] for r in per_prompt)
-        rows.append({"impl": "dsbd_jax", "method": name, "tokens_per_s": tok / sec,
-                     "compile_s": compile_s, "target_calls_per_token": calls / tok,
-                     "accepted_per_target_call": tok / calls,
-                     "loglik_per_token": float(np.mean([r["loglik_per_token"] for r in per_prompt])),
-                     "prompts": per_prompt})
+        r = bench.run_over_prompts(fn, params, cfg, prompts, P, seed=args.seed, label=name)
+        rows.append({"impl": "dsbd_jax", "method": name, **r})
     return texts, prompts, rows
 
 
@@ -167,7 +135,7 @@ def main():
         ratios[f"{spec[0]} / sample"] = ours[spec[0]]["tokens_per_s"] / ours["sample"]["tokens_per_s"]
     print()
     bench.print_table(rows, ["impl", "method", "tokens_per_s", "compile_s", "target_calls_per_token",
-                             "accepted_per_target_call", "loglik_per_token"])
+                             "tokens_per_target_call", "loglik_per_token"])
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
     bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),

@@ -80,3 +80,47 @@ def print_table(rows: Sequence[Dict[str, Any]], columns: List[str]) -> None:
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def run_over_prompts(fn, params, config, prompts, length: int, seed: int = 0,
+                     takes_key: bool = True, label: str = "", log=print) -> Dict[str, Any]:
+    """Run one decoder over prompts one at a time (batch 1, all padded to ``length``).
+
+    The first call compiles; it is timed apart (``compile_s`` = first call minus a warm call)
+    and never counted in a speed. Per prompt: wall seconds, tokens of the best beam, target and
+    draft calls, and the best beam's target log-likelihood per token.
+    """
+    from .common import pad_prompts
+    per_prompt, compile_s = [], None
+    for i, p in enumerate(prompts):
+        ids, lens = pad_prompts([p], length=length)
+        key = jax.random.PRNGKey(seed + i)
+        args = (params, ids, key, config) if takes_key else (params, ids, config)
+        if compile_s is None:
+            _, first = timed(fn, *args, prompt_lengths=lens)
+        out, t = timed(fn, *args, prompt_lengths=lens)
+        if compile_s is None:
+            compile_s = max(first - t, 0.0)
+        stats = {k: np.asarray(v) for k, v in out.stats.items()}
+        b = int(np.asarray(out.best)[0])
+        n_tok = int(np.asarray(out.lengths)[0, b])
+        rec = {"seconds": t, "tokens": n_tok,
+               "target_calls": int(stats.get("target_calls", 0)),
+               "draft_calls": int(stats.get("draft_calls", 0)),
+               "iterations": int(stats.get("iterations", 0)),
+               "loglik_per_token": float(np.asarray(out.log_likelihoods)[0, b]) / max(n_tok, 1)}
+        for k, v in stats.items():
+            if k not in rec and v.size == 1:
+                rec[k] = float(v.reshape(()))
+        per_prompt.append(rec)
+        log(f"  {label} prompt {i}: {n_tok} tokens in {t:.2f} s")
+    tok = sum(r["tokens"] for r in per_prompt)
+    sec = sum(r["seconds"] for r in per_prompt)
+    calls = sum(r["target_calls"] for r in per_prompt)
+    summary = {"tokens_per_s": tok / sec, "compile_s": compile_s,
+               "target_calls_per_token": calls / tok,
+               "draft_calls_per_token": sum(r["draft_calls"] for r in per_prompt) / tok,
+               "tokens_per_target_call": tok / max(calls, 1),
+               "loglik_per_token": float(np.mean([r["loglik_per_token"] for r in per_prompt])),
+               "prompts": per_prompt}
+    return summary

@@ -56,20 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _encode(tokenizer, prompts: List[str], raw: bool = False) -> List[List[int]]:
-    out = []
-    for text in prompts:
-        if not raw and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-        else:
-            ids = tokenizer(text)["input_ids"]
-        out.append(list(ids))
-    return out
-
-
 def _method(name: str, args, target_cfg, draft_cfg):
     """(function, config, takes_key) for a method name and the CLI settings."""
     from . import common
@@ -141,13 +127,14 @@ def cmd_demo(args) -> int:
     from .loading import load_model
     from .common import pad_prompts
     from . import datasets
+    from .datasets import encode_chat
     prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
                               datasets.chat_prompts("gsm8k", 1)[0]]
     t0 = time.perf_counter()
     draft = load_model(args.draft)
     target = load_model(args.target)
     print(f"loaded {args.target} (target) and {args.draft} (draft) in {time.perf_counter() - t0:.1f} s")
-    ids, lens = pad_prompts(_encode(target.tokenizer, prompts), pad_id=0)
+    ids, lens = pad_prompts(encode_chat(target.tokenizer, prompts), pad_id=0)
     results = {}
     for name in ("beam", "dsbd"):
         out, comp, run_s = run_method(name, args, target, draft, ids, lens)
@@ -168,13 +155,14 @@ def cmd_demo(args) -> int:
 def cmd_generate(args) -> int:
     from .loading import load_model
     from .common import pad_prompts
+    from .datasets import encode_chat
     if args.method not in METHODS:
         raise CLIError(f"unknown method {args.method!r}")
     target = load_model(args.target)
     if target.tokenizer is None:
         raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
     draft = load_model(args.draft) if args.method in ("dsbd", "spec", "tree") else None
-    ids, lens = pad_prompts(_encode(target.tokenizer, args.prompt, args.raw), pad_id=0)
+    ids, lens = pad_prompts(encode_chat(target.tokenizer, args.prompt, args.raw), pad_id=0)
     out, comp, run_s = run_method(args.method, args, target, draft, ids, lens)
     print(f"[{args.method}] compile {comp:.1f} s")
     _print_outputs(target.tokenizer, args.method, out, args.prompt, run_s)

@@ -56,3 +56,27 @@ def chat_prompts(name: str, limit: int = None) -> List[str]:
         return ["Complete the following Python function. Reply with code only.\n\n" + r["prompt"]
                 for r in rows]
     return [r["question"] + "\nThink step by step and end with 'The answer is N'." for r in rows]
+
+
+def encode_chat(tokenizer, texts: List[str], raw: bool = False) -> List[List[int]]:
+    """Token ids of each user message wrapped in the tokenizer's chat template (with the
+    assistant generation prompt); ``raw=True`` or no template: the plain encoding."""
+    out = []
+    for text in texts:
+        if not raw and getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(text)["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def benchmark_prompts(tokenizer, n: int):
+    """The benchmarks' prompt set: the first ceil(n/2) HumanEval and floor(n/2) GSM8K problems.
+    Returns ``(texts, token id lists)``."""
+    half = (n + 1) // 2
+    texts = chat_prompts("humaneval", half) + chat_prompts("gsm8k", n - half)
+    return texts, encode_chat(tokenizer, texts)
