@@ -139,7 +139,8 @@ def main(argv=None):
         return
 
     results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                           "python": platform.python_version()},
+                           "python": platform.python_version(),
+                           "loadavg_start": os.getloadavg()},
                "dtype": args.dtype, "models": {}}
     for name in models:
         cache_dir = tempfile.mkdtemp(prefix="dsbd_bench_cache_")
@@ -162,6 +163,7 @@ def main(argv=None):
               f"{r['cached_load_s']:8.1f} {r['peak_rss_cold_mb'] / 1024:8.2f}G "
               f"{r['peak_rss_after_decode_mb'] / 1024:9.2f}G {r['prefill_ms']:10.1f} "
               f"{r['decode_ms_per_token']:8.1f}")
+    results["machine"]["loadavg_end"] = os.getloadavg()  # other work on the machine skews times
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -40,7 +40,7 @@ import numpy as np
 from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
-from .sampling import check_inputs, prepare_keys, row_keys, step_keys, target_params
+from .sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
 from .warping import sample_without_replacement, warp_logits
 
 NEG_INF = -jnp.inf
@@ -195,6 +195,7 @@ def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=No
       likely beam; stats ``target_calls``, ``draft_calls`` (0), ``iterations``,
       ``generated_tokens [B]`` (the longest beam's length).
     """
+    prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths, key)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     return _beam_sample_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
@@ -325,6 +326,7 @@ def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -
       ``sequences_scores`` (``sum_logprobs / generated_len ** length_penalty``), plus
       ``target_calls``, ``draft_calls`` (0), ``iterations`` and ``generated_tokens [B]``.
     """
+    prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths)
     if not (isinstance(config.length_penalty, (int, float)) and
             np.isfinite(config.length_penalty)):

@@ -1,4 +1,4 @@
-"""Dynamic-Width Speculative Beam Decoding (Qin et al., AAAI 2025), exactly as ALGORITHM.md fixes it.
+"""Dynamic-Width Speculative Beam Decoding (Qin et al., AAAI 2025), as ALGORITHM.md fixes it.
 
 ``dsbd_generate`` runs the whole generation in ONE jit: a ``lax.while_loop`` over iterations; each
 iteration, for every prompt of the batch at once:
@@ -34,13 +34,16 @@ remaining budget are never verified).
 Stats (ints unless noted): ``iterations`` (loop trips), ``target_calls`` / ``draft_calls`` (forward
 passes over the batch after the prefills; ``gamma`` draft calls per iteration),
 ``generated_tokens [B]``, ``row_iterations [B]``, ``accepted_layers [B]`` (verified layers that
-passed), ``mean_layers_per_iteration [B]`` (float: tokens per iteration), ``depth_hist [B, gamma+2]``
+passed) and ``mean_accepted_layers [B]`` (float, per iteration),
+``mean_layers_per_iteration [B]`` (float: tokens per iteration = accepted layers + the correction
+or extra layer), ``depth_hist [B, gamma+2]``
 (iterations whose budget allowed all ``gamma + 1`` tokens, by the depth they produced: the
 quantity of Theorem 3.2), ``step_widths [B, N]`` (beams at each generated step),
 ``layer_verified / layer_passed / layer_candidates / layer_accepted / layer_width_sum [gamma]``
 (sums over prompts and iterations), ``layer_acceptance_rate [gamma]`` (passed / verified),
-``candidate_acceptance_rate [gamma]`` (accepted / candidates), ``mean_layer_width [gamma]`` and
-``average_accepted_width`` (floats), ``num_beams_out [B]``.
+``candidate_acceptance_rate [gamma]`` (accepted / candidates), ``mean_layer_width [gamma]`` (mean
+``W_L``), ``mean_accepted_width`` (accepted candidates per verified layer) (floats),
+``num_beams_out [B]``.
 """
 
 from __future__ import annotations
@@ -100,12 +103,14 @@ class DSBDConfig(DecodeConfig):
             raise ValueError(f"draft_width (W_S = {self.draft_width}) must be >= min_width "
                              f"(W_min = {self.min_width})")
         t = self.threshold
-        if isinstance(t, bool) or not isinstance(t, (int, float, np.floating)) or not 0.0 <= t <= 1.0:
+        is_number = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
+        if not is_number or not 0.0 <= t <= 1.0:
             raise ValueError(f"threshold must be a number in [0, 1], got {t!r}")
         object.__setattr__(self, "threshold", float(t))
         mw = self.draft_width if self.max_width is None else self.max_width
         if not isinstance(mw, (int, np.integer)) or isinstance(mw, bool) or mw < self.min_width:
-            raise ValueError(f"max_width must be an int >= min_width ({self.min_width}), got {mw!r}")
+            raise ValueError(f"max_width must be an int >= min_width ({self.min_width}), "
+                             f"got {mw!r}")
         object.__setattr__(self, "max_width", int(mw))
         if nb is not None and nb > self.max_width:
             raise ValueError(f"num_beams ({nb}) must be <= max_width ({self.max_width}); raise "
@@ -197,7 +202,8 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
         scores=jnp.where(first, 0.0, NEG_INF).repeat(B, 0).astype(jnp.float32),
         finished=jnp.zeros((B, W), bool), live=jnp.broadcast_to(first, (B, W)),
         pending=jnp.broadcast_to(prompt_ids[rows, prompt_lengths - 1][:, None], (B, W)),
-        prev=jnp.broadcast_to(prompt_ids[rows, jnp.maximum(prompt_lengths - 2, 0)][:, None], (B, W)),
+        prev=jnp.broadcast_to(prompt_ids[rows, jnp.maximum(prompt_lengths - 2, 0)][:, None],
+                              (B, W)),
         step_widths=jnp.zeros((B, N), jnp.int32), depth_hist=jnp.zeros((B, G + 2), jnp.int32),
         accepted_layers=zi, layer_verified=zg, layer_passed=zg, layer_width=zg,
         layer_candidates=zg, layer_accepted=zg, iterations=jnp.int32(0),
@@ -344,6 +350,7 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
         draft_calls=state.draft_calls, generated_tokens=state.generated,
         row_iterations=state.row_iter, accepted_layers=state.accepted_layers,
         mean_layers_per_iteration=ratio(state.generated, state.row_iter),
+        mean_accepted_layers=ratio(state.accepted_layers, state.row_iter),
         depth_hist=state.depth_hist, step_widths=state.step_widths,
         layer_verified=state.layer_verified, layer_passed=state.layer_passed,
         layer_candidates=state.layer_candidates, layer_accepted=state.layer_accepted,
@@ -351,7 +358,7 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
         layer_acceptance_rate=ratio(state.layer_passed, state.layer_verified),
         candidate_acceptance_rate=ratio(state.layer_accepted, state.layer_candidates),
         mean_layer_width=ratio(state.layer_width, state.layer_verified),
-        average_accepted_width=ratio(jnp.sum(state.layer_accepted), jnp.sum(state.layer_verified)),
+        mean_accepted_width=ratio(jnp.sum(state.layer_accepted), jnp.sum(state.layer_verified)),
         num_beams_out=jnp.sum(state.live, axis=1).astype(jnp.int32))
     return GenerateOutput(sequences=state.sequences, lengths=lengths, log_likelihoods=loglik,
                           best=best, stats=stats)

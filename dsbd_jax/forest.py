@@ -95,13 +95,13 @@ class Forest:
 # ---------------------------------------------------------------------------------------------
 # masks
 def visible(ids: jax.Array, ok: jax.Array, size: int) -> jax.Array:
-    """``[B, n, k]`` ids (with ``ok``) -> ``[B, n, size]`` bool: which of ``size`` entries are listed."""
+    """``[B, n, k]`` ids (with ``ok``) -> ``[B, n, size]`` bool: the listed entries."""
     hit = (ids[..., None] == jnp.arange(size)) & ok[..., None]
     return jnp.any(hit, axis=-2)
 
 
 def root_slots(root: jax.Array, filled: jax.Array, Wc: int, S: int) -> jax.Array:
-    """``[B, n]`` roots, ``[B]`` filled slots -> ``[B, n, Wc * S]``: the root beam's slots ``< filled``."""
+    """``[B, n]`` roots, ``[B]`` filled slots -> ``[B, n, Wc * S]``: root slots ``< filled``."""
     beam = jnp.arange(Wc)[None, None, :, None] == root[:, :, None, None]
     slot = jnp.arange(S)[None, None, None, :] < filled[:, None, None, None]
     return (beam & slot).reshape(root.shape + (Wc * S,))
@@ -183,7 +183,7 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
     Returns:
       ``(Forest, buffer)``; the buffer's scratch holds prev, pending and layers ``1 .. G-1``.
     """
-    Wc, C, G, S, V = lay.Wc, lay.C, lay.G, lay.S, lay.V
+    Wc, C, G, S = lay.Wc, lay.C, lay.G, lay.S
     B = base.shape[0]
     off = Wc * S
     has_prev = base >= 1
@@ -202,7 +202,8 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
                             jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
     logits0, buffer = _draft_forward(config, draft_params, buffer, tokens0, pos0, mask0, off,
                                      logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
-    first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live, lay.P)
+    first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
+                        lay.P)
 
     # ancestors of the input beams: themselves at every depth.
     anc_in = jnp.broadcast_to(r[None, :, None], (B, Wc, G + 1))
@@ -229,7 +230,8 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
         logits, buffer = _draft_forward(config, draft_params, buffer, cur["token"], pos, mask,
                                         off + 2 * Wc + (l - 1) * C)
         pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
-        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"], cur["finished"], cur["valid"], lay.P)
+        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"],
+                          cur["finished"], cur["valid"], lay.P)
         nxt_anc = new_anc(cur_anc, l + 1, nxt["parent"])
         return (buffer, nxt, nxt_anc), (nxt, nxt_anc)
 
@@ -242,10 +244,9 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
                   for k, v in layers.items()}                              # [B, G, ...]
         anc = jnp.concatenate([anc, jnp.moveaxis(rest_anc, 0, 1).reshape(B, (G - 1) * C, G + 1)],
                               axis=1)                                      # [B, T, G+1]
-    stack = layers.__getitem__
-    tokens = stack("token")
-    forest = Forest(tokens=tokens, parent=stack("parent"), flat=stack("flat"),
-                    valid=stack("valid"), finished=stack("finished"), q=stack("q"), anc=anc,
+    tokens = layers["token"]
+    forest = Forest(tokens=tokens, parent=layers["parent"], flat=layers["flat"],
+                    valid=layers["valid"], finished=layers["finished"], q=layers["q"], anc=anc,
                     node_tokens=jnp.concatenate([pending, tokens.reshape(B, G * C)], axis=1))
     return forest, buffer
 

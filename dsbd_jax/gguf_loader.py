@@ -11,7 +11,7 @@ permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permut
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -17,7 +17,7 @@ of keys, and step t uses ``fold_in(row_key, t)``; so a prompt gives the same tok
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import flax.struct
 import jax
@@ -124,6 +124,11 @@ def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=N
         check_key(key, shape[0])
 
 
+def as_array(x):
+    """``x`` unchanged if it is a jax array (or tracer), else ``np.asarray(x)`` (lists, tuples)."""
+    return x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
+
+
 def is_greedy(config: DecodeConfig) -> bool:
     return config.temperature == 0.0 or config.top_k == 1
 
@@ -210,6 +215,7 @@ def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -
       ``draft_calls`` (0), ``iterations`` (decode steps) and ``generated_tokens [B]`` (the
       longest sample's length).
     """
+    prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths, key)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     return _sample_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,

@@ -134,7 +134,8 @@ def beam_distribution(joint: jax.Array, parent_ok: jax.Array, temperature: float
     applied). Rows of parents that are not allowed get ``-inf`` before warping.
     """
     lw = jnp.where(parent_ok[:, None], joint, NEG_INF).reshape(-1)
-    return jnp.exp(warp_logits(lw, temperature, top_k, top_p))
+    lw = warp_logits(lw, temperature, top_k, top_p)
+    return jnp.where(jnp.isnan(lw), 0.0, jnp.exp(lw))   # no parent at all (unused layer): zeros
 
 
 def pick(v: jax.Array, idx: jax.Array) -> jax.Array:
@@ -320,7 +321,8 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
 
     init = (input_ok, budget >= 1, jnp.zeros((), jnp.int32), jnp.zeros((W_out,), jnp.int32),
             jnp.zeros((W_out,), bool), jnp.zeros((), jnp.int32))
-    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g, joint[:G], q, cand, cand_ok, cand_finished)
+    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g, joint[:G], q, cand,
+          cand_ok, cand_finished)
     (parent_ok, go, depth, flat, valid, last_w), (widths, verified, passed, m, n_acc) = \
         jax.lax.scan(layer, init, xs)
 

@@ -34,7 +34,8 @@ from .warping import residual
 
 
 def acceptance_rates(p: jax.Array, q: jax.Array, num: int) -> jax.Array:
-    """``alpha_1 .. alpha_num`` of the residual chain: ``p, q [..., N]`` probabilities -> ``[..., num]``."""
+    """``alpha_1 .. alpha_num`` of the residual chain: ``p, q [..., N]`` (probabilities) ->
+    ``[..., num]``."""
     def step(pj, _):
         alpha = jnp.sum(jnp.minimum(pj, q), axis=-1)
         return residual(pj, q), alpha

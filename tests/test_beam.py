@@ -55,6 +55,14 @@ def test_reference_width_one_is_sampling(toy):
     assert abs(wo[((1,), (4,))] - want) < 1e-6 and ((4,), (4,)) not in wo
     for d in (w, wo):
         assert abs(sum(d.values()) - 1) < 1e-9
+    # varying widths (what a dynamic-width decoder produces): still a distribution over beam sets
+    for rep in (True, False):
+        d = exact_beam_sample_dist(lp, (2, 5), [3, 1, 2], 1.2, 5, 0.95, rep, (0,), 5)
+        assert abs(sum(d.values()) - 1) < 1e-9
+        # 2 beams; or 3 / 1 if every beam had ended after step 1 / 2 (the row stopped there)
+        sizes = {len(k) for k in d}
+        assert 2 in sizes and sizes <= {1, 2, 3}
+        assert sum(p for k, p in d.items() if len(k) == 2) > 0.5
 
 
 def test_pieces():

@@ -4,8 +4,13 @@ Exactness (Theorem 3.1). The same prompt in a batch of 10,000 rows, ONE jitted c
 of output beams after N = 3 new tokens is compared with the exact beam-sampling distribution
 (enumeration, tests/exact_reference.py) by Pearson's chi-square (expected counts < 5 pooled).
 Pass: p > 1e-3, so a correct implementation fails a case 0.1% of the time. A wrong rule fails by
-a wide margin at this size: with config A and 20,000 rows, accepting with q/p' gave p = 0
-(chi2 = 6e5 on 272 dof) and not restricting q after a rejected parent gave p = 2e-25.
+a wide margin at this size (measured by patching verify.py, same keys): case "replacement"
+(correct: p = 0.87) gives p = 0 with q/p' (211 outcomes outside the exact support) and
+p = 4e-26 when q is not restricted to the surviving parents; case "no_replacement" (correct:
+p = 0.43) gives p = 0 with q/p', p = 5e-50 without the restriction, and p = 0 with the
+with-replacement rule on drafts drawn without replacement (the official code's deviation).
+Case "replacement" without warping (nothing falls outside the support): correct p = 0.19, q/p'
+chi2 = 1.1e5 on 151 dof.
 
 Widths. ``threshold = 1`` is fixed width ``min_width`` (and the extra layer draws the last layer's
 width), so it must equal beam sampling of width ``min_width``. For dynamic width the width picked at
@@ -80,9 +85,9 @@ def _np_tail(p, q, m):
 EXACT_CASES = {
     # gamma, W_S, W (= min_width), vocab, warping, replacement, eos
     "replacement": dict(gamma=2, draft_width=3, min_width=2, vocab=5,
-                        warp=dict(top_k=6, temperature=0.8), replacement=True, eos=(4,)),
-    "no_replacement": dict(gamma=3, draft_width=4, min_width=3, vocab=5, warp=dict(top_p=0.9),
-                           replacement=False, eos=(4,)),
+                        warp=dict(top_k=8, temperature=1.3), replacement=True, eos=(4,)),
+    "no_replacement": dict(gamma=3, draft_width=4, min_width=3, vocab=5,
+                           warp=dict(top_p=0.9, temperature=1.3), replacement=False, eos=(4,)),
 }
 
 

@@ -25,7 +25,6 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax import cache as kvc
 from dsbd_jax import common
 from dsbd_jax.loading import load_model
 from dsbd_jax.model import forward, logits as jax_logits

@@ -12,8 +12,6 @@ EOS) move outcome probabilities by several percent; at 20000 rows that gives p <
 (test_beam's broken-rule tests).
 """
 
-import collections
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,7 +140,8 @@ def test_batch_rows_equal_single_runs_and_no_recompile(toy):
     batch = sample(params, ids, keys, dc, lens)
     for b in range(len(prompts)):
         alone = sample(params, ids[b:b + 1], keys[b:b + 1], dc, lens[b:b + 1])
-        np.testing.assert_array_equal(np.asarray(alone.sequences[0]), np.asarray(batch.sequences[b]))
+        np.testing.assert_array_equal(np.asarray(alone.sequences[0]),
+                                      np.asarray(batch.sequences[b]))
         np.testing.assert_allclose(np.asarray(alone.log_likelihoods[0]),
                                    np.asarray(batch.log_likelihoods[b]), atol=1e-5)
     # a row that is finished after one step stops the loop (prompt (3,): p(EOS = 0) = 0.89,

@@ -123,9 +123,8 @@ def test_rule_pieces():
     np.testing.assert_allclose(verify.reject_update(q, q), q)           # nothing left: keep p'
     np.testing.assert_allclose(verify.remove(q, 1), [1 / 3, 0, 1 / 3, 1 / 3], rtol=1e-6)
     # q restricted to surviving parents (2 parents x 2 tokens), renormalised
-    np.testing.assert_allclose(verify.restrict_draft(jnp.array([0.1, 0.3, 0.4, 0.2]),
-                                                     jnp.array([False, True])), [0, 0, 2 / 3, 1 / 3],
-                               rtol=1e-6)
+    restricted = verify.restrict_draft(jnp.array([0.1, 0.3, 0.4, 0.2]), jnp.array([False, True]))
+    np.testing.assert_allclose(restricted, [0, 0, 2 / 3, 1 / 3], rtol=1e-6)
     flat, n = verify.compact(jnp.array([7, 8, 9, 10]), jnp.array([False, True, False, True]), 3)
     assert int(n) == 2 and list(np.asarray(flat)[:2]) == [8, 10]
     # CDF draws never pick zero-probability entries, even at u -> 1
