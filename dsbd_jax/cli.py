@@ -67,7 +67,8 @@ def _method(name: str, args, target_cfg, draft_cfg):
         from .dsbd import DSBDConfig, dsbd_generate
         cfg = DSBDConfig(**base, draft=draft_cfg, gamma=args.gamma, draft_width=args.draft_width,
                          threshold=args.threshold, min_width=args.min_width,
-                         num_beams=args.beams, single_beam=args.single_beam)
+                         num_beams=args.beams, max_width=max(args.beams, args.draft_width),
+                         single_beam=args.single_beam)
         return dsbd_generate, cfg, True
     if name == "beam":
         from .beam import beam_sample

@@ -249,3 +249,36 @@ class DecodeConfig:
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# PRNG keys: one key (row b uses fold_in(key, b)) or a batch of keys [B] (row b uses key[b]).
+def is_typed_key(key) -> bool:
+    dtype = getattr(key, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def check_key(key, batch: int) -> None:
+    """``ValueError`` unless ``key`` is one PRNG key or a batch of ``batch`` keys (typed keys from
+    ``jax.random.key`` or raw ``uint32`` keys from ``jax.random.PRNGKey``)."""
+    shape = tuple(np.shape(key))
+    if is_typed_key(key):
+        ok = shape in ((), (batch,))
+    else:
+        ok = shape in ((2,), (batch, 2)) and jnp.issubdtype(getattr(key, "dtype", np.float32),
+                                                             jnp.unsignedinteger)
+    if not ok:
+        raise ValueError(
+            f"key must be one PRNG key (jax.random.key or PRNGKey) or a batch of {batch} keys, "
+            f"got shape {shape} dtype {getattr(key, 'dtype', type(key))}")
+
+
+def row_keys(key, batch: int) -> jax.Array:
+    """Typed per-row keys ``[B]``: ``fold_in(key, b)`` for one key, ``key[b]`` for a batch.
+    Raw ``uint32`` keys are wrapped first (same bits, so the same samples)."""
+    key = key if isinstance(key, jax.Array) else jnp.asarray(key)
+    if not is_typed_key(key):
+        key = jax.random.wrap_key_data(key.astype(jnp.uint32))
+    if key.shape == ():
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
+    return key

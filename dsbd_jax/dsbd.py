@@ -176,14 +176,6 @@ def _to_rows(cache: KVCache, Wc: int, extra: int = 0) -> KVCache:
     return KVCache(f(cache.k), f(cache.v))
 
 
-def row_keys(key: jax.Array, batch: int) -> jax.Array:
-    """Row b uses ``fold_in(key, b)`` for a single key, ``key[b]`` for ``[B]`` keys."""
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    if key.ndim == (0 if typed else 1):
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
-    return key
-
-
 def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> DSBDState:
     """Prefill both models once per prompt; the prompt is beam 0, its last token pending."""
     B, P = prompt_ids.shape
@@ -197,7 +189,7 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
     zg = jnp.zeros((G,), jnp.int32)
     return DSBDState(
         target_cache=_to_rows(tcache, lay.Wc), draft_cache=_to_rows(dcache, lay.Wc, lay.Td),
-        keys=row_keys(key, B), row_iter=zi, generated=zi, done=jnp.zeros((B,), bool), anchor=zi,
+        keys=common.row_keys(key, B), row_iter=zi, generated=zi, done=jnp.zeros((B,), bool), anchor=zi,
         sequences=jnp.full((B, W, N), config.pad_id, jnp.int32),
         scores=jnp.where(first, 0.0, NEG_INF).repeat(B, 0).astype(jnp.float32),
         finished=jnp.zeros((B, W), bool), live=jnp.broadcast_to(first, (B, W)),
@@ -404,13 +396,7 @@ def check_inputs(params, prompt_ids, key, config, prompt_lengths) -> None:
             raise ValueError(f"{P} prompt + {config.max_new_tokens} new + {config.gamma + 1} "
                              f"look-ahead positions exceed the {name}'s max_position_embeddings "
                              f"({mc.max_position_embeddings})")
-    kshape = tuple(np.shape(key))
-    kdtype = getattr(key, "dtype", None)
-    typed = kdtype is not None and jnp.issubdtype(kdtype, jax.dtypes.prng_key)
-    ok = kshape in ((), (B,)) if typed else (kshape in ((2,), (B, 2)) and kdtype is not None
-                                               and jnp.issubdtype(kdtype, jnp.unsignedinteger))
-    if not ok:
-        raise ValueError(f"key must be one PRNG key or a batch of {B} keys, got shape {kshape}")
+    common.check_key(key, B)
 
 
 def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None
@@ -432,5 +418,5 @@ def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=No
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     params = {"target": params["target"], "draft": params["draft"]}
     # [B] row keys before the jit: a single key and a batch of keys share one compiled program
-    keys = row_keys(jnp.asarray(key) if not hasattr(key, "dtype") else key, prompt_ids.shape[0])
+    keys = common.row_keys(key, prompt_ids.shape[0])
     return _dsbd_core(params, prompt_ids, lengths, keys, config=config)

@@ -27,6 +27,7 @@ import numpy as np
 from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
+from .common import check_key, is_typed_key, row_keys  # noqa: F401  (re-exported)
 from .warping import warp_logits
 
 
@@ -40,19 +41,6 @@ def target_params(params: Any):
     if hasattr(params, "params") and not isinstance(params, Mapping):
         params = params.params
     return params
-
-
-def _is_typed_key(key) -> bool:
-    dtype = getattr(key, "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def row_keys(key: jax.Array, batch: int) -> jax.Array:
-    """Per-row keys: ``fold_in(key, b)`` for one key, ``key[b]`` for a batch of ``batch`` keys."""
-    single = key.ndim == 0 if _is_typed_key(key) else key.ndim == 1
-    if single:
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
-    return key
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -69,19 +57,6 @@ def prepare_keys(key, batch: int) -> jax.Array:
 def step_keys(keys: jax.Array, step) -> jax.Array:
     """``fold_in(row_key, step)`` for every row key ``[B]``."""
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
-
-
-def check_key(key, batch: int) -> None:
-    shape = tuple(np.shape(key))
-    if _is_typed_key(key):
-        ok = shape in ((), (batch,))
-    else:
-        ok = shape in ((2,), (batch, 2)) and jnp.issubdtype(getattr(key, "dtype", np.float32),
-                                                             jnp.unsignedinteger)
-    if not ok:
-        raise ValueError(
-            f"key must be one PRNG key (jax.random.key or PRNGKey) or a batch of {batch} keys, "
-            f"got shape {shape} dtype {getattr(key, 'dtype', type(key))}")
 
 
 def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:

@@ -132,27 +132,10 @@ def check_inputs(params, prompt_ids, key, config: DecodeConfig, prompt_lengths) 
             raise ValueError(f"prompt too long: {P} prompt + {config.max_new_tokens} new + "
                              f"{config.gamma + 1} look-ahead positions exceed the {name}'s "
                              f"max_position_embeddings ({mc.max_position_embeddings})")
-    key_shape = tuple(np.shape(key))
-    key_dtype = getattr(key, "dtype", None)
-    is_typed = key_dtype is not None and jnp.issubdtype(key_dtype, jax.dtypes.prng_key)
-    ok = key_shape in ((), (B,)) if is_typed else key_shape in ((2,), (B, 2))
-    if not ok:
-        raise ValueError(f"key must be one PRNG key or a batch of {B} keys, got shape {key_shape}")
+    common.check_key(key, B)
 
 
-def row_keys(key, batch: int) -> jax.Array:
-    """Per-row typed keys ``[B]``: row b uses ``fold_in(key, b)`` for a single key, ``key[b]`` for a
-    batch. Raw ``uint32`` keys (``PRNGKey``) are wrapped (same bits, same samples).
-
-    Called outside the jitted core, so single keys, batches of keys, raw and typed keys all share
-    one compilation.
-    """
-    key = key if isinstance(key, jax.Array) else jnp.asarray(key)
-    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.wrap_key_data(key.astype(jnp.uint32))
-    if key.shape == ():
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
-    return key
+row_keys = common.row_keys
 
 
 def iteration_uniforms(keys: jax.Array, row_iter: jax.Array, sizes: Sequence[int]):
