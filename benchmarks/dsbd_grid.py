@@ -1,50 +1,48 @@
 """DSBD against beam sampling (and speculative sampling) on the offline Qwen pair, one run.
 
-    .venv/bin/python benchmarks/dsbd_grid.py --grid quick --prompts 4 --max-new-tokens 32 \
-        --out results/dsbd_grid.json
+    .venv/bin/python benchmarks/dsbd_grid.py --grid configs/quick_cpu.yaml --prompts 2 \
+        --max-new-tokens 32 --out results/dsbd_grid.json
 
 For each method: tokens/s (wall clock, compile excluded), target calls per generated token,
 average accepted width, mean layers accepted per iteration, and the mean target log-likelihood
-per token of the returned (best) sequence. Grids:
+per token of the returned (best) sequence. The grid file (``configs/``) names the model pair,
+the warping, the beam-sampling widths, the speculative gamma and the DSBD settings:
+``configs/quick_cpu.yaml`` is a CPU-sized subset of ``configs/paper_grid.yaml`` (the paper's
+gamma in {2, 3} x W_S in {2..6} x t in {0.7, 0.9} x W_min in {1, 2, 3}; hours on a CPU).
 
-* ``quick``: a CPU-sized subset of the paper's grid (listed in ``QUICK``);
-* ``paper``: gamma in {2, 3} x W_S in {2..6} x t in {0.7, 0.9} x W_min in {1, 2, 3}
-  (W_min <= W_S), hours on a CPU.
-
-Beam sampling runs at W in ``--widths`` (default 1 2 3 4). Speeds are compared side by side in
-this one run; the summary prints each DSBD setting's speed-up over the beam-sampling width whose
-quality (log-likelihood per token) it matches or beats.
+Speeds are compared side by side in this one run; the summary prints each DSBD setting's
+speed-up over the widest beam-sampling run whose quality (log-likelihood per token) it matches
+or beats.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import time
 
 import numpy as np
 
-TARGET = "qwen2.5-coder-1.5b-instruct"
-DRAFT = "qwen2.5-coder-0.5b-instruct"
 
-# (gamma, W_S, t, W_min)
-QUICK = [(2, 3, 0.9, 1), (2, 4, 0.7, 2), (3, 3, 0.9, 1)]
-
-
-def paper_grid():
-    return [(g, ws, t, wm) for g, ws, t, wm in
-            itertools.product((2, 3), range(2, 7), (0.7, 0.9), (1, 2, 3)) if wm <= ws]
+def load_grid(path):
+    """Read a grid file from configs/ (see configs/quick_cpu.yaml for the keys)."""
+    import yaml
+    with open(path) as f:
+        cfg = yaml.safe_load(f)
+    required = ("target", "draft", "beam_widths", "dsbd")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise SystemExit(f"{path}: missing keys {missing}")
+    for i, e in enumerate(cfg["dsbd"]):
+        if set(e) != {"gamma", "draft_width", "threshold", "min_width"}:
+            raise SystemExit(f"{path}: dsbd entry {i} needs gamma, draft_width, threshold, min_width")
+    return cfg
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", choices=("quick", "paper"), default="quick")
+    ap.add_argument("--grid", default="configs/quick_cpu.yaml", help="a grid file in configs/")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("--top-k", type=int, default=10)
-    ap.add_argument("--top-p", type=float, default=0.8)
-    ap.add_argument("--spec-gamma", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/dsbd_grid.json")
     args = ap.parse_args()
@@ -56,31 +54,36 @@ def main():
     from dsbd_jax.speculative import speculative_sample
     from dsbd_jax.datasets import benchmark_prompts
 
+    grid = load_grid(args.grid)
     t0 = time.perf_counter()
-    target = load_model(TARGET)
-    draft = load_model(DRAFT)
+    target = load_model(grid["target"])
+    draft = load_model(grid["draft"])
     texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
     P = common.bucket_length(max(len(p) for p in prompts))
     both = {"target": target.params, "draft": draft.params}
-    warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
+    warp = dict(temperature=grid.get("temperature", 1.0), top_k=grid.get("top_k"),
+                top_p=grid.get("top_p", 1.0), eos_token_id=(),
                 max_new_tokens=args.max_new_tokens)
     runs = []
-    for W in args.widths:
+    for W in grid["beam_widths"]:
         cfg = common.DecodeConfig(target=target.config, num_beams=W, **warp)
         runs.append((f"beam_sample W={W}", beam_sample, target.params, cfg, {"W": W}))
-    cfg = common.DecodeConfig(target=target.config, draft=draft.config, gamma=args.spec_gamma, **warp)
-    runs.append((f"speculative gamma={args.spec_gamma}", speculative_sample, both, cfg, {}))
-    grid = QUICK if args.grid == "quick" else paper_grid()
-    for g, ws, t, wm in grid:
+    sg = grid.get("speculative_gamma")
+    if sg:
+        cfg = common.DecodeConfig(target=target.config, draft=draft.config, gamma=sg, **warp)
+        runs.append((f"speculative gamma={sg}", speculative_sample, both, cfg, {}))
+    entries = [(e["gamma"], e["draft_width"], e["threshold"], e["min_width"]) for e in grid["dsbd"]]
+    for g, ws, t, wm in entries:
         cfg = DSBDConfig(target=target.config, draft=draft.config, gamma=g, draft_width=ws,
                          threshold=t, min_width=wm, **warp)
         runs.append((f"dsbd g={g} WS={ws} t={t} Wmin={wm}", dsbd_generate, both, cfg,
                      {"gamma": g, "W_S": ws, "t": t, "W_min": wm}))
-    g, ws, t, wm = grid[0]
-    cfg = DSBDConfig(target=target.config, draft=draft.config, gamma=g, draft_width=ws,
+    g, ws, t, wm = entries[0]
+    cfg = None if not grid.get("single_beam") else DSBDConfig(target=target.config, draft=draft.config, gamma=g, draft_width=ws,
                      threshold=t, min_width=wm, single_beam=True, **warp)
-    runs.append((f"dsbd single-beam g={g} WS={ws} t={t} Wmin={wm}", dsbd_generate, both, cfg,
-                 {"gamma": g, "W_S": ws, "t": t, "W_min": wm, "single_beam": True}))
+    if cfg is not None:
+        runs.append((f"dsbd single-beam g={g} WS={ws} t={t} Wmin={wm}", dsbd_generate, both, cfg,
+                     {"gamma": g, "W_S": ws, "t": t, "W_min": wm, "single_beam": True}))
 
     rows = []
     for name, fn, params, cfg, setting in runs:
@@ -111,7 +114,7 @@ def main():
     print()
     for c in comparisons:
         print(f"{c['dsbd']} vs {c['beam']} (quality matched or beaten): {c['speedup']:.2f}x")
-    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),
+    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args), "grid": grid,
                                 "prompt_lengths": [len(p) for p in prompts], "rows": rows,
                                 "comparisons": comparisons, "wall_s": time.perf_counter() - t0})
     print(f"wrote {args.out}")
