@@ -9,8 +9,19 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def torch():
-    """``torch`` limited to 2 threads and seeded (skips the test where torch is missing)."""
+    """``torch`` limited to 1 thread (tiny models: a thread pool only adds overhead) and seeded
+    (skips the test where torch is missing)."""
     torch = pytest.importorskip("torch")
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     return torch
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The sampling/beam tests' toy model (vocab 6, scaled weights) with its exact next-token
+    log-prob function: ``(config, params, lp_fn)``."""
+    from exact_reference import make_lp_fn, toy_model
+
+    config, params = toy_model(vocab=6, seed=0, scale=2.0)
+    return config, params, make_lp_fn(config, params)

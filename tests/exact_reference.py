@@ -395,24 +395,3 @@ def hf_tiny_llama(directory, seed: int = 0, vocab: int = 48, hidden: int = 32, l
     return model
 
 
-def hf_to_params(model) -> dict:
-    """Convert a ``transformers`` LlamaForCausalLM's weights to this library's parameter tree
-    (HF ``[out, in]`` -> Dense kernel ``[in, out]``; layers stacked on a leading axis)."""
-    sd = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in model.state_dict().items()}
-    L = model.config.num_hidden_layers
-
-    def stack(name, transpose=True):
-        ws = [sd[f"model.layers.{i}.{name}"] for i in range(L)]
-        return jnp.asarray(np.stack([w.T if transpose else w for w in ws]))
-
-    attn = {p: {"kernel": stack(f"self_attn.{p}.weight")}
-            for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
-    mlp = {p: {"kernel": stack(f"mlp.{p}.weight")} for p in ("gate_proj", "up_proj", "down_proj")}
-    return {
-        "embed": {"embedding": jnp.asarray(sd["model.embed_tokens.weight"])},
-        "final_norm": {"weight": jnp.asarray(sd["model.norm.weight"])},
-        "lm_head": {"kernel": jnp.asarray(sd["lm_head.weight"].T)},
-        "layers": {"attn": attn, "mlp": mlp,
-                   "input_norm": {"weight": stack("input_layernorm.weight", False)},
-                   "post_norm": {"weight": stack("post_attention_layernorm.weight", False)}},
-    }

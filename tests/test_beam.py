@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from exact_reference import (beam_key, chi_square_test, exact_beam_sample_dist,
-                             exact_sample_dist, make_lp_fn, toy_model)
+                             exact_sample_dist)
 from test_sampling import load_peer
 
 from dsbd_jax import beam, common
@@ -26,12 +26,6 @@ from dsbd_jax.warping import warp_logits
 
 ROWS = 20000
 P_MIN = 1e-3
-
-
-@pytest.fixture(scope="module")
-def toy():
-    config, params = toy_model(vocab=6, seed=0, scale=2.0)
-    return config, params, make_lp_fn(config, params)
 
 
 # ---------------------------------------------------------------------------------------------

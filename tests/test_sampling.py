@@ -18,38 +18,20 @@ import numpy as np
 import pytest
 import torch
 
-from exact_reference import (chi_square_test, exact_sample_dist, hf_tiny_llama, hf_to_params,
-                             make_lp_fn, toy_model)
+from exact_reference import chi_square_test, exact_sample_dist, hf_tiny_llama
 
 from dsbd_jax import common
 from dsbd_jax.common import DecodeConfig
+from dsbd_jax.loading import load_model
 from dsbd_jax.sampling import sample
 
 ROWS = 20000
 P_MIN = 1e-3
 
 
-@pytest.fixture(scope="module")
-def toy():
-    config, params = toy_model(vocab=6, seed=0, scale=2.0)
-    return config, params, make_lp_fn(config, params)
-
-
 def load_peer(tmp_path):
-    """A tiny random HF Llama saved to disk, loaded with dsbd_jax.loading (or the test's own
-    converter if that module is absent)."""
+    """A tiny random HF Llama saved to disk and loaded with ``dsbd_jax.loading.load_model``."""
     model = hf_tiny_llama(tmp_path, seed=0)
-    try:
-        from dsbd_jax.loading import load_model
-    except ImportError:
-        from dsbd_jax.config import ModelConfig
-        c = model.config
-        config = ModelConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                             intermediate_size=c.intermediate_size, num_layers=c.num_hidden_layers,
-                             num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
-                             head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                             max_position_embeddings=c.max_position_embeddings)
-        return model, config, hf_to_params(model)
     loaded = load_model(tmp_path, tokenizer=False, progress=False)
     return model, loaded.config, loaded.params
 
