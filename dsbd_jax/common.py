@@ -282,3 +282,38 @@ def row_keys(key, batch: int) -> jax.Array:
     if key.shape == ():
         return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
     return key
+
+
+def check_prompt_batch(prompt_ids, prompt_lengths, vocab_size: int) -> None:
+    """Host-side ``ValueError`` for a malformed prompt batch: not a non-empty ``[B, P]`` integer
+    array, lengths out of ``[1, P]``, or token ids (within each row's length) outside the
+    vocabulary. Padding past a row's length may hold anything."""
+    shape = np.shape(prompt_ids)
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"prompt_ids must be a non-empty [batch, length] array, got shape {shape}")
+    dtype = getattr(prompt_ids, "dtype", np.asarray(prompt_ids).dtype)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {dtype}")
+    check_prompt_lengths(jnp.asarray(prompt_ids), prompt_lengths)
+    if isinstance(prompt_ids, jax.core.Tracer):
+        return
+    ids = np.asarray(prompt_ids)
+    if prompt_lengths is None or isinstance(prompt_lengths, jax.core.Tracer):
+        used = ids
+    else:
+        used = ids[np.arange(ids.shape[1])[None, :] < np.asarray(prompt_lengths)[:, None]]
+    if used.size and (used.min() < 0 or used.max() >= vocab_size):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got range "
+                         f"[{used.min()}, {used.max()}]")
+
+
+def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int = 0) -> None:
+    """``ValueError`` if the padded prompt + new tokens (+ speculative look-ahead) need more
+    positions than a model supports. ``models``: ``{"target": ModelConfig, ...}``."""
+    need = prompt_len + max_new_tokens + lookahead
+    for name, mc in models.items():
+        if need > mc.max_position_embeddings:
+            extra = f" + {lookahead} look-ahead" if lookahead else ""
+            raise ValueError(f"prompt too long: {prompt_len} padded prompt + {max_new_tokens} new"
+                             f"{extra} positions exceed the {name}'s max_position_embeddings "
+                             f"({mc.max_position_embeddings})")

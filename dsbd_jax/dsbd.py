@@ -380,22 +380,10 @@ def check_inputs(params, prompt_ids, key, config, prompt_lengths) -> None:
         if rows is not None and rows != mc.vocab_size:
             raise ValueError(f"{name} parameters have a vocabulary of {rows}, the config says "
                              f"{mc.vocab_size}")
-    shape = np.shape(prompt_ids)
-    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-        raise ValueError(f"prompt_ids must be [batch, length] with both >= 1, got {shape}")
-    ids = np.asarray(prompt_ids)
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"prompt_ids must be integers, got {ids.dtype}")
-    common.check_prompt_lengths(ids, prompt_lengths)
-    if ids.min() < 0 or ids.max() >= config.target.vocab_size:
-        raise ValueError(f"prompt token ids must be in [0, {config.target.vocab_size})")
-    B, P = shape
-    need = num_slots(config, P)
-    for name, mc in (("target", config.target), ("draft", config.draft)):
-        if need > mc.max_position_embeddings:
-            raise ValueError(f"{P} prompt + {config.max_new_tokens} new + {config.gamma + 1} "
-                             f"look-ahead positions exceed the {name}'s max_position_embeddings "
-                             f"({mc.max_position_embeddings})")
+    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    B, P = np.shape(prompt_ids)
+    common.check_positions({"target": config.target, "draft": config.draft}, P,
+                           config.max_new_tokens, num_slots(config, P) - P - config.max_new_tokens)
     common.check_key(key, B)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
-from .common import check_key, is_typed_key, row_keys  # noqa: F401  (re-exported)
+from .common import check_key, row_keys  # noqa: F401  (re-exported)
 from .warping import warp_logits
 
 
@@ -63,29 +63,9 @@ def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=N
     """Host-side checks shared by the baseline decoders; raise ``ValueError`` (never NaN later)."""
     if not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     shape = np.shape(prompt_ids)
-    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-        raise ValueError(f"prompt_ids must be a non-empty [batch, length] array, got shape {shape}")
-    dtype = getattr(prompt_ids, "dtype", np.asarray(prompt_ids).dtype)
-    if not jnp.issubdtype(dtype, jnp.integer):
-        raise ValueError(f"prompt_ids must hold integer token ids, got dtype {dtype}")
-    common.check_prompt_lengths(jnp.asarray(prompt_ids), prompt_lengths)
-    if not isinstance(prompt_ids, jax.core.Tracer):
-        ids = np.asarray(prompt_ids)
-        if prompt_lengths is None:
-            used = ids
-        else:
-            lens = np.asarray(prompt_lengths)
-            used = ids[np.arange(ids.shape[1])[None, :] < lens[:, None]]
-        V = config.target.vocab_size
-        if used.size and (used.min() < 0 or used.max() >= V):
-            raise ValueError(f"prompt token ids must be in [0, {V}), got range "
-                             f"[{used.min()}, {used.max()}]")
-    total = shape[1] + config.max_new_tokens
-    if total > config.target.max_position_embeddings:
-        raise ValueError(f"padded prompt ({shape[1]}) + max_new_tokens ({config.max_new_tokens}) = "
-                         f"{total} exceeds max_position_embeddings "
-                         f"({config.target.max_position_embeddings})")
+    common.check_positions({"target": config.target}, shape[1], config.max_new_tokens)
     p = target_params(params)
     embed = None
     if isinstance(p, Mapping):

@@ -114,24 +114,10 @@ def check_inputs(params, prompt_ids, key, config: DecodeConfig, prompt_lengths) 
     if config.tree_widths is not None and len(config.tree_widths) != config.gamma:
         raise ValueError(f"tree_widths must have gamma = {config.gamma} entries, "
                          f"got {config.tree_widths}")
-    prompt_ids = np.asarray(prompt_ids) if not isinstance(prompt_ids, jax.Array) else prompt_ids
-    if prompt_ids.ndim != 2 or prompt_ids.shape[0] < 1 or prompt_ids.shape[1] < 1:
-        raise ValueError(f"prompt_ids must be [batch, length] with both >= 1, "
-                         f"got {tuple(prompt_ids.shape)}")
-    if not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
-        raise ValueError(f"prompt_ids must be integers, got {prompt_ids.dtype}")
-    common.check_prompt_lengths(prompt_ids, prompt_lengths)
-    if not isinstance(prompt_ids, jax.core.Tracer):
-        ids = np.asarray(prompt_ids)
-        if ids.min() < 0 or ids.max() >= config.target.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {config.target.vocab_size})")
-    B, P = prompt_ids.shape
-    need = P + config.max_new_tokens + config.gamma + 1
-    for name, mc in (("target", config.target), ("draft", config.draft)):
-        if need > mc.max_position_embeddings:
-            raise ValueError(f"prompt too long: {P} prompt + {config.max_new_tokens} new + "
-                             f"{config.gamma + 1} look-ahead positions exceed the {name}'s "
-                             f"max_position_embeddings ({mc.max_position_embeddings})")
+    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    B, P = np.shape(prompt_ids)
+    common.check_positions({"target": config.target, "draft": config.draft}, P,
+                           config.max_new_tokens, config.gamma + 1)
     common.check_key(key, B)
 
 
