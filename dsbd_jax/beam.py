@@ -218,11 +218,6 @@ class SearchState:
     target_calls: jax.Array
 
 
-def _gather(x, idx):
-    """``x [B, K, ...]``, ``idx [B, J]`` -> ``[B, J, ...]``."""
-    return jax.vmap(lambda a, i: a[i])(x, idx)
-
-
 @functools.partial(jax.jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: DecodeConfig):
@@ -257,16 +252,16 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
         joint = joint_logprobs(s.running_scores, logp)  # [B, W*V]
         cand_lp, cand_idx = jax.lax.top_k(joint, K)     # sorted, best first
         cand_beam, cand_tok = split_flat(cand_idx, V)
-        cand_seqs = _gather(s.running_seqs, cand_beam).at[:, :, t].set(cand_tok)
+        cand_seqs = common.take_rows(s.running_seqs, cand_beam).at[:, :, t].set(cand_tok)
         last = t + 1 >= N
         hits = common.is_eos(cand_tok, config.eos_token_id) | last  # [B, K]
         # running beams for the next step: best W candidates that did not stop
         run_lp = cand_lp + jnp.where(hits, _HF_NEG, 0.0)
         _, nxt = jax.lax.top_k(run_lp, W)
-        run_seqs = _gather(cand_seqs, nxt)
-        run_scores = _gather(run_lp, nxt)
-        run_beam = _gather(cand_beam, nxt)
-        run_tok = _gather(cand_tok, nxt)
+        run_seqs = common.take_rows(cand_seqs, nxt)
+        run_scores = common.take_rows(run_lp, nxt)
+        run_beam = common.take_rows(cand_beam, nxt)
+        run_tok = common.take_rows(cand_tok, nxt)
         # finished hypotheses: top-W candidates that stopped, merged with the old ones
         just_done = hits & (jnp.arange(K) < W)[None, :]
         gen_len = (t + 1).astype(jnp.float32)
@@ -279,8 +274,8 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
         m_lp = jnp.concatenate([s.done_logprobs, cand_lp], axis=1)
         m_flags = jnp.concatenate([s.done_flags, just_done], axis=1)
         done_scores, keep = jax.lax.top_k(m_scores, W)
-        done_seqs, done_lp, done_flags = (_gather(m_seqs, keep), _gather(m_lp, keep),
-                                          _gather(m_flags, keep))
+        done_seqs, done_lp, done_flags = (common.take_rows(m_seqs, keep), common.take_rows(m_lp, keep),
+                                          common.take_rows(m_flags, keep))
         # HF's early-stop heuristic, evaluated with cur_len - prompt_len = t + 1
         hyp_len = jnp.where(best_at_max_length, jnp.float32(N), gen_len)
         best_running = run_scores[:, 0] / hyp_len ** lp_exp

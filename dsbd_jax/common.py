@@ -317,3 +317,8 @@ def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int
             raise ValueError(f"prompt too long: {prompt_len} padded prompt + {max_new_tokens} new"
                              f"{extra} positions exceed the {name}'s max_position_embeddings "
                              f"({mc.max_position_embeddings})")
+
+
+def take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
+    """Per-row gather: ``x [B, K, ...]``, ``idx [B, J, ...]`` -> ``[B, J, ...]`` (``x[b][idx[b]]``)."""
+    return jax.vmap(lambda a, i: a[i])(x, idx)

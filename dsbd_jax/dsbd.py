@@ -202,11 +202,6 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
         target_calls=jnp.int32(0), draft_calls=jnp.int32(0))
 
 
-def _take(x, idx):
-    """Per-prompt gather: ``x [B, K, ...]``, ``idx [B, J, ...]`` -> ``[B, J, ...]``."""
-    return jax.vmap(lambda a, i: a[i])(x, idx)
-
-
 def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
     """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
     B, W, N = state.sequences.shape
@@ -224,9 +219,9 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     # input beams
     in_idx = (state.anchor[:, None] if config.single_beam
               else jnp.broadcast_to(jnp.arange(W)[None], (B, W)))     # [B, Wc]
-    pend_in, prev_in = _take(state.pending, in_idx), _take(state.prev, in_idx)
-    s_in, fin_in, live_in = (_take(state.scores, in_idx), _take(state.finished, in_idx),
-                             _take(state.live, in_idx))
+    pend_in, prev_in = common.take_rows(state.pending, in_idx), common.take_rows(state.prev, in_idx)
+    s_in, fin_in, live_in = (common.take_rows(state.scores, in_idx), common.take_rows(state.finished, in_idx),
+                             common.take_rows(state.live, in_idx))
 
     # 1. draft forest
     forest, dbuf = build_forest(config, lay, params["draft"], state.draft_cache, base, prev_in,
@@ -243,17 +238,17 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     # node scores: root score + the target log-probs along the path
     T = lay.T
     anc = forest.anc                                                   # [B, T, G + 1]
-    anc_tok = _take(forest.node_tokens, anc)                            # [B, T, G + 1]
+    anc_tok = common.take_rows(forest.node_tokens, anc)                            # [B, T, G + 1]
     flat_lp = logp.reshape(B, T * V)
-    steps = _take(flat_lp, anc[:, :, :-1] * V + anc_tok[:, :, 1:])      # [B, T, G]
+    steps = common.take_rows(flat_lp, anc[:, :, :-1] * V + anc_tok[:, :, 1:])      # [B, T, G]
     on_path = jnp.arange(1, G + 1)[None, :] <= depth[:, None]          # [T, G]
-    s_node = _take(s_in, anc[:, :, 0]) + jnp.sum(jnp.where(on_path[None], steps, 0.0), axis=-1)
+    s_node = common.take_rows(s_in, anc[:, :, 0]) + jnp.sum(jnp.where(on_path[None], steps, 0.0), axis=-1)
     # joint log-weights of every layer's parents: row l = nodes of layer l (l = 0: input beams)
     Pp = lay.P
     par_ids = jnp.minimum(jnp.stack([lay.layer_start(l) for l in range(G + 1)])[:, None]
                           + jnp.arange(Pp)[None, :], T - 1)             # [G + 1, Pp]
-    joint = (_take(s_node, par_ids[None].repeat(B, 0))[..., None]
-             + _take(logp, par_ids[None].repeat(B, 0)))                  # [B, G + 1, Pp, V]
+    joint = (common.take_rows(s_node, par_ids[None].repeat(B, 0))[..., None]
+             + common.take_rows(logp, par_ids[None].repeat(B, 0)))                  # [B, G + 1, Pp, V]
     input_ok = jnp.zeros((B, Pp), bool).at[:, :Wc].set(live_in)
 
     # 3. verification
@@ -262,32 +257,32 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     d = verdict.depth                                                  # [B]
     slot, tok = verdict.flat // V, (verdict.flat % V).astype(jnp.int32)
     par = jnp.minimum(lay.layer_start(jnp.maximum(d - 1, 0))[:, None] + slot, T - 1)  # [B, W]
-    path = _take(anc, par)                                             # [B, W, G + 1]
+    path = common.take_rows(anc, par)                                             # [B, W, G + 1]
     root = path[:, :, 0]
     valid = verdict.valid & active[:, None]
 
     # 4. the output beams
     k = jnp.arange(G + 1)
     path_tok = jnp.where(k[None, None, :] < (d - 1)[:, None, None],
-                         _take(forest.node_tokens, jnp.concatenate([path[:, :, 1:], path[:, :, :1]],
+                         common.take_rows(forest.node_tokens, jnp.concatenate([path[:, :, 1:], path[:, :, :1]],
                                                                     axis=-1)),
                          tok[:, :, None])                              # [B, W, G + 1]
     dest = jnp.broadcast_to(jnp.where(k[None, None, :] < d[:, None, None],
                                       state.generated[:, None, None] + k[None, None, :], N),
                             path_tok.shape)
-    seqs = _take(state.sequences, _take(in_idx, root))
+    seqs = common.take_rows(state.sequences, common.take_rows(in_idx, root))
     seqs = jax.vmap(jax.vmap(lambda s, i, t: s.at[i].set(t, mode="drop")))(seqs, dest, path_tok)
     seqs = jnp.where(valid[..., None], seqs, pad)
-    new_scores = jnp.where(valid, _take(s_node, par) + _take(flat_lp, par * V + tok), NEG_INF)
-    new_fin = _take(node_fin, par) | common.is_eos(tok, config.eos_token_id)
-    new_prev = _take(forest.node_tokens, par)
+    new_scores = jnp.where(valid, common.take_rows(s_node, par) + common.take_rows(flat_lp, par * V + tok), NEG_INF)
+    new_fin = common.take_rows(node_fin, par) | common.is_eos(tok, config.eos_token_id)
+    new_prev = common.take_rows(forest.node_tokens, par)
     generated = state.generated + jnp.where(active, d, 0)
 
     # 5. commit the accepted paths into the caches
     if config.single_beam:
         best = jnp.argmax(new_scores, axis=1).astype(jnp.int32)
         roots = jnp.zeros((B, 1), jnp.int32)
-        cpath = _take(path, best[:, None])                            # [B, 1, G + 1]
+        cpath = common.take_rows(path, best[:, None])                            # [B, 1, G + 1]
         anchor = jnp.where(active, best, state.anchor)
     else:
         roots, cpath, anchor = root, path, state.anchor

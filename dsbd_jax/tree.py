@@ -41,7 +41,7 @@ from . import common
 from . import speculative as spec
 from .common import DecodeConfig, GenerateOutput
 from .model import forward
-from .warping import normalize
+from .verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,11 +82,6 @@ def ancestor_mask(parents: jax.Array, max_depth: int) -> jax.Array:
 
 # ---------------------------------------------------------------------------------------------
 # The verification rules (pure, per row).
-
-def remove_drawn(q: jax.Array, x: jax.Array) -> jax.Array:
-    """Without replacement, the next sibling was drawn from ``q`` without ``x``, renormalised."""
-    return normalize(q.at[x].set(0.0))
-
 
 def verify_siblings(p: jax.Array, q: jax.Array, candidates: jax.Array, uniforms: jax.Array,
                     replacement: bool) -> Tuple[jax.Array, jax.Array]:

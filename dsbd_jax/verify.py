@@ -37,7 +37,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .warping import normalize, residual, warp_logits
+# the single-candidate rule and the residual are speculative sampling's, shared with the chain
+# and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
+from .speculative import accept_test, safe_residual as reject_update  # noqa: F401
+from .warping import normalize, warp_logits
 from .width import layer_width
 
 NEG_INF = -jnp.inf
@@ -95,21 +98,6 @@ def draw_gumbel(logp: jax.Array, g: jax.Array, k: int) -> jax.Array:
 
 # ---------------------------------------------------------------------------------------------
 # the rules, one small function each
-def accept_test(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
-    """Accept ``x ~ q`` with probability ``min(1, p'(x) / q(x))``; ``u ~ U[0, 1)``.
-
-    Written ``u * q(x) < p'(x)`` (no division; ``p' >= q`` always accepts).
-    """
-    return u * q_x < p_x
-
-
-def reject_update(p_res: jax.Array, q: jax.Array) -> jax.Array:
-    """``p' <- norm(max(p' - q, 0))``; if rounding leaves nothing (``p' == q``, so a rejection had
-    probability 0) ``p'`` is kept."""
-    r = residual(p_res, q)
-    return jnp.where(jnp.sum(r) > 0, r, p_res)
-
-
 def remove(dist: jax.Array, x: jax.Array) -> jax.Array:
     """``dist`` with entry ``x`` set to 0, renormalised (without-replacement bookkeeping)."""
     return normalize(jnp.where(one_hot(x, dist.shape[0]), 0.0, dist))
