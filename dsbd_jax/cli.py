@@ -1,7 +1,13 @@
-"""Command line: ``python -m dsbd_jax demo`` and ``python -m dsbd_jax generate ...``
-(also installed as the ``dsbd`` console script).
+"""Command line (the ``dsbd`` console script, or ``python -m dsbd_jax``):
 
-Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
+    dsbd demo                                    # DSBD vs beam sampling on the default offline pair
+    dsbd generate --prompt "..." [--method dsbd|beam|sample|spec|tree|beam_search] [settings]
+    dsbd bench configs/quick_cpu.yaml --out results/quick_cpu
+    dsbd plot results/quick_cpu/records.jsonl
+
+``generate`` shows a progress bar per decoder iteration (tokens, tokens/s, accepted width) and
+prints every beam with its target log-likelihood. Errors for bad input are printed as one line
+(``dsbd: error: ...``) with exit status 2.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-METHODS = ("dsbd", "beam", "sample", "spec", "tree", "beam_search")
+from .methods import METHODS, NEEDS_DRAFT  # noqa: E402
 
 
 class CLIError(Exception):
@@ -52,58 +59,103 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", required=True)
     gen.add_argument("--method", choices=METHODS, default="dsbd")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_settings(gen)
+    bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
+    bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
+    bench.add_argument("--out", default=None, help="output folder (default results/<config name>)")
+    bench.add_argument("--models", default=None, help="a model-pair file (configs/models/*.yaml)")
+    bench.add_argument("--target", default=None, help="override the config's target")
+    bench.add_argument("--draft", default=None, help="override the config's draft")
+    bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
+    bench.add_argument("--max-new-tokens", type=int, default=None)
+    bench.add_argument("--no-progress", action="store_true")
+    plot = sub.add_parser("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
+    plot.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
+    plot.add_argument("--out", default=None, help="output folder (default: next to the records)")
+    plot.add_argument("--quality", default="loglik_per_token",
+                      help="y axis: loglik_per_token, perplexity or a task metric such as "
+                           "humaneval/pass@1")
     return parser
 
 
-def _method(name: str, args, target_cfg, draft_cfg):
-    """(function, config, takes_key) for a method name and the CLI settings."""
-    from . import common
-    eos = () if args.no_eos else None
-    base = dict(target=target_cfg, max_new_tokens=args.max_new_tokens,
-                temperature=args.temperature, top_k=args.top_k or None, top_p=args.top_p,
-                replacement=not args.no_replacement, eos_token_id=eos)
+def _settings(name: str, args) -> dict:
+    """The method's settings (``dsbd_jax.methods``) from the CLI flags."""
+    s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k or None, top_p=args.top_p, replacement=not args.no_replacement,
+             eos_token_id=() if args.no_eos else None)
     if name == "dsbd":
-        from .dsbd import DSBDConfig, dsbd_generate
-        cfg = DSBDConfig(**base, draft=draft_cfg, gamma=args.gamma, draft_width=args.draft_width,
-                         threshold=args.threshold, min_width=args.min_width,
-                         num_beams=args.beams, max_width=max(args.beams, args.draft_width),
-                         single_beam=args.single_beam)
-        return dsbd_generate, cfg, True
-    if name == "beam":
-        from .beam import beam_sample
-        return beam_sample, common.DecodeConfig(**base, num_beams=args.beams), True
-    if name == "beam_search":
-        from .beam import beam_search
-        return beam_search, common.DecodeConfig(**base, num_beams=args.beams), False
-    if name == "sample":
-        from .sampling import sample
-        return sample, common.DecodeConfig(**base), True
-    if name == "spec":
-        from .speculative import speculative_sample
-        return speculative_sample, common.DecodeConfig(**base, draft=draft_cfg, gamma=args.gamma), True
-    if name == "tree":
-        from .tree import tree_speculative_sample
-        return tree_speculative_sample, common.DecodeConfig(**base, draft=draft_cfg, gamma=args.gamma), True
-    raise CLIError(f"unknown method {name!r}; choose from {METHODS}")
+        s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,
+                 min_width=args.min_width, num_beams=args.beams,
+                 max_width=max(args.beams, args.draft_width), single_beam=args.single_beam)
+    elif name in ("beam", "beam_search"):
+        s.update(num_beams=args.beams)
+    elif name in ("spec", "tree"):
+        s.update(gamma=args.gamma)
+    return s
 
 
-def run_method(name, args, target, draft, prompt_ids, prompt_lengths):
-    """Compile (timed apart), run once timed; returns (output, compile_s, run_s)."""
+class ProgressBar:
+    """A tqdm bar over new tokens, fed by ``common.progress_hook`` once per decoder loop trip:
+    iterations, tokens/s since the first trip, target calls and (DSBD / speculative) the average
+    accepted width = accepted candidates per verified layer."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True)
+        self.t0 = None
+        self.n0 = 0
+
+    def __call__(self, v) -> None:
+        n = int(v["generated"].sum())
+        now = time.perf_counter()
+        if self.t0 is None:
+            self.t0, self.n0 = now, n
+        post = {"iter": int(v["iterations"]), "target calls": int(v["target_calls"])}
+        if "accepted" in v:
+            post["acc. width"] = f"{int(v['accepted']) / max(int(v['verified']), 1):.2f}"
+        if now > self.t0:
+            post["tok/s"] = f"{(n - self.n0) / (now - self.t0):.2f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(n - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_method(name, args, target, draft, prompt_ids, prompt_lengths, progress: bool = False):
+    """Run one method. ``progress=False``: compile + run once untimed, then one timed run
+    (returns ``(output, compile_s, run_s)``). ``progress=True``: one run with a progress bar;
+    ``run_s`` = wall time minus the compile seconds JAX reports."""
     import jax
-    from .bench import timed
-    fn, cfg, takes_key = _method(name, args, target.config, draft.config if draft else None)
-    needs_draft = name in ("dsbd", "spec", "tree")
-    params = {"target": target.params, "draft": draft.params} if needs_draft else target.params
-    key = jax.random.PRNGKey(args.seed)
-    call = (lambda: fn(params, prompt_ids, key, cfg, prompt_lengths=prompt_lengths)) if takes_key \
-        else (lambda: fn(params, prompt_ids, cfg, prompt_lengths=prompt_lengths))
-    _, first = timed(call)
-    out, run_s = timed(call)
-    return out, max(first - run_s, 0.0), run_s
+    from .bench.harness import CompileClock
+    from .bench.timing import timed
+    from .methods import build, model_params
+    dec = build(name, target.config, draft.config if draft else None, progress=progress,
+                **_settings(name, args))
+    params = model_params(dec, target.params, draft.params if draft else None)
+    key = jax.random.key(args.seed)
+    call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
+    if not progress:
+        _, first = timed(call)
+        out, run_s = timed(call)
+        return out, max(first - run_s, 0.0), run_s
+    from .common import progress_hook
+    CompileClock.install()
+    c0 = CompileClock.total()
+    bar = ProgressBar(args.max_new_tokens * prompt_ids.shape[0], name)
+    try:
+        with progress_hook(bar):
+            out, wall = timed(call)
+    finally:
+        bar.close()
+    comp = CompileClock.total() - c0
+    return out, comp, max(wall - comp, 1e-9)
 
 
 def _print_outputs(tokenizer, name, out, prompts, run_s):
+    """Every live beam of every prompt with its log-likelihood (best first); returns the number
+    of new tokens in the best beams."""
     import numpy as np
     seqs = np.asarray(out.sequences)
     lens = np.asarray(out.lengths)
@@ -116,11 +168,15 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
     short = {k: (v.round(3).tolist() if v.size <= 8 else f"[{v.size} values]") for k, v in stats.items()}
     print(f"    stats: {short}")
     for b, text in enumerate(prompts):
-        w = best[b]
-        n = lens[b, w]
         print(f"--- prompt {b}: {text[:70]!r}")
-        print(f"    best beam {w}: log-lik/token {ll[b, w] / max(n, 1):.3f}")
-        print("    " + tokenizer.decode(seqs[b, w, :n].tolist()).replace("\n", "\n    "))
+        order = [w for w in np.argsort(-ll[b], kind="stable") if np.isfinite(ll[b, w])]
+        for w in order:
+            n = lens[b, w]
+            tag = "best " if w == best[b] else ""
+            print(f"    {tag}beam {w}: log-lik {ll[b, w]:.3f} ({ll[b, w] / max(n, 1):.3f}/token, "
+                  f"{n} tokens)")
+            print("      " + tokenizer.decode(seqs[b, w, :n].tolist(), skip_special_tokens=True)
+                  .replace("\n", "\n      "))
     return gen
 
 
@@ -154,19 +210,44 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .loading import load_model
     from .common import pad_prompts
     from .datasets import encode_chat
-    if args.method not in METHODS:
-        raise CLIError(f"unknown method {args.method!r}")
+    from .loading import load_model
     target = load_model(args.target)
     if target.tokenizer is None:
         raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
-    draft = load_model(args.draft) if args.method in ("dsbd", "spec", "tree") else None
+    draft = load_model(args.draft, tokenizer=False) if args.method in NEEDS_DRAFT else None
     ids, lens = pad_prompts(encode_chat(target.tokenizer, args.prompt, args.raw), pad_id=0)
-    out, comp, run_s = run_method(args.method, args, target, draft, ids, lens)
+    out, comp, run_s = run_method(args.method, args, target, draft, ids, lens,
+                                  progress=not args.no_progress)
     print(f"[{args.method}] compile {comp:.1f} s")
     _print_outputs(target.tokenizer, args.method, out, args.prompt, run_s)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench.harness import format_summary, load_config, run_bench
+    cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
+                      target=args.target, draft=args.draft)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise CLIError("--limit must be >= 1")
+        cfg["datasets"] = [{**d, "limit": min(d.get("limit", args.limit), args.limit)}
+                           for d in cfg["datasets"]]
+    out = Path(args.out or Path("results") / cfg["name"])
+    summary = run_bench(cfg, out, progress=not args.no_progress)
+    print(format_summary(summary))
+    print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .bench.plot import plot_results
+    path = Path(args.records)
+    if path.is_dir():
+        path = path / "records.jsonl"
+    for p in plot_results(path, args.out, quality=args.quality):
+        print(f"wrote {p}")
     return 0
 
 
@@ -179,7 +260,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_demo(args)
         if args.command == "generate":
             return cmd_generate(args)
-    except (CLIError, ValueError, FileNotFoundError) as e:
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "plot":
+            return cmd_plot(args)
+    except (CLIError, ValueError, FileNotFoundError, OSError) as e:
         print(f"dsbd: error: {e}", file=sys.stderr)
         return 2
     return 1

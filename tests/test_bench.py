@@ -1,0 +1,284 @@
+"""The benchmark harness and the CLI on a tiny random model pair in Hugging Face format:
+config expansion and errors, JSON lines and their summary, KV-cache bytes against the methods'
+own allocations, energy counters (a fake RAPL tree with a wrap-around; never a made-up number),
+per-iteration progress, ``jax.jit(dsbd_generate)``, the first-iteration forest, and the
+``dsbd`` command line (``generate`` / ``bench`` / ``plot``, one-line errors)."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dsbd_jax import common, load_model
+from dsbd_jax.bench import energy, harness
+from dsbd_jax.methods import build, label, model_params
+
+GSM_LOCAL = [  # short GSM8K-format problems (the byte-level tiny tokenizer makes long prompts)
+    {"question": "1+1?", "answer": "one and one #### 2"},
+    {"question": "2+3?", "answer": "#### 5"},
+    {"question": "Half of 10?", "answer": "#### 5"},
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, torch):
+    from dsbd_jax.testing import make_tiny_pair
+    t, d = make_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0, noise=0.1)
+    return t, d, load_model(t, progress=False), load_model(d, progress=False)
+
+
+@pytest.fixture(scope="module")
+def gsm_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("data") / "gsm.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in GSM_LOCAL))
+    return p
+
+
+def write_config(tmp_path, pair, gsm_file, methods, **extra):
+    import yaml
+    cfg = {"name": "t", "target": str(pair[0]), "draft": str(pair[1]),
+           "datasets": [{"task": "gsm8k", "path": str(gsm_file), "limit": 2}],
+           "max_new_tokens": 6, "warping": {"top_k": 10, "top_p": 0.8}, "eos": False,
+           "methods": methods, **extra}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+def test_expand_methods_product_and_skips():
+    runs = harness.expand_methods([
+        {"method": "beam", "num_beams": [1, 2]},
+        {"method": "dsbd", "gamma": [2, 3], "draft_width": 2, "min_width": [1, 2, 3]},
+        {"method": "dsbd", "min_width": 2},           # default draft_width (2): kept
+        {"method": "dsbd", "min_width": 3},           # > default draft_width: skipped
+        {"method": "tree", "gamma": 2, "tree_widths": [2, 1]},
+        {"method": "beam", "num_beams": 1},           # duplicate: once
+    ])
+    assert runs == [("beam", {"num_beams": 1}), ("beam", {"num_beams": 2}),
+                    ("dsbd", {"gamma": 2, "draft_width": 2, "min_width": 1}),
+                    ("dsbd", {"gamma": 2, "draft_width": 2, "min_width": 2}),
+                    ("dsbd", {"gamma": 3, "draft_width": 2, "min_width": 1}),
+                    ("dsbd", {"gamma": 3, "draft_width": 2, "min_width": 2}),
+                    ("dsbd", {"min_width": 2}),
+                    ("tree", {"gamma": 2, "tree_widths": [2, 1]})]
+    assert label("dsbd", {"gamma": 3, "draft_width": 3, "threshold": 0.9, "min_width": 1,
+                          "single_beam": True}) == "dsbd g=3 WS=3 t=0.9 Wmin=1 single-beam"
+    with pytest.raises(ValueError, match="no setting"):
+        harness.expand_methods([{"method": "beam", "gamma": 2}])
+    with pytest.raises(ValueError, match="unknown method"):
+        harness.expand_methods([{"method": "greedy"}])
+
+
+def test_shipped_configs_load():
+    quick = harness.load_config("configs/quick_cpu.yaml")
+    assert quick["target"] == "qwen2.5-coder-1.5b-instruct" and quick["warping"]["top_k"] == 10
+    assert sum(d["limit"] for d in quick["datasets"]) >= 40
+    paper = harness.load_config("configs/paper_grid.yaml")
+    dsbd = [s for m, s in paper["runs"] if m == "dsbd" and not s.get("single_beam")]
+    # gamma {2,3} x t {0.7,0.9} x (W_S 2: W_min {1,2}; W_S 3..6: W_min {1,2,3}) = 2*2*(2 + 4*3)
+    assert len(dsbd) == 2 * 2 * (2 + 4 * 3) == 56
+    for f in ("llama31_8b_1b", "llama2_13b_68m"):
+        cfg = harness.load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
+        assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("target: x\nmethods: [{method: beam}]\n", "datasets"),
+    ("target: x\ndatasets: [{task: nope}]\nmethods: [{method: beam}]\n", "task"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: dsbd}]\n", "draft"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nwarmup: 0\n", "warmup"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\ncolour: red\n", "unknown key"),
+    ("target: [x\n", "not valid YAML"),
+])
+def test_config_errors(tmp_path, text, match):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        harness.load_config(p)
+
+
+# ---------------------------------------------------------------------------------------------
+def test_kv_cache_bytes_match_the_methods(pair):
+    """Against hand-computed shapes: L layers x 2 (k, v) x rows x slots x K x D x 4 bytes."""
+    _, _, T, D = pair
+    P, N = 16, 8
+    per_slot = lambda mc: mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 4  # noqa: E731
+    tb, db = per_slot(T.config), per_slot(D.config)
+    kw = dict(max_new_tokens=N)
+    assert harness.kv_cache_bytes(build("beam", T.config, **kw, num_beams=3), P) == 3 * (P + N) * tb
+    S = P + N + 3 + 1  # prompt + new + gamma + 1
+    assert harness.kv_cache_bytes(build("spec", T.config, D.config, **kw, gamma=3), P) == S * (tb + db)
+    full = harness.kv_cache_bytes(build("dsbd", T.config, D.config, **kw, gamma=3, draft_width=3), P)
+    single = harness.kv_cache_bytes(build("dsbd", T.config, D.config, **kw, gamma=3, draft_width=3,
+                                          single_beam=True), P)
+    assert full - 3 * S * tb > 3 * S * db and single - S * tb > S * db  # draft has scratch slots
+    assert single < full / 2
+
+
+def test_bench_records_summary_and_plot(tmp_path, pair, gsm_file):
+    methods = [{"method": "beam", "num_beams": [1, 2]}, {"method": "spec", "gamma": 2},
+               {"method": "dsbd", "gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1},
+               {"method": "dsbd", "gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1,
+                "single_beam": True}]
+    cfg = harness.load_config(write_config(tmp_path, pair, gsm_file, methods))
+    before = common.compile_count()
+    summary = harness.run_bench(cfg, tmp_path / "out", progress=False, log=lambda s: None)
+    recs = harness.read_records(tmp_path / "out" / "records.jsonl")
+    assert recs[0]["type"] == "run" and recs[0]["energy"]["source"] in (None, "rapl", "nvml")
+    if recs[0]["energy"]["source"] is None:
+        assert recs[0]["energy"]["reason"]
+    samples = [r for r in recs if r["type"] == "sample"]
+    assert len(samples) == 5 * 2
+    for r in samples:
+        assert r["new_tokens"] == 6 and r["seconds"] > 0 and r["task"] == "gsm8k"
+        assert r["score"] in (0.0, 1.0) and r["metric"] == "exact_match"
+        assert r["kv_cache_bytes"] > 0 and math.isfinite(r["loglik_per_token"])
+        assert (r["energy_j"] is None) == (recs[0]["energy"]["source"] is None)
+    # compile time reported on the first prompt of each method only; no recompilation
+    by = {}
+    for r in samples:
+        by.setdefault(r["label"], []).append(r)
+    assert all(rs[0]["compile_s"] > 0 and rs[1]["compile_s"] == 0 for rs in by.values())
+    after = common.compile_count()
+    assert sum(after.values()) - sum(before.values()) <= len(by)  # one per method and bucket
+    rows = {r["label"]: r for r in summary["rows"]}
+    b2 = rows["beam W=2"]
+    assert b2["tokens_per_s"] == pytest.approx(12 / sum(r["seconds"] for r in by["beam W=2"]))
+    assert b2["loglik_per_token"] == pytest.approx(np.mean([r["loglik_per_token"] for r in by["beam W=2"]]))
+    assert rows["spec g=2"]["target_calls_per_token"] < 1.0
+    d = rows["dsbd g=2 WS=2 t=0.9 Wmin=1"]
+    assert d["mean_accepted_width"] is not None and d["draft_calls_per_token"] > 0
+    kinds = {c["kind"] for c in summary["comparisons"]}
+    assert kinds == {"vs beam sampling", "single-beam vs spec"}
+    text = harness.format_summary(summary)
+    assert "beam W=2" in text and "gsm8k/exact_match" in text
+    from dsbd_jax.bench.plot import plot_results
+    paths = plot_results(tmp_path / "out" / "records.jsonl")
+    assert {p.name for p in paths} >= {"speed_vs_quality.png", "speed_vs_quality.svg"}
+
+
+def test_comparisons_pick_the_matched_beam():
+    def row(lab, method, tps, ll, **setting):
+        return {"label": lab, "method": method, "setting": setting, "tokens_per_s": tps,
+                "loglik_per_token": ll}
+    rows = [row("b1", "beam", 10.0, -0.5), row("b2", "beam", 6.0, -0.3), row("b3", "beam", 4.0, -0.2),
+            row("d", "dsbd", 9.0, -0.25), row("dlow", "dsbd", 9.0, -0.9),
+            row("s", "spec", 12.0, -0.6), row("ds", "dsbd", 10.0, -0.4, single_beam=True)]
+    c = {x["dsbd"]: x for x in harness.comparisons(rows)}
+    assert c["d"]["baseline"] == "b2" and c["d"]["speedup"] == pytest.approx(1.5)
+    assert c["dlow"]["baseline"] == "b1" and not c["dlow"]["quality_matched"]
+    assert c["ds"]["baseline"] == "s" and c["ds"]["speedup"] == pytest.approx(10 / 12)
+
+
+# ---------------------------------------------------------------------------------------------
+def fake_rapl(root, values, max_range=1000):
+    for i, v in enumerate(values):
+        d = root / f"intel-rapl:{i}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "energy_uj").write_text(f"{v}\n")
+        (d / "max_energy_range_uj").write_text(f"{max_range}\n")
+    (root / "intel-rapl:0:0").mkdir(exist_ok=True)  # a sub-domain: must not be counted twice
+
+
+def test_rapl_meter_sums_packages_and_wraps(tmp_path):
+    fake_rapl(tmp_path, [100, 900])
+    m = energy.rapl_meter(str(tmp_path))
+    assert m.source == "rapl" and len(m.domains) == 2
+    start = m.read()
+    fake_rapl(tmp_path, [400, 50])   # package 1 wrapped: 900 -> 1000 -> 50 = 151 uJ
+    assert m.joules_since(start) == pytest.approx((300 + 151) / 1e6)
+
+
+def test_energy_unavailable_has_a_reason(tmp_path):
+    m = energy.rapl_meter(str(tmp_path / "nothing"))
+    assert not m.available and "RAPL" in m.reason
+    assert m.read() is None and m.joules_since(m.read()) is None
+    fake_rapl(tmp_path, [1])
+    (tmp_path / "intel-rapl:0" / "energy_uj").chmod(0)
+    import os
+    if os.geteuid() != 0:  # root reads anything
+        r = energy.rapl_meter(str(tmp_path))
+        assert not r.available and "not readable" in r.reason
+    assert energy.energy_meter("tpu").reason.startswith("no energy counter")
+    if jax.default_backend() == "cpu":
+        nv = energy.nvml_meter()
+        assert nv.available or "NVML" in nv.reason
+
+
+# ---------------------------------------------------------------------------------------------
+def test_progress_hook_and_jit(pair):
+    """Progress reports one call per loop trip without changing the output; the public
+    ``dsbd_generate`` can be wrapped in ``jax.jit`` by users (config static)."""
+    from dsbd_jax import dsbd_generate
+    from dsbd_jax.dsbd import first_forest
+    _, _, T, D = pair
+    ids, lens = common.pad_prompts([[2, 70, 71, 72, 3], [2, 80, 3]])
+    params = {"target": T.params, "draft": D.params}
+    kw = dict(max_new_tokens=7, eos_token_id=(), gamma=2, draft_width=3, top_k=10)
+    plain = build("dsbd", T.config, D.config, **kw)
+    loud = build("dsbd", T.config, D.config, **kw, progress=True)
+    seen = []
+    key = jax.random.key(3)
+    with common.progress_hook(seen.append):
+        a = jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
+    b = plain(params, ids, key, prompt_lengths=lens)
+    np.testing.assert_array_equal(a.sequences, b.sequences)
+    assert len(seen) == int(a.stats["iterations"])
+    assert [int(v["generated"].sum()) for v in seen] == sorted(int(v["generated"].sum()) for v in seen)
+    assert seen[-1]["generated"].tolist() == [7, 7]
+    assert int(seen[-1]["accepted"]) == int(np.sum(a.stats["layer_accepted"]))
+    jitted = jax.jit(dsbd_generate, static_argnames=("config",))
+    c = jitted(params, jnp.asarray(ids), key, plain.config, prompt_lengths=jnp.asarray(lens))
+    np.testing.assert_array_equal(c.sequences, b.sequences)
+    forest = first_forest(params, ids, key, plain.config, prompt_lengths=lens)
+    assert forest.tokens.shape == (2, 2, 3) and forest.parent.shape == (2, 2, 3)
+    assert bool(jnp.all(forest.valid[:, 0]))  # layer 0: children of the single input beam
+    assert bool(jnp.all(forest.parent[:, 0] == 0))
+
+
+# ---------------------------------------------------------------------------------------------
+def run_cli(capsys, *argv):
+    from dsbd_jax.cli import main
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
+    t, d = str(pair[0]), str(pair[1])
+    code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
+                             "--max-new-tokens", "5", "--no-eos", "--beams", "2")
+    assert code == 0, err
+    assert "best beam" in out and "log-lik" in out and "tokens/s" in out
+    assert "acc. width" in err and "5/5" in err  # the progress bar (stderr)
+    cfg = write_config(tmp_path, pair, gsm_file, [{"method": "beam", "num_beams": [1, 2]}])
+    code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
+                             "--no-progress")
+    assert code == 0, err
+    assert "beam W=2" in out and (tmp_path / "r" / "summary.json").is_file()
+    code, out, err = run_cli(capsys, "plot", str(tmp_path / "r"))
+    assert code == 0, err
+    assert out.count("wrote") == 6
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["generate", "--target", "/nonexistent", "--prompt", "x"], "unknown model source"),
+    (["bench", "/nonexistent.yaml"], "does not exist"),
+    (["plot", "/nonexistent/records.jsonl"], "does not exist"),
+])
+def test_cli_errors_are_one_line(capsys, argv, match):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dsbd: error:") and match in lines[0]
+
+
+def test_cli_bad_setting_is_one_line(capsys, pair):
+    code, out, err = run_cli(capsys, "generate", "--target", str(pair[0]), "--draft", str(pair[1]),
+                             "--prompt", "x", "--threshold", "1.5")
+    last = err.strip().split("\r")[-1]  # after the loading bar
+    assert code == 2 and last.startswith("dsbd: error:") and "threshold" in last and "\n" not in last
