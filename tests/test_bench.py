@@ -156,6 +156,9 @@ def test_bench_records_summary_and_plot(tmp_path, pair, gsm_file):
     assert kinds == {"vs beam sampling", "single-beam vs spec"}
     text = harness.format_summary(summary)
     assert "beam W=2" in text and "gsm8k/exact_match" in text
+    md = harness.format_summary(summary, markdown=True).splitlines()
+    assert md[0].startswith("| method |") and md[1].startswith("|---|")
+    assert sum(line.startswith("| ") for line in md) == 1 + 5  # header + one row per setting
     from dsbd_jax.bench.plot import plot_results
     paths = plot_results(tmp_path / "out" / "records.jsonl")
     assert {p.name for p in paths} >= {"speed_vs_quality.png", "speed_vs_quality.svg"}

@@ -475,8 +475,9 @@ def comparisons(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def format_summary(summary: Dict[str, Any]) -> str:
-    """The summary table and comparisons as text."""
+def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
+    """The summary table and the comparisons as plain text (``markdown=True``: a Markdown table
+    and a bullet list, as pasted into docs/results.md)."""
     def fmt(v, nd=3):
         if v is None:
             return "-"
@@ -487,26 +488,33 @@ def format_summary(summary: Dict[str, Any]) -> str:
             ("mean_accepted_width", "acc. width"), ("mean_layers_per_iteration", "layers/iter"),
             ("loglik_per_token", "loglik/tok"), ("joules_per_token", "J/tok"),
             ("kv_cache_bytes", "KV MB"), ("compile_s", "compile s")]
-    metric_keys = sorted({k for r in summary["rows"] for k in r["task_metrics"]})
-    header = [c[1] for c in cols] + metric_keys
     if not summary["rows"]:
         return "no results"
+    metric_keys = sorted({k for r in summary["rows"] for k in r["task_metrics"]})
+    header = [c[1] for c in cols] + metric_keys
     lines = []
     for r in summary["rows"]:
         cells = []
         for k, _ in cols:
             v = r.get(k)
-            cells.append(fmt(v / 1e6, 1) if k == "kv_cache_bytes" else fmt(v, 4 if k == "loglik_per_token" else 3))
+            cells.append(fmt(v / 1e6, 1) if k == "kv_cache_bytes" and v is not None
+                         else fmt(v, 4 if k == "loglik_per_token" else 3))
         cells += [fmt(r["task_metrics"].get(k)) for k in metric_keys]
         lines.append(cells)
-    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
-    text = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    text += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in lines]
+    if markdown:
+        text = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        text += ["| " + " | ".join(cells) + " |" for cells in lines]
+        bullet = "- "
+    else:
+        widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
+        text = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+        text += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in lines]
+        bullet = ""
     if summary.get("energy", {}).get("source") is None:
-        text.append(f"energy: unavailable ({summary.get('energy', {}).get('reason')})")
+        text.append(f"{bullet}energy: unavailable ({summary.get('energy', {}).get('reason')})")
     for c in summary.get("comparisons", []):
         note = "" if c.get("quality_matched", True) else " (quality NOT matched)"
-        text.append(f"{c['dsbd']} vs {c['baseline']}: {c['speedup']:.2f}x{note} "
+        text.append(f"{bullet}{c['dsbd']} vs {c['baseline']}: {c['speedup']:.2f}x{note} "
                     f"(loglik/tok {c['dsbd_loglik_per_token']:.4f} vs "
                     f"{c['baseline_loglik_per_token']:.4f})")
     return "\n".join(text)
