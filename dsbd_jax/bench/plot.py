@@ -122,11 +122,13 @@ def _new_figure(title: str) -> Tuple[Figure, Axes]:
     ax = fig.add_subplot()
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
+    ax.ticklabel_format(useOffset=False)  # plain tick values, no "+2.266" offset
     return fig, ax
 
 
 def _message(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    import textwrap
+    ax.text(0.5, 0.5, textwrap.fill(text, 70), ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
 
