@@ -45,7 +45,8 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsbd", description=__doc__)
+    parser = argparse.ArgumentParser(prog="dsbd", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="DSBD vs beam sampling on the default offline model pair")
     demo.add_argument("--target", default=DEFAULT_TARGET)
