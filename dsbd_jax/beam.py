@@ -170,8 +170,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
         return BeamState(step=t + 1, cache=cache, logits=logits, sequences=seqs, scores=scores,
                          finished=finished, target_calls=calls)
 
-    body = common.with_progress(config, body, lambda s: dict(
-        iterations=s.step, generated=jnp.full((B,), s.step), target_calls=s.target_calls))
+    body = common.with_progress(config, body, common.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_token_id)
@@ -300,8 +299,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                                             lambda c: (s.logits, c, s.target_calls), s.cache)
         return nxt_state.replace(cache=cache, logits=logits, target_calls=calls)
 
-    body = common.with_progress(config, body, lambda s: dict(
-        iterations=s.step, generated=jnp.full((B,), s.step), target_calls=s.target_calls))
+    body = common.with_progress(config, body, common.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_token_id)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),

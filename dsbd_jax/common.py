@@ -71,6 +71,13 @@ def _dispatch_progress(values) -> None:
         fn(values)
 
 
+def step_progress(batch: int) -> Callable:
+    """Progress values of the one-token-per-step decoders (sampling, beam sampling/search): one
+    loop trip = one token for every prompt."""
+    return lambda s: dict(iterations=s.step, generated=jnp.full((batch,), s.step),
+                          target_calls=s.target_calls)
+
+
 def with_progress(config, body: Callable, values: Callable) -> Callable:
     """``body`` of a ``lax.while_loop``, reporting ``values(new_state)`` after each trip when
     ``config.progress`` (no callback is traced otherwise, so the program is unchanged)."""

@@ -409,13 +409,18 @@ def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=No
       ``GenerateOutput`` with ``sequences [B, max_width, N]`` (unused slots: ``log_likelihoods``
       ``-inf``, see ``stats["num_beams_out"]``) and the DSBD stats of the module doc.
     """
+    return _dsbd_core(*_prepare(params, prompt_ids, key, config, prompt_lengths), config=config)
+
+
+def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
+    """Validate (host side) and return the jitted cores' ``(params, prompt_ids, lengths, keys)``."""
     check_inputs(params, prompt_ids, key, config, prompt_lengths)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     params = {"target": params["target"], "draft": params["draft"]}
     # [B] row keys before the jit: a single key and a batch of keys share one compiled program
     keys = common.row_keys(key, prompt_ids.shape[0])
-    return _dsbd_core(params, prompt_ids, lengths, keys, config=config)
+    return params, prompt_ids, lengths, keys
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -430,9 +435,5 @@ def first_forest(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=Non
     the slot of each node's parent in the layer before (layer 0: the input beam), ``valid`` the
     nodes drawn with positive probability and ``q`` the joint each layer was drawn from. Same
     arguments as :func:`dsbd_generate` (and the same draws as its first iteration)."""
-    check_inputs(params, prompt_ids, key, config, prompt_lengths)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    keys = common.row_keys(key, prompt_ids.shape[0])
-    return _first_forest_core({"target": params["target"], "draft": params["draft"]},
-                              prompt_ids, lengths, keys, config=config)
+    return _first_forest_core(*_prepare(params, prompt_ids, key, config, prompt_lengths),
+                              config=config)

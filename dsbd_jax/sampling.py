@@ -146,8 +146,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
         return SampleState(step=t + 1, cache=cache, logits=logits, sequences=seqs,
                            log_likelihoods=ll, finished=finished, target_calls=calls)
 
-    body = common.with_progress(config, body, lambda s: dict(
-        iterations=s.step, generated=jnp.full((B,), s.step), target_calls=s.target_calls))
+    body = common.with_progress(config, body, common.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)

@@ -51,6 +51,11 @@ def tree_widths(config: DecodeConfig) -> Tuple[int, ...]:
     return tuple(config.tree_widths) if config.tree_widths is not None else (2,) * config.gamma
 
 
+def draft_extra_slots(config: DecodeConfig) -> int:
+    """Draft-cache slots beyond the chain's for the tree's non-root nodes' scratch K/V."""
+    return tree_structure(tree_widths(config))[2][config.gamma] - 1
+
+
 def tree_structure(widths: Sequence[int]):
     """Static layout of the full tree with ``widths[l-1]`` children per level-``l-1`` node.
 
@@ -258,9 +263,8 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
 @functools.partial(jax.jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     common.note_trace("tree_speculative_sample", prompt_ids=prompt_ids.shape, config=config)
-    _, _, offsets = tree_structure(tree_widths(config))
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
-                            draft_extra_slots=offsets[config.gamma] - 1)
+                            draft_extra_slots=draft_extra_slots(config))
     state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))
     return spec.to_output(config, state)
 

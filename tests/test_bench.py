@@ -14,7 +14,7 @@ import pytest
 
 from dsbd_jax import common, load_model
 from dsbd_jax.bench import energy, harness
-from dsbd_jax.methods import build, label, model_params
+from dsbd_jax.methods import build, label
 
 GSM_LOCAL = [  # short GSM8K-format problems (the byte-level tiny tokenizer makes long prompts)
     {"question": "1+1?", "answer": "one and one #### 2"},

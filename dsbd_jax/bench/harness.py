@@ -46,7 +46,6 @@ import itertools
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -218,8 +217,8 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
         from .. import speculative
         extra = 0
         if decoder.method == "tree":
-            from ..tree import tree_structure, tree_widths
-            extra = tree_structure(tree_widths(cfg))[2][cfg.gamma] - 1
+            from ..tree import draft_extra_slots
+            extra = draft_extra_slots(cfg)
         p = {"target": params_of(cfg.target), "draft": params_of(cfg.draft)}
         st = jax.eval_shape(lambda p, i, l, k: speculative.init_state(cfg, p, i, l, k, extra),
                             p, ids, lens, keys)
@@ -365,16 +364,12 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
 
 def _record(out, tokenizer) -> Dict[str, Any]:
     """Per-prompt figures of a batch-1 ``GenerateOutput`` (best beam)."""
-    stats = {k: np.asarray(v) for k, v in out.stats.items()}
-    b = int(np.asarray(out.best)[0])
-    n = int(np.asarray(out.lengths)[0, b])
-    seq = np.asarray(out.sequences)[0, b, :n].tolist()
-    ll = float(np.asarray(out.log_likelihoods)[0, b])
+    from .timing import best_beam
+    bb = best_beam(out)
+    stats, n, ll = bb["stats"], bb["new_tokens"], bb["loglik"]
     rec = {"new_tokens": n, "loglik": ll, "loglik_per_token": ll / n if n else None,
-           "target_calls": int(stats.get("target_calls", 0)),
-           "draft_calls": int(stats.get("draft_calls", 0)),
-           "iterations": int(stats.get("iterations", 0)),
-           "completion": tokenizer.decode(seq, skip_special_tokens=True)}
+           **{k: bb[k] for k in ("target_calls", "draft_calls", "iterations")},
+           "completion": tokenizer.decode(bb["token_ids"], skip_special_tokens=True)}
     for k in ("mean_accepted_width", "mean_layers_per_iteration", "acceptance_rate"):
         if k in stats:
             rec[k] = float(np.asarray(stats[k]).reshape(-1)[0])

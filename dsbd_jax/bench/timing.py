@@ -82,6 +82,20 @@ def print_table(rows: Sequence[Dict[str, Any]], columns: List[str]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
+def best_beam(out, row: int = 0) -> Dict[str, Any]:
+    """Figures of one prompt's best beam in a ``GenerateOutput``: ``new_tokens``, ``token_ids``,
+    ``loglik`` (unwarped target log-likelihood), ``target_calls`` / ``draft_calls`` /
+    ``iterations`` (whole batch) and ``stats`` (every stat as a numpy array)."""
+    stats = {k: np.asarray(v) for k, v in out.stats.items()}
+    b = int(np.asarray(out.best)[row])
+    n = int(np.asarray(out.lengths)[row, b])
+    return {"new_tokens": n, "token_ids": np.asarray(out.sequences)[row, b, :n].tolist(),
+            "loglik": float(np.asarray(out.log_likelihoods)[row, b]),
+            "target_calls": int(stats.get("target_calls", 0)),
+            "draft_calls": int(stats.get("draft_calls", 0)),
+            "iterations": int(stats.get("iterations", 0)), "stats": stats}
+
+
 def run_over_prompts(fn, params, config, prompts, length: int, seed: int = 0,
                      takes_key: bool = True, label: str = "", log=print) -> Dict[str, Any]:
     """Run one decoder over prompts one at a time (batch 1, all padded to ``length``).
@@ -101,15 +115,12 @@ def run_over_prompts(fn, params, config, prompts, length: int, seed: int = 0,
         out, t = timed(fn, *args, prompt_lengths=lens)
         if compile_s is None:
             compile_s = max(first - t, 0.0)
-        stats = {k: np.asarray(v) for k, v in out.stats.items()}
-        b = int(np.asarray(out.best)[0])
-        n_tok = int(np.asarray(out.lengths)[0, b])
+        bb = best_beam(out)
+        n_tok = bb["new_tokens"]
         rec = {"seconds": t, "tokens": n_tok,
-               "target_calls": int(stats.get("target_calls", 0)),
-               "draft_calls": int(stats.get("draft_calls", 0)),
-               "iterations": int(stats.get("iterations", 0)),
-               "loglik_per_token": float(np.asarray(out.log_likelihoods)[0, b]) / max(n_tok, 1)}
-        for k, v in stats.items():
+               **{k: bb[k] for k in ("target_calls", "draft_calls", "iterations")},
+               "loglik_per_token": bb["loglik"] / max(n_tok, 1)}
+        for k, v in bb["stats"].items():
             if k not in rec and v.size == 1:
                 rec[k] = float(v.reshape(()))
         per_prompt.append(rec)
