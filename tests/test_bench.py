@@ -285,3 +285,16 @@ def test_cli_bad_setting_is_one_line(capsys, pair):
                              "--prompt", "x", "--threshold", "1.5")
     last = err.strip().split("\r")[-1]  # after the loading bar
     assert code == 2 and last.startswith("dsbd: error:") and "threshold" in last and "\n" not in last
+
+
+def test_run_over_prompts(pair):
+    """The timing helper of benchmarks/baselines.py: per-prompt figures of the best beam."""
+    from dsbd_jax.bench import run_over_prompts
+    _, _, T, _ = pair
+    dec = build("beam", T.config, max_new_tokens=5, num_beams=2, eos_token_id=())
+    r = run_over_prompts(dec.fn, T.params, dec.config, [[2, 70, 71, 3], [2, 80, 3]], 16,
+                         log=lambda s: None)
+    assert [p["tokens"] for p in r["prompts"]] == [5, 5]
+    assert r["tokens_per_s"] == pytest.approx(10 / sum(p["seconds"] for p in r["prompts"]))
+    assert r["target_calls_per_token"] == pytest.approx(1.0)
+    assert all(p["loglik_per_token"] < 0 for p in r["prompts"])

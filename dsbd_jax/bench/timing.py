@@ -104,7 +104,7 @@ def run_over_prompts(fn, params, config, prompts, length: int, seed: int = 0,
     and never counted in a speed. Per prompt: wall seconds, tokens of the best beam, target and
     draft calls, and the best beam's target log-likelihood per token.
     """
-    from .common import pad_prompts
+    from ..common import pad_prompts
     per_prompt, compile_s = [], None
     for i, p in enumerate(prompts):
         ids, lens = pad_prompts([p], length=length)
