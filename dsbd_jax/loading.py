@@ -86,7 +86,7 @@ for _p in ("q", "k", "v", "o"):
 def _param_shapes(config: ModelConfig):
     from .model import init_params
 
-    shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), "stacked"))
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
         out[tuple(k.key for k in path)] = tuple(leaf.shape)
@@ -405,7 +405,7 @@ def list_presets():
 
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, layout: Optional[str] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
 
     Args:
@@ -414,7 +414,21 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
       progress: show tqdm progress bars (stderr) for the long steps.
+      layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
+        :func:`dsbd_jax.model.default_layout`); :func:`dsbd_jax.model.convert_layout` converts.
     """
+    from .model import check_layout
+
+    layout = check_layout(layout)
+    model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir, progress=progress)
+    if layout == "per_layer":
+        from .model import unstack_layers_
+
+        unstack_layers_(model.params)
+    return model
+
+
+def _load_model(source, dtype, *, tokenizer, cache_dir, progress) -> LoadedModel:
     from .presets import PRESETS, load_preset
 
     name = os.fspath(source) if isinstance(source, os.PathLike) else source

@@ -14,8 +14,17 @@ Shapes (B = batch rows, T = new tokens, S = cached slots, L = layers, K = kv hea
   cache     KVCache(k, v)          each [L, B, S, K, D] (keys stored after RoPE)
   returns   logits [B, T, V] float32 and KVCache of the new tokens, each [L, B, T, K, D]
 
-The transformer blocks are stacked on a leading layer axis and run with ``nn.scan`` so compile
-time does not grow with depth.
+Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
+
+* ``"stacked"``: the transformer blocks' weights share a leading layer axis under
+  ``params["layers"]`` and run with ``nn.scan``; compile time does not grow with depth (what pays
+  on GPU/TPU).
+* ``"per_layer"``: block ``i`` has its own arrays under ``params["layers_{i}"]`` and the layer loop
+  is unrolled. On XLA:CPU a stacked layer's weight slice is copied before its matmul (the
+  forward streams weights at about a third of the bandwidth), so this is the CPU default.
+
+:func:`default_layout` picks by backend; :func:`convert_layout` converts a tree between them
+(the logits are the same, see ``tests/test_model_parity.py``).
 """
 
 from __future__ import annotations
@@ -149,6 +158,7 @@ class LlamaForCausalLM(nn.Module):
     """Llama / Qwen2 / SmolLM decoder with a read-only fixed-shape KV cache (see module doc)."""
 
     config: ModelConfig
+    layout: str = "stacked"
 
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None):
@@ -158,10 +168,19 @@ class LlamaForCausalLM(nn.Module):
                          embedding_init=nn.initializers.normal(0.02))
         h = embed(tokens)
         cos, sin = rope_cos_sin(cfg, positions)
-        Stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-                        length=cfg.num_layers)
-        h, (new_k, new_v) = Stack(cfg, name="layers")(h, (cache.k, cache.v), cos, sin, mask)
+        if self.layout == "stacked":
+            Stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                            length=cfg.num_layers)
+            h, (new_k, new_v) = Stack(cfg, name="layers")(h, (cache.k, cache.v), cos, sin, mask)
+        else:
+            ks, vs = [], []
+            for i in range(cfg.num_layers):
+                h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
+                    h, (cache.k[i], cache.v[i]), cos, sin, mask)
+                ks.append(k)
+                vs.append(v)
+            new_k, new_v = jnp.stack(ks), jnp.stack(vs)
         h = RMSNorm(cfg.rms_norm_eps, dt, name="final_norm")(h)
         if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
             h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
@@ -193,16 +212,101 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
-    return LlamaForCausalLM(config).apply({"params": params}, tokens, jnp.asarray(positions, jnp.int32),
-                                          mask, cache, logits_at)
+    return LlamaForCausalLM(config, params_layout(params)).apply(
+        {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at)
 
 
-def init_params(config: ModelConfig, key: jax.Array):
-    """Random parameters (normal(0.02) weights, unit norms) for tests and examples."""
+# ---------------------------------------------------------------------------------------------
+# weight layouts
+LAYOUTS = ("stacked", "per_layer")
+
+
+def default_layout(backend: Optional[str] = None) -> str:
+    """``"per_layer"`` on CPU, ``"stacked"`` elsewhere (GPU/TPU: compile time stays flat in depth).
+
+    ``backend`` defaults to ``jax.default_backend()``. Measured on a 2-core CPU with a
+    Qwen2.5-1.5B-shaped model: see ``benchmarks/layouts.py``.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    return "per_layer" if backend == "cpu" else "stacked"
+
+
+def check_layout(layout: Optional[str]) -> str:
+    """``layout`` if valid, :func:`default_layout` for ``None``; ``ValueError`` otherwise."""
+    if layout is None:
+        return default_layout()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} (or None: by backend), got {layout!r}")
+    return layout
+
+
+def params_layout(params) -> str:
+    """Which layout a parameter tree has (``"stacked"`` if it has ``layers``, else
+    ``"per_layer"`` if it has ``layers_0``); ``ValueError`` for anything else."""
+    if "layers" in params:
+        return "stacked"
+    if "layers_0" in params:
+        return "per_layer"
+    raise ValueError("params have neither 'layers' (stacked layout) nor 'layers_0' (per-layer "
+                     f"layout); top-level keys: {sorted(params)}")
+
+
+def num_layers_of(params) -> int:
+    if params_layout(params) == "stacked":
+        return int(jax.tree.leaves(params["layers"])[0].shape[0])
+    return sum(1 for k in params if k.startswith("layers_"))
+
+
+def convert_layout(params, layout: str):
+    """The same parameters in ``layout`` (a no-op if they already have it). Converting stacked
+    to per-layer slices each leaf (a copy); per-layer to stacked stacks them (a copy)."""
+    layout = check_layout(layout)
+    have = params_layout(params)
+    if have == layout:
+        return params
+    rest = {k: v for k, v in params.items() if k != "layers" and not k.startswith("layers_")}
+    if layout == "per_layer":
+        L = num_layers_of(params)
+        layers = {f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], params["layers"])
+                  for i in range(L)}
+    else:
+        L = num_layers_of(params)
+        layers = {"layers": jax.tree.map(lambda *xs: jnp.stack(xs),
+                                         *[params[f"layers_{i}"] for i in range(L)])}
+    return {**rest, **layers}
+
+
+def unstack_layers_(params: dict) -> dict:
+    """Stacked -> per-layer IN PLACE, one leaf at a time (the loaders use it: besides the model
+    the device holds at most one stacked weight twice). Returns ``params``."""
+    if params_layout(params) != "stacked":
+        return params
+    stacked = params.pop("layers")
+    L = num_layers_of({"layers": stacked})
+    out = [dict() for _ in range(L)]
+
+    def walk(tree, dsts):
+        for name in list(tree):
+            leaf = tree.pop(name)
+            if isinstance(leaf, dict):
+                walk(leaf, [d.setdefault(name, {}) for d in dsts])
+            else:
+                for i, d in enumerate(dsts):
+                    d[name] = leaf[i]
+            del leaf
+    walk(stacked, out)
+    params.update({f"layers_{i}": out[i] for i in range(L)})
+    return params
+
+
+def init_params(config: ModelConfig, key: jax.Array, layout: Optional[str] = None):
+    """Random parameters (normal(0.02) weights, unit norms) for tests and examples, in ``layout``
+    (default: :func:`default_layout`). The values do not depend on the layout."""
     tokens = jnp.zeros((1, 1), jnp.int32)
     mask = jnp.ones((1, 1, 1), bool)
-    variables = LlamaForCausalLM(config).init(key, tokens, tokens, mask, empty_cache(config, 1, 0))
-    return variables["params"]
+    variables = LlamaForCausalLM(config, "stacked").init(key, tokens, tokens, mask,
+                                                         empty_cache(config, 1, 0))
+    return convert_layout(variables["params"], check_layout(layout))
 
 
 def causal_mask(lengths: jax.Array, T: int) -> jax.Array:

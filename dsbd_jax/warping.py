@@ -40,11 +40,30 @@ def validate_warping(temperature: float, top_k: Optional[int], top_p: float) -> 
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
+# candidates examined for top-p without top-k before the exact full-sort fallback
+TOP_P_CANDIDATES = 128
+
+
+def top_k_isolated(x: jax.Array, k: int):
+    """``lax.top_k`` over the last axis behind optimization barriers.
+
+    XLA:CPU lowers a ``top_k`` that is fused into a larger program to a full sort of the row
+    (measured: 120 ms instead of 0.7 ms on 4 x 151,936 entries); kept apart it stays the TopK
+    custom call. Returns ``(values, indices)`` in descending order (ties: lower index first).
+    """
+    v, i = jax.lax.top_k(jax.lax.optimization_barrier(x), k)
+    return jax.lax.optimization_barrier((v, i))
+
+
 def warp_logits(logits: jax.Array, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: float = 1.0) -> jax.Array:
     """Warped, normalised log-probabilities over the last axis (see module doc for the rules).
 
-    ``temperature``, ``top_k`` and ``top_p`` are Python numbers (static).
+    ``temperature``, ``top_k`` and ``top_p`` are Python numbers (static). No full-row sort: top-k
+    takes the k largest (:func:`top_k_isolated`) and top-p works on the entries that can survive
+    (:func:`_top_p_keep`); top-p without top-k looks at the ``TOP_P_CANDIDATES`` largest entries
+    and falls back to a full sort (``lax.cond``; under ``vmap`` both branches run) only when
+    their mass falls short of ``top_p``.
     """
     validate_warping(temperature, top_k, top_p)
     x = logits.astype(jnp.float32)
@@ -56,18 +75,83 @@ def warp_logits(logits: jax.Array, temperature: float = 1.0, top_k: Optional[int
     if temperature != 1.0:
         x = x / temperature
     if top_k is not None and 0 < top_k < n:
-        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-        x = jnp.where(x < kth, NEG_INF, x)
-    if top_p < 1.0:
-        order = jnp.argsort(x, axis=-1)  # ascending
-        sorted_x = jnp.take_along_axis(x, order, axis=-1)
-        cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
-        remove_sorted = cum <= (1.0 - top_p)
-        remove_sorted = remove_sorted.at[..., -1].set(False)  # always keep the largest
-        remove = jnp.zeros_like(remove_sorted)
-        remove = jnp.put_along_axis(remove, order, remove_sorted, axis=-1, inplace=False)
-        x = jnp.where(remove, NEG_INF, x)
+        v, idx = top_k_isolated(x, top_k)
+        x = jnp.where(x < v[..., -1:], NEG_INF, x)
+        if top_p < 1.0:
+            x = jnp.where(_top_p_keep(x, v, idx, top_p, below=False)[0], x, NEG_INF)
+    elif top_p < 1.0:
+        m = min(n, TOP_P_CANDIDATES)
+        v, idx = top_k_isolated(x, m)
+        keep, short = _top_p_keep(x, v, idx, top_p, below=m < n)
+        if m < n:
+            keep = jax.lax.cond(jnp.any(short), lambda: _top_p_keep_sorted(x, top_p),
+                                lambda: keep)
+        x = jnp.where(keep, x, NEG_INF)
     return jax.nn.log_softmax(x, axis=-1)
+
+
+def _top_p_keep(x: jax.Array, v: jax.Array, idx: jax.Array, top_p: float, below: bool):
+    """Which entries top-p keeps, from the ``m`` largest entries ``(v, idx)`` (descending).
+
+    The rule (HF's): in ascending order (value, then index), drop every entry whose cumulative
+    probability is ``<= 1 - top_p``, always keeping the last. The cumulative probability is
+    monotone, so the kept set is a suffix of that order: it is found without sorting. Entries are
+    split by ``c = v[-1]`` into *above* (``> c``: all among the candidates), *tied* (``== c``:
+    ordered among themselves by index, counted over the whole row) and *below* (``< c``; their
+    total mass only, ``below=True``; with ``below=False`` they have probability zero, e.g.
+    removed by top-k). Returns ``(keep [..., n], short [...])``: ``short`` is True where an entry
+    below ``c`` would be kept too (the candidates were too few; the result is then not valid).
+    """
+    n = x.shape[-1]
+    iota = jnp.arange(n)
+    c, mx = v[..., -1:], v[..., :1]
+    finite_c = c > NEG_INF
+    tie = (x == c) & finite_c                                           # [..., n]
+    e_c = jnp.where(finite_c, jnp.exp(c - mx), 0.0)                     # [..., 1]
+    n_tie = jnp.sum(tie, axis=-1, keepdims=True).astype(jnp.float32)
+    if below:
+        mass_below = jnp.sum(jnp.where(x < c, jnp.exp(x - mx), 0.0), axis=-1, keepdims=True)
+    else:
+        mass_below = jnp.zeros_like(c)
+    above = v > c                                                       # [..., m]
+    e_above = jnp.where(above, jnp.exp(v - mx), 0.0)
+    total = mass_below + n_tie * e_c + jnp.sum(e_above, axis=-1, keepdims=True)
+    thr = 1.0 - top_p
+    rank = jnp.cumsum(tie, axis=-1)                                     # 1-based among ties
+    # the tied entries' running sum, accumulated one entry at a time as a sorted cumsum would
+    cum_tie = mass_below / total + jnp.cumsum(jnp.where(tie, e_c / total, 0.0), axis=-1)
+    vc, vd = v[..., :, None], v[..., None, :]
+    ic, id_ = idx[..., :, None], idx[..., None, :]
+    before = ((vd < vc) | ((vd == vc) & (id_ <= ic))) & above[..., None, :]
+    cum_above = (mass_below + n_tie * e_c
+                 + jnp.sum(jnp.where(before, e_above[..., None, :], 0.0), axis=-1)) / total
+    # the last entry in ascending order is always kept
+    has_above = jnp.any(above, axis=-1, keepdims=True)
+    last = jnp.max(jnp.where(above & (v == mx), idx, -1), axis=-1, keepdims=True)
+    keep_above = above & ((cum_above > thr) | (idx == last))
+    keep_tie = tie & ((cum_tie > thr) | ((rank == n_tie) & ~has_above))
+    # the cut: the first kept entry in ascending order
+    tie_kept = jnp.any(keep_tie, axis=-1, keepdims=True)
+    i_tie = jnp.min(jnp.where(keep_tie, iota, n), axis=-1, keepdims=True)
+    v_above = jnp.min(jnp.where(keep_above, v, jnp.inf), axis=-1, keepdims=True)
+    i_above = jnp.min(jnp.where(keep_above & (v == v_above), idx, n), axis=-1, keepdims=True)
+    v_cut = jnp.where(tie_kept, c, v_above)
+    i_cut = jnp.where(tie_kept, i_tie, i_above)
+    keep = (x > v_cut) | ((x == v_cut) & (iota >= i_cut))
+    short = (mass_below / total)[..., 0] > thr
+    return keep, short
+
+
+def _top_p_keep_sorted(x: jax.Array, top_p: float) -> jax.Array:
+    """The same top-p rule by a full ascending (stable) sort: the exact fallback."""
+    order = jnp.argsort(x, axis=-1)  # ascending
+    sorted_x = jnp.take_along_axis(x, order, axis=-1)
+    cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
+    remove_sorted = cum <= (1.0 - top_p)
+    remove_sorted = remove_sorted.at[..., -1].set(False)  # always keep the largest
+    remove = jnp.put_along_axis(jnp.zeros_like(remove_sorted), order, remove_sorted, axis=-1,
+                                inplace=False)
+    return ~remove
 
 
 def sample(key: jax.Array, logprobs: jax.Array, shape=None) -> jax.Array:

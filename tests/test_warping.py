@@ -122,3 +122,93 @@ def test_sample_without_replacement_distinct_and_in_support():
     idx = np.asarray(sample_without_replacement(jax.random.PRNGKey(0), lw, 4))
     assert all(len(set(r)) == 4 for r in idx)
     assert np.isfinite(np.take_along_axis(np.asarray(lw), idx, -1)).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# the sort-free paths: rows longer than the top-p candidate set, ties on the joint, fallback
+def _duplicate_beam_joint(rng, rows, W, V, integer):
+    """A beam joint [rows, W*V]; beams 1..W-1 are copies of beam 0 (i.i.d. beam sampling draws
+    the same beam twice: every joint entry is then tied W-fold). ``integer``: integer values,
+    so that different tokens tie as well."""
+    if integer:
+        logp = rng.integers(-6, 1, (rows, 1, V)).astype(np.float32)
+    else:
+        logp = (rng.standard_normal((rows, 1, V)) * 3).astype(np.float32)
+    return np.repeat(logp, W, axis=1).reshape(rows, W * V)
+
+
+# top-p values whose 1 - top_p is no ratio of small integers: a cumulative sum of equal tied
+# probabilities never lands on it exactly, where float32 rounding alone would decide
+@pytest.mark.parametrize("integer,top_k,top_p", [(False, 10, 0.8), (False, 10, 1.0),
+                                                 (False, 25, 0.95), (True, 10, 0.8137),
+                                                 (True, 3, 0.5371), (True, 25, 0.9123)])
+def test_ties_on_the_joint_of_duplicate_beams(integer, top_k, top_p):
+    """4 identical beams: ties at the top-k boundary keep more than k entries (HF keeps every
+    entry tied with the k-th), and top-p cuts inside a tie group in index order. HF sorts with
+    torch's unstable sort, whose order inside a tie group is arbitrary on long rows, so the
+    reference is HF's rule with a stable sort (:func:`stable_warp`)."""
+    rng = np.random.default_rng(11)
+    joint = _duplicate_beam_joint(rng, 40, 4, 300 if not integer else 40, integer)
+    ours = np.asarray(warp_logits(jnp.asarray(joint), 1.0, top_k, top_p))
+    assert_same_warp(ours, stable_warp(joint, top_k, top_p))
+    top_k_alone = np.asarray(warp_logits(jnp.asarray(joint), 1.0, top_k, 1.0))
+    assert (np.isfinite(top_k_alone).sum(-1) > top_k).any()  # ties at the k-th value occur
+
+
+def stable_warp(logits: np.ndarray, top_k, top_p) -> np.ndarray:
+    """HF's top-k / top-p rules (temperature 1) with a STABLE ascending sort, in numpy float64:
+    ties at the top-p cut are ordered by index (the library's documented rule)."""
+    x = logits.astype(np.float64).copy()
+    if top_k:
+        kth = np.sort(x, axis=-1)[:, -top_k][:, None]
+        x[x < kth] = -np.inf
+    if top_p < 1.0:
+        order = np.argsort(x, axis=-1, kind="stable")
+        sx = np.take_along_axis(x, order, -1)
+        p = np.exp(sx - sx[:, -1:])
+        cum = np.cumsum(p / p.sum(-1, keepdims=True), -1)
+        rm = cum <= 1.0 - top_p
+        rm[:, -1] = False
+        remove = np.zeros_like(rm)
+        np.put_along_axis(remove, order, rm, -1)
+        x[remove] = -np.inf
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("scale,top_p", [(6.0, 0.8), (4.0, 0.95), (0.3, 0.8), (0.05, 0.5),
+                                         (2.0, 0.99)])
+def test_top_p_alone_on_long_rows(scale, top_p):
+    """Rows of 2,000 entries (longer than TOP_P_CANDIDATES): peaked rows stay within the
+    candidates, flat rows (small scale) take the exact full-sort fallback; both match HF."""
+    from dsbd_jax.warping import TOP_P_CANDIDATES
+    rng = np.random.default_rng(int(scale * 100))
+    logits = (rng.standard_normal((16, 2000)) * scale).astype(np.float32)
+    ours = np.asarray(warp_logits(jnp.asarray(logits), 1.0, None, top_p))
+    assert_same_warp(ours, hf_warp(logits, 1.0, None, top_p))
+    kept = np.isfinite(ours).sum(-1)
+    if scale < 1.0:
+        assert kept.max() > TOP_P_CANDIDATES  # the fallback was needed and taken
+
+
+def test_top_p_alone_with_ties_beyond_the_candidates():
+    """Integer logits on 1,000 entries: the tie group at the candidates' last value reaches far
+    past the candidate set (reference: the stable-sort rule, see above)."""
+    rng = np.random.default_rng(5)
+    logits = rng.integers(-2, 2, (30, 1000)).astype(np.float32)
+    for top_p in (0.3137, 0.9123):
+        assert_same_warp(warp_logits(jnp.asarray(logits), 1.0, None, top_p),
+                         stable_warp(logits, None, top_p))
+
+
+def test_no_full_row_sort_in_the_compiled_warp():
+    """The joint of 4 beams of a 151,936-token vocabulary, top-k 10 + top-p 0.8, jitted as part
+    of a larger program (log-softmax before, a draw after): the compiled program has no sort
+    (XLA:CPU turns a fused top_k into one unless it is kept apart)."""
+    import jax
+
+    def program(logits, key):
+        logp = jax.nn.log_softmax(logits, axis=-1).reshape(-1)
+        return jax.random.categorical(key, warp_logits(logp, 1.0, 10, 0.8))
+    hlo = jax.jit(program).lower(jnp.zeros((4, 151936)), jax.random.PRNGKey(0)).compile().as_text()
+    assert " sort(" not in hlo and "TopK" in hlo
