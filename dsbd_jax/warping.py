@@ -103,12 +103,11 @@ def _top_p_keep(x: jax.Array, v: jax.Array, idx: jax.Array, top_p: float, below:
     below ``c`` would be kept too (the candidates were too few; the result is then not valid).
     """
     n = x.shape[-1]
-    iota = jnp.arange(n)
     c, mx = v[..., -1:], v[..., :1]
     finite_c = c > NEG_INF
     tie = (x == c) & finite_c                                           # [..., n]
     e_c = jnp.where(finite_c, jnp.exp(c - mx), 0.0)                     # [..., 1]
-    n_tie = jnp.sum(tie, axis=-1, keepdims=True).astype(jnp.float32)
+    n_tie = jnp.sum(tie, axis=-1, keepdims=True)
     if below:
         mass_below = jnp.sum(jnp.where(x < c, jnp.exp(x - mx), 0.0), axis=-1, keepdims=True)
     else:
@@ -117,29 +116,49 @@ def _top_p_keep(x: jax.Array, v: jax.Array, idx: jax.Array, top_p: float, below:
     e_above = jnp.where(above, jnp.exp(v - mx), 0.0)
     total = mass_below + n_tie * e_c + jnp.sum(e_above, axis=-1, keepdims=True)
     thr = 1.0 - top_p
-    rank = jnp.cumsum(tie, axis=-1)                                     # 1-based among ties
-    # the tied entries' running sum, accumulated one entry at a time as a sorted cumsum would
-    cum_tie = mass_below / total + jnp.cumsum(jnp.where(tie, e_c / total, 0.0), axis=-1)
+    has_above = jnp.any(above, axis=-1, keepdims=True)
+    # tied entries: the r-th (1-based, by index) has cumulative probability below/total + r p_c;
+    # the first `removed` of them are dropped (never the last one when nothing lies above)
+    p_c, base = e_c / total, mass_below / total
+    removed = jnp.floor((thr - base) / jnp.where(p_c > 0, p_c, 1.0))
+    removed = jnp.clip(jnp.where(p_c > 0, removed, 0.0), 0, n_tie).astype(jnp.int32)
+    removed = jnp.where(has_above, removed, jnp.minimum(removed, n_tie - 1))
+    tie_kept = removed < n_tie
+    i_tie = _nth_true(tie, removed)
+    # entries above c: cumulative probability from the ones before them in ascending order
     vc, vd = v[..., :, None], v[..., None, :]
     ic, id_ = idx[..., :, None], idx[..., None, :]
     before = ((vd < vc) | ((vd == vc) & (id_ <= ic))) & above[..., None, :]
     cum_above = (mass_below + n_tie * e_c
                  + jnp.sum(jnp.where(before, e_above[..., None, :], 0.0), axis=-1)) / total
-    # the last entry in ascending order is always kept
-    has_above = jnp.any(above, axis=-1, keepdims=True)
     last = jnp.max(jnp.where(above & (v == mx), idx, -1), axis=-1, keepdims=True)
-    keep_above = above & ((cum_above > thr) | (idx == last))
-    keep_tie = tie & ((cum_tie > thr) | ((rank == n_tie) & ~has_above))
-    # the cut: the first kept entry in ascending order
-    tie_kept = jnp.any(keep_tie, axis=-1, keepdims=True)
-    i_tie = jnp.min(jnp.where(keep_tie, iota, n), axis=-1, keepdims=True)
+    keep_above = above & ((cum_above > thr) | (idx == last))   # the last entry is always kept
     v_above = jnp.min(jnp.where(keep_above, v, jnp.inf), axis=-1, keepdims=True)
     i_above = jnp.min(jnp.where(keep_above & (v == v_above), idx, n), axis=-1, keepdims=True)
+    # the cut: the first kept entry in ascending order; everything after it is kept
     v_cut = jnp.where(tie_kept, c, v_above)
     i_cut = jnp.where(tie_kept, i_tie, i_above)
-    keep = (x > v_cut) | ((x == v_cut) & (iota >= i_cut))
-    short = (mass_below / total)[..., 0] > thr
+    keep = (x > v_cut) | ((x == v_cut) & (jnp.arange(n) >= i_cut))
+    short = base[..., 0] > thr
     return keep, short
+
+
+def _nth_true(mask: jax.Array, r: jax.Array, block: int = 256) -> jax.Array:
+    """Index of the ``r``-th (0-based) True of ``mask`` along the last axis (``n`` if fewer):
+    counts per block of ``block`` entries, then a cumsum inside one block (a full-row cumsum costs
+    several ms on long rows). ``mask [..., n]``, ``r [..., 1]`` -> ``[..., 1]``."""
+    n = mask.shape[-1]
+    nb = -(-n // block)
+    padded = jnp.pad(mask, [(0, 0)] * (mask.ndim - 1) + [(0, nb * block - n)])
+    blocks = padded.reshape(mask.shape[:-1] + (nb, block)).astype(jnp.int32)
+    counts = jnp.sum(blocks, axis=-1)                                   # [..., nb]
+    upto = jnp.cumsum(counts, axis=-1)
+    blk = jnp.sum(upto <= r, axis=-1, keepdims=True)                    # block holding it
+    safe = jnp.minimum(blk, nb - 1)
+    skipped = jnp.take_along_axis(upto - counts, safe, axis=-1)
+    inner = jnp.take_along_axis(blocks, safe[..., None], axis=-2)[..., 0, :]   # [..., block]
+    j = jnp.sum(jnp.cumsum(inner, axis=-1) <= r - skipped, axis=-1, keepdims=True)
+    return jnp.where(blk < nb, safe * block + j, n)
 
 
 def _top_p_keep_sorted(x: jax.Array, top_p: float) -> jax.Array:
