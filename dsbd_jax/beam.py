@@ -41,7 +41,7 @@ from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
 from .sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
-from .warping import sample_without_replacement, warp_logits
+from .warping import draw_from, sample_without_replacement, warp_logits
 
 NEG_INF = -jnp.inf
 _HF_NEG = -1.0e9  # Hugging Face's "minus infinity" in beam search bookkeeping
@@ -59,6 +59,7 @@ def joint_logprobs(beam_scores: jax.Array, token_logprobs: jax.Array) -> jax.Arr
     return joint.reshape(joint.shape[:-2] + (joint.shape[-2] * joint.shape[-1],))
 
 
+@jax.named_scope("random")
 def draw_beams(key: jax.Array, joint_warped_logprobs: jax.Array, W: int,
                replacement: bool = True) -> jax.Array:
     """Draw W flat indices from warped joint log-probabilities ``[..., N] -> [..., W]``.
@@ -68,9 +69,9 @@ def draw_beams(key: jax.Array, joint_warped_logprobs: jax.Array, W: int,
     the surplus indices point at zero-probability entries (callers mark those beams dead).
     """
     lw = joint_warped_logprobs
-    if replacement:
-        draws = jax.random.categorical(key, lw, axis=-1, shape=(W,) + lw.shape[:-1])
-        return jnp.moveaxis(draws, 0, -1).astype(jnp.int32)
+    if replacement:  # inverse-CDF draws: W uniforms, not W x N Gumbel noise
+        u = jax.random.uniform(key, lw.shape[:-1] + (W,), jnp.float32)
+        return draw_from(jnp.exp(lw), u)
     return sample_without_replacement(key, lw, W).astype(jnp.int32)
 
 

@@ -38,6 +38,7 @@ def empty_cache(config, batch: int, slots: int, dtype=None) -> KVCache:
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
+@jax.named_scope("cache")
 def write(cache: KVCache, new: KVCache, start: jax.Array) -> KVCache:
     """Write all T new entries of each row at slots ``start[b] .. start[b] + T - 1``.
 
@@ -52,6 +53,7 @@ def write(cache: KVCache, new: KVCache, start: jax.Array) -> KVCache:
     return KVCache(f(cache.k, new.k, start), f(cache.v, new.v, start))
 
 
+@jax.named_scope("cache")
 def write_selected(cache: KVCache, new: KVCache, select: jax.Array, start: jax.Array,
                    count: jax.Array) -> KVCache:
     """Copy chosen new entries into contiguous slots (EAGLE-style accepted-path commit).
@@ -73,11 +75,13 @@ def write_selected(cache: KVCache, new: KVCache, select: jax.Array, start: jax.A
     return KVCache(f(cache.k, new.k, select, dest), f(cache.v, new.v, select, dest))
 
 
+@jax.named_scope("cache")
 def gather_rows(cache: KVCache, rows: jax.Array) -> KVCache:
     """Reorder/duplicate batch rows (beam reselection): ``out[:, i] = cache[:, rows[i]]``."""
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=1), cache)
 
 
+@jax.named_scope("cache")
 def repeat_rows(cache: KVCache, times: int) -> KVCache:
     """Each row repeated ``times`` times consecutively (share a prompt's prefill across beams)."""
     return jax.tree.map(lambda x: jnp.repeat(x, times, axis=1), cache)

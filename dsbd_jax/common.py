@@ -161,6 +161,7 @@ def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+@jax.named_scope("prefill")
 def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int):
     """Run the prompts once. Returns ``(cache [L, B, slots, K, D], last_logits [B, V])``.
 

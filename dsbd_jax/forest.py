@@ -253,6 +253,7 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
 
 # ---------------------------------------------------------------------------------------------
 # commits
+@jax.named_scope("cache")
 def commit_rows(rows: KVCache, src: KVCache, roots: jax.Array, ids: jax.Array, start: jax.Array,
                 Wc: int, S: int) -> KVCache:
     """New per-beam caches: row ``o`` = old row ``roots[b, o]`` with ``src`` entries ``ids[b, o]``

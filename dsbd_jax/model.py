@@ -212,8 +212,15 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
-    return LlamaForCausalLM(config, params_layout(params)).apply(
-        {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at)
+    with jax.named_scope(forward_scope(config)):
+        return LlamaForCausalLM(config, params_layout(params)).apply(
+            {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at)
+
+
+def forward_scope(config: ModelConfig) -> str:
+    """The ``jax.named_scope`` of a model's forward passes in compiled programs (the profiler of
+    ``benchmarks/profile.py`` tells the target's passes from the draft's by it)."""
+    return f"forward_L{config.num_layers}_d{config.hidden_size}"
 
 
 # ---------------------------------------------------------------------------------------------

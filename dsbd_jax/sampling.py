@@ -28,7 +28,7 @@ from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
 from .common import check_key, row_keys  # noqa: F401  (re-exported)
-from .warping import warp_logits
+from .warping import draw_from, warp_logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,8 +129,8 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
             tok = jnp.argmax(logp, axis=-1).astype(jnp.int32)
         else:
             warped = warp_logits(logp, config.temperature, config.top_k, config.top_p)
-            draw = lambda k, lw: jax.random.categorical(k, lw, axis=-1)  # noqa: E731
-            tok = jax.vmap(draw)(step_keys(keys, t), warped.reshape(B, W, V))
+            u = jax.vmap(lambda k: jax.random.uniform(k, (W,)))(step_keys(keys, t))  # [B, W]
+            tok = draw_from(jnp.exp(warped), u.reshape(B * W, 1))[:, 0]
             tok = tok.reshape(B * W).astype(jnp.int32)
         ll = s.log_likelihoods + jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
         seqs = s.sequences.at[:, t].set(tok)

@@ -41,7 +41,7 @@ from . import cache as kvc
 from . import common
 from .common import DecodeConfig, GenerateOutput
 from .model import forward
-from .warping import residual, warp_logits
+from .warping import draw_from, residual, warp_logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,6 +61,7 @@ def safe_residual(p: jax.Array, q: jax.Array) -> jax.Array:
     return jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p)
 
 
+@jax.named_scope("verify")
 def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Array,
                  num_verify: jax.Array) -> Tuple[jax.Array, jax.Array]:
     """Speculative-sampling verification of one row's draft chain.
@@ -124,6 +125,7 @@ def check_inputs(params, prompt_ids, key, config: DecodeConfig, prompt_lengths) 
 row_keys = common.row_keys
 
 
+@jax.named_scope("random")
 def iteration_uniforms(keys: jax.Array, row_iter: jax.Array, sizes: Sequence[int]):
     """All the randomness of one iteration: row b draws ``sum(sizes)`` Uniform(0, 1) numbers from
     ``fold_in(keys[b], row_iter[b])`` (one random-bits call for everything: far less to compile
@@ -135,10 +137,10 @@ def iteration_uniforms(keys: jax.Array, row_iter: jax.Array, sizes: Sequence[int
     return jnp.split(u, cuts, axis=1)
 
 
-def gumbel_argmax(logp: jax.Array, u: jax.Array) -> jax.Array:
-    """One draw from ``logp`` (last axis) by the Gumbel-max trick; ``u``: Uniform(0, 1), same shape.
-    Entries at ``-inf`` are never drawn."""
-    return jnp.argmax(logp - jnp.log(-jnp.log(u)), axis=-1).astype(jnp.int32)
+def draw_token(probs: jax.Array, u: jax.Array) -> jax.Array:
+    """One draw from probabilities ``probs [..., V]`` with one uniform ``u [...]`` per draw
+    (inverse CDF, :func:`dsbd_jax.warping.draw_from`); zero-probability entries are never drawn."""
+    return draw_from(probs, u[..., None])[..., 0]
 
 
 def warp(config: DecodeConfig, logits: jax.Array) -> jax.Array:
@@ -314,22 +316,21 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
     active = ~state.done
     V = config.target.vocab_size
     u_draft, u_accept, u_final = iteration_uniforms(state.keys, state.row_iter,
-                                                    (gamma * V, gamma, V))
-    u_draft = u_draft.reshape(B, gamma, V)
+                                                    (gamma, gamma, 1))
     remaining = config.max_new_tokens - state.generated
     num_verify = jnp.clip(remaining - 1, 0, gamma)
 
     # 1. draft: gamma tokens, the first from the [prev, pending] call, then one token per call.
     root_logits, dcache = draft_root_call(config, params["draft"], state)
     logq0 = warp(config, root_logits)                                           # [B, V]
-    d0 = gumbel_argmax(logq0, u_draft[:, 0])
+    d0 = draw_token(jnp.exp(logq0), u_draft[:, 0])
 
     def step(carry, i):
         dcache, tok = carry
         logits, dcache = common.decode_step(config.draft, params["draft"], dcache, tok,
                                             state.length + i)
         logq = warp(config, logits)
-        tok = gumbel_argmax(logq, u_draft[:, i])
+        tok = draw_token(jnp.exp(logq), u_draft[:, i])
         return (dcache, tok), (logq, tok)
 
     (dcache, _), (logq_rest, d_rest) = jax.lax.scan(step, (dcache, d0), jnp.arange(1, gamma))
@@ -347,7 +348,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
 
     # 3. verify, then draw the next token.
     n, next_probs = jax.vmap(verify_chain)(p, jnp.exp(logq), drafts, u_accept, num_verify)
-    t = gumbel_argmax(jnp.log(next_probs), u_final)
+    t = draw_token(next_probs, u_final[:, 0])
 
     j = jnp.arange(gamma + 1)[None, :]
     drafts_pad = jnp.concatenate([drafts, jnp.full((B, 1), config.pad_id, jnp.int32)], axis=1)

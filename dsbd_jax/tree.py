@@ -41,6 +41,7 @@ from . import common
 from . import speculative as spec
 from .common import DecodeConfig, GenerateOutput
 from .model import forward
+from .warping import draw_from
 from .verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
 
 
@@ -120,6 +121,7 @@ def verify_siblings(p: jax.Array, q: jax.Array, candidates: jax.Array, uniforms:
     return acc, p
 
 
+@jax.named_scope("verify")
 def walk_tree(p_nodes: jax.Array, q_nodes: jax.Array, tokens: jax.Array, uniforms: jax.Array,
               num_verify: jax.Array, widths: Tuple[int, ...], replacement: bool):
     """Verify one row's tree from the root down.
@@ -166,21 +168,21 @@ def walk_tree(p_nodes: jax.Array, q_nodes: jax.Array, tokens: jax.Array, uniform
 def draw_children(logq: jax.Array, u: jax.Array, k: int, replacement: bool) -> jax.Array:
     """``k`` children per node from warped draft log-probs ``logq [B, n, V]``: ``[B, n * k]`` in
     draw order. ``u``: ``[B, children_uniforms(n, k, V, replacement)]`` Uniform(0, 1) numbers.
-    With replacement: k independent Gumbel-max draws; without: Gumbel-top-k (successive draws
-    without replacement).
+    With replacement: k independent inverse-CDF draws (one uniform each); without: Gumbel-top-k
+    (successive draws without replacement, one uniform per vocabulary entry).
     """
     B, n, V = logq.shape
-    g = -jnp.log(-jnp.log(u))
     if replacement:
-        kids = jnp.argmax(logq[:, :, None, :] + g.reshape(B, n, k, V), axis=-1)
+        kids = draw_from(jnp.exp(logq), u.reshape(B, n, k))
     else:
+        g = -jnp.log(-jnp.log(u))
         kids = jax.lax.top_k(logq + g.reshape(B, n, V), k)[1]
     return kids.reshape(B, n * k).astype(jnp.int32)
 
 
 def children_uniforms(n: int, k: int, V: int, replacement: bool) -> int:
     """How many uniforms ``draw_children`` needs for ``n`` nodes of ``k`` children."""
-    return n * k * V if replacement else n * V
+    return n * k if replacement else n * V
 
 
 def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spec.DecodeState:
@@ -196,7 +198,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
     level_sizes = [children_uniforms(offsets[l] - offsets[l - 1], widths[l - 1], V,
                                      config.replacement) for l in range(1, gamma + 1)]
     *u_levels, u_accept, u_final = spec.iteration_uniforms(
-        state.keys, state.row_iter, (*level_sizes, gamma * kmax, V))
+        state.keys, state.row_iter, (*level_sizes, gamma * kmax, 1))
     remaining = config.max_new_tokens - state.generated
     num_verify = jnp.clip(remaining - 1, 0, gamma)
     parents = jnp.asarray(parents_np)
@@ -239,7 +241,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
     walk = functools.partial(walk_tree, widths=widths, replacement=config.replacement)
     n, path, next_probs = jax.vmap(walk)(p_nodes, q_nodes, tokens,
                                          u_accept.reshape(B, gamma, kmax), num_verify)
-    t = spec.gumbel_argmax(jnp.log(next_probs), u_final)
+    t = spec.draw_token(next_probs, u_final[:, 0])
 
     j = jnp.arange(gamma + 1)[None, :]
     path_pad = jnp.concatenate([path, jnp.zeros((B, 1), jnp.int32)], axis=1)

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 # the single-candidate rule and the residual are speculative sampling's, shared with the chain
 # and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
 from .speculative import accept_test, safe_residual as reject_update  # noqa: F401
-from .warping import normalize, warp_logits
+from .warping import draw_from, normalize, warp_logits
 from .width import layer_width
 
 NEG_INF = -jnp.inf
@@ -62,6 +62,7 @@ class Randoms(NamedTuple):
     extra_g: jax.Array   # [N]
 
 
+@jax.named_scope("random")
 def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bool) -> Randoms:
     """All of one prompt's random numbers for an iteration from ONE ``uniform`` call."""
     n_g = 0 if replacement else N
@@ -79,15 +80,10 @@ def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bo
 
 
 def draw_cdf(p: jax.Array, u: jax.Array) -> jax.Array:
-    """i.i.d. draws from probabilities ``p [N]`` (need not sum to 1) by inverting the CDF with
-    uniforms ``u [k]``: the first index whose cumulative mass exceeds ``u * total``. Entries with
-    zero probability are never drawn (the CDF is flat there); an all-zero ``p`` gives index 0.
-    """
-    cdf = jnp.cumsum(p)
-    target = u[:, None] * cdf[-1]
-    idx = jnp.sum(cdf[None, :] <= target, axis=-1)
-    last = p.shape[0] - 1 - jnp.argmax((p > 0)[::-1])       # rounding of u * total up to total
-    return jnp.minimum(idx, last).astype(jnp.int32)
+    """i.i.d. draws from probabilities ``p [N]`` (need not sum to 1) with uniforms ``u [k]`` by
+    inverting the CDF (:func:`dsbd_jax.warping.draw_from`): zero-probability entries are never
+    drawn; an all-zero ``p`` gives index 0."""
+    return draw_from(p, u)
 
 
 def draw_gumbel(logp: jax.Array, g: jax.Array, k: int) -> jax.Array:
@@ -256,6 +252,7 @@ class Verdict(NamedTuple):
     accepted: jax.Array
 
 
+@jax.named_scope("verify")
 def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
                   cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
                   budget: jax.Array, config) -> Verdict:

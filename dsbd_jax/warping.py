@@ -55,6 +55,7 @@ def top_k_isolated(x: jax.Array, k: int):
     return jax.lax.optimization_barrier((v, i))
 
 
+@jax.named_scope("warp")
 def warp_logits(logits: jax.Array, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: float = 1.0) -> jax.Array:
     """Warped, normalised log-probabilities over the last axis (see module doc for the rules).
@@ -171,6 +172,35 @@ def _top_p_keep_sorted(x: jax.Array, top_p: float) -> jax.Array:
     remove = jnp.put_along_axis(jnp.zeros_like(remove_sorted), order, remove_sorted, axis=-1,
                                 inplace=False)
     return ~remove
+
+
+@jax.named_scope("random")
+def draw_from(p: jax.Array, u: jax.Array, block: int = 256) -> jax.Array:
+    """i.i.d. draws by inverting the CDF of probabilities ``p [..., N]`` (need not sum to 1) with
+    uniforms ``u [..., k]``: the first index whose cumulative mass exceeds ``u * total``.
+
+    One uniform per draw (no noise over the whole row) and no full-row cumsum (XLA:CPU's is a
+    slow reduce-window): block sums, a cumsum over the blocks, then one block per draw. Entries
+    with zero probability are never drawn (the CDF is flat there, and rounding of ``u * total``
+    up to the total falls back to the last positive entry); an all-zero ``p`` gives index 0.
+    Returns ``[..., k]`` int32.
+    """
+    N = p.shape[-1]
+    nb = -(-N // block)
+    lead = p.shape[:-1]
+    blocks = jnp.pad(p, [(0, 0)] * len(lead) + [(0, nb * block - N)]).reshape(lead + (nb, block))
+    bsum = jnp.sum(blocks, axis=-1)                                      # [..., nb]
+    bcum = jnp.cumsum(bsum, axis=-1)
+    target = u * bcum[..., -1:]                                          # [..., k]
+    last_blk = nb - 1 - jnp.argmax((bsum > 0)[..., ::-1], axis=-1)       # [...]
+    blk = jnp.sum(bcum[..., None, :] <= target[..., :, None], axis=-1)
+    blk = jnp.minimum(blk, last_blk[..., None])                          # [..., k]
+    start = jnp.take_along_axis(bcum - bsum, blk, axis=-1)
+    inner = jnp.take_along_axis(blocks, blk[..., None], axis=-2)         # [..., k, block]
+    icum = start[..., None] + jnp.cumsum(inner, axis=-1)
+    j = jnp.sum(icum <= target[..., None], axis=-1)
+    last_in = block - 1 - jnp.argmax((inner > 0)[..., ::-1], axis=-1)
+    return (blk * block + jnp.minimum(j, last_in)).astype(jnp.int32)
 
 
 def sample(key: jax.Array, logprobs: jax.Array, shape=None) -> jax.Array:

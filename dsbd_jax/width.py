@@ -79,6 +79,7 @@ def width_from_counts(P: jax.Array, m: jax.Array, threshold: float, min_width: i
     return jnp.minimum(max_width, jnp.maximum(min_width, w_tilde)).astype(jnp.int32)
 
 
+@jax.named_scope("width")
 def layer_width(p: jax.Array, q: jax.Array, m: jax.Array, threshold: float, min_width: int,
                 max_width: int, num_draft: int) -> jax.Array:
     """Width ``W_L`` of one layer (int32 scalar).

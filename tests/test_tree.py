@@ -59,13 +59,13 @@ def sibling_output_dist(p, q, k, replacement, seed=0):
                                   replacement)                                  # [TRIALS, k]
         acc, p_final = jax.vmap(tree.verify_siblings, in_axes=(None, None, 0, 0, None))(
             p, q, cand, u_acc, replacement)
-        fallback = jax.vmap(spec.gumbel_argmax)(jnp.log(p_final), u_final)
+        fallback = spec.draw_token(p_final, u_final)
         return jnp.where(acc >= 0, jnp.take_along_axis(cand, jnp.maximum(acc, 0)[:, None], 1)[:, 0],
                          fallback)
 
     ku, ka, kf = jax.random.split(jax.random.key(seed), 3)
     u = lambda key, shape: jax.random.uniform(key, shape, minval=1e-30)  # noqa: E731
-    toks = np.asarray(run(u(ku, (TRIALS, n_u)), u(ka, (TRIALS, k)), u(kf, (TRIALS, V))))
+    toks = np.asarray(run(u(ku, (TRIALS, n_u)), u(ka, (TRIALS, k)), u(kf, (TRIALS,))))
     return np.bincount(toks, minlength=V)
 
 

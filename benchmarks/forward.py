@@ -1,0 +1,159 @@
+"""Forward-pass cost of the two weight layouts against transformers, side by side in one process.
+
+A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV heads, vocabulary
+151,936, q/k/v biases) with random weights, float32, a KV cache of ``--slots`` slots of which
+``--filled`` hold a prefix. For each pass shape (1 token, a batch of 4 rows, a 12-node forest,
+16 new tokens) it times:
+
+* ours, ``layout="stacked"`` (``nn.scan`` over stacked weights) and ``layout="per_layer"``
+  (unrolled loop over per-layer arrays), jitted ``model.forward`` (logits of every new token and
+  their keys/values), compile time reported apart;
+* transformers ``Qwen2ForCausalLM`` with the same shapes (``DynamicCache`` of the same prefix,
+  cropped back after each call), ``torch.inference_mode``, ``--threads`` threads.
+
+Each figure is the median of ``--repeats`` timed calls after one warm-up call. Writes JSON
+(default ``results/forward.json``) and prints a table with the ratios.
+
+Usage: python benchmarks/forward.py [--repeats 5] [--threads 2] [--out results/forward.json]
+       [--small]   (a 4-layer model of the same width, for a quick check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dsbd_jax import model as M  # noqa: E402
+from dsbd_jax.bench.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.cache import KVCache  # noqa: E402
+from dsbd_jax.config import ModelConfig  # noqa: E402
+
+SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
+
+
+def qwen15b_config(layers: int = 28) -> ModelConfig:
+    return ModelConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                       num_layers=layers, num_heads=12, num_kv_heads=2, head_dim=128,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=True,
+                       max_position_embeddings=32768, architecture="qwen2")
+
+
+def median_time(fn, repeats: int) -> float:
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def ours(cfg, layout, slots, filled, repeats):
+    params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
+    shape = (cfg.num_layers, 1, slots, cfg.num_kv_heads, cfg.head_dim)
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, (B, T) in SHAPES.items():
+        k = jnp.asarray(rng.standard_normal(shape[:1] + (B,) + shape[2:]), jnp.float32)
+        cache = KVCache(k, k)
+        tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
+        positions = filled + jnp.broadcast_to(jnp.arange(T), (B, T)).astype(jnp.int32)
+        seen = jnp.arange(slots)[None, None, :] < filled
+        causal = jnp.tril(jnp.ones((T, T), bool))[None]
+        mask = jnp.concatenate([jnp.broadcast_to(seen, (B, T, slots)),
+                                jnp.broadcast_to(causal, (B, T, T))], axis=-1)
+        f = jax.jit(lambda p, t, q, m, c: M.forward(cfg, p, t, q, m, c))
+        t0 = time.perf_counter()
+        compiled = f.lower(params, tokens, positions, mask, cache).compile()
+        compile_s = time.perf_counter() - t0
+        run = median_time(lambda: compiled(params, tokens, positions, mask, cache), repeats)
+        out[name] = {"ms": run * 1e3, "compile_s": compile_s}
+        print(f"  ours {layout:9s} {name:10s} {run * 1e3:8.1f} ms  (compile {compile_s:.1f} s)",
+              flush=True)
+    del params
+    return out
+
+
+def transformers_side(cfg, slots, filled, repeats, threads):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    torch.set_num_threads(threads)
+    hf_cfg = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                         intermediate_size=cfg.intermediate_size,
+                         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                         num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=32768,
+                         rope_theta=cfg.rope_theta, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(hf_cfg).eval()
+    rng = np.random.default_rng(0)
+    out = {}
+    with torch.inference_mode():
+        for name, (B, T) in SHAPES.items():
+            prefix = torch.tensor(rng.integers(0, cfg.vocab_size, (B, filled)))
+            cache = DynamicCache(config=hf_cfg)
+            model(prefix, past_key_values=cache, use_cache=True)
+            tokens = torch.tensor(rng.integers(0, cfg.vocab_size, (B, T)))
+
+            def call():
+                model(tokens, past_key_values=cache, use_cache=True)
+                cache.crop(-T)
+            t = median_time(call, repeats)
+            out[name] = {"ms": t * 1e3}
+            print(f"  transformers {name:10s} {t * 1e3:8.1f} ms", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--slots", type=int, default=512)
+    ap.add_argument("--filled", type=int, default=256)
+    ap.add_argument("--small", action="store_true", help="4 layers instead of 28")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "forward.json"))
+    args = ap.parse_args(argv)
+    cfg = qwen15b_config(4 if args.small else 28)
+    res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
+           "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
+           "repeats": args.repeats, "threads": args.threads}
+    for layout in ("stacked", "per_layer"):
+        res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
+    if not args.no_transformers:
+        res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,
+                                                args.threads)
+    ratios = {}
+    for name in SHAPES:
+        r = {"per_layer / stacked": res["per_layer"][name]["ms"] / res["stacked"][name]["ms"],
+             f"{name} / 1 token (per_layer)": res["per_layer"][name]["ms"]
+             / res["per_layer"]["1 token"]["ms"]}
+        if "transformers" in res:
+            r["per_layer / transformers"] = (res["per_layer"][name]["ms"]
+                                             / res["transformers"][name]["ms"])
+            r["stacked / transformers"] = (res["stacked"][name]["ms"]
+                                           / res["transformers"][name]["ms"])
+        ratios[name] = r
+    res["ratios"] = ratios
+    write_json(args.out, res)
+    print(f"\n{'pass':12s} {'stacked':>9s} {'per_layer':>10s} {'transformers':>13s}  ratios")
+    for name in SHAPES:
+        tr = res.get("transformers", {}).get(name, {}).get("ms", float("nan"))
+        print(f"{name:12s} {res['stacked'][name]['ms']:9.1f} {res['per_layer'][name]['ms']:10.1f} "
+              f"{tr:13.1f}  " + ", ".join(f"{k} {v:.2f}" for k, v in ratios[name].items()))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Phase-by-phase profile of every decoder on the real model pair (``dsbd_jax.bench.profile``).
+
+For each method setting and prompt: one compiled run under the XLA:CPU profiler; thunk time per
+phase (prefill, target forward, draft forward, warp, log-softmax, random, verify, width, cache,
+other), per iteration, and the overhead share (loop thunk time outside the forward passes). Beside
+it, the bare forward passes of the same shapes timed alone (jitted ``model.forward`` with a cache
+of the same size), so the in-loop forward time can be checked against them, and the iteration
+time against the forward passes it needs.
+
+Usage: python benchmarks/profile.py [--new 32] [--prompts 2] [--methods NAME,...]
+                                    [--out results/profile.json]
+Methods (``--methods``): sample, beam2, beam4, spec4, dsbd_w4 (gamma 2, W_S 4, t 0.7, W_min 2),
+dsbd_g3 (gamma 3, W_S 3, t 0.9, W_min 1), dsbd_sb (the same, single-beam), tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dsbd_jax import methods  # noqa: E402
+from dsbd_jax.bench.profile import PHASES, profile_decoder  # noqa: E402
+from dsbd_jax.bench.timing import machine_info, write_json  # noqa: E402
+
+SETTINGS = {
+    "sample": ("sample", {}),
+    "beam2": ("beam", {"num_beams": 2}),
+    "beam4": ("beam", {"num_beams": 4}),
+    "spec4": ("spec", {"gamma": 4}),
+    "tree": ("tree", {"gamma": 3}),
+    "dsbd_w4": ("dsbd", {"gamma": 2, "draft_width": 4, "threshold": 0.7, "min_width": 2}),
+    "dsbd_g3": ("dsbd", {"gamma": 3, "draft_width": 3, "threshold": 0.9, "min_width": 1}),
+    "dsbd_sb": ("dsbd", {"gamma": 3, "draft_width": 3, "threshold": 0.9, "min_width": 1,
+                         "single_beam": True}),
+}
+
+
+def forward_shapes(method, s, P, N):
+    """The forward passes one iteration runs: ``[(model, rows, new tokens, cache slots)]``."""
+    if method in ("sample", "beam"):
+        W = s.get("num_beams", 1)
+        return [("target", W, 1, P + N)]
+    if method == "spec":
+        g = s["gamma"]
+        S = P + N + g + 1
+        return [("draft", 1, 2, S)] + [("draft", 1, 1, S)] * (g - 1) + [("target", 1, g + 1, S)]
+    if method == "tree":
+        return []
+    g, C = s["gamma"], s["draft_width"]
+    Wc = 1 if s.get("single_beam") else s.get("max_width", C)
+    S = Wc * (P + N + g + 1)
+    Td = 2 * Wc + (g - 1) * C
+    return ([("draft", 1, 2 * Wc, S + Td)] + [("draft", 1, C, S + Td)] * (g - 1)
+            + [("target", 1, Wc + g * C, S)])
+
+
+_BARE = {}
+
+
+def bare_forward_ms(name, cfg, params, rows, T, slots, repeats=3):
+    key = (name, rows, T, slots)
+    if key in _BARE:
+        return _BARE[key]
+    from dsbd_jax.cache import empty_cache
+    from dsbd_jax.model import forward
+    cache = empty_cache(cfg, rows, slots)
+    tokens = jnp.ones((rows, T), jnp.int32)
+    positions = jnp.broadcast_to(slots // 2 + jnp.arange(T), (rows, T)).astype(jnp.int32)
+    mask = jnp.concatenate([jnp.broadcast_to(jnp.arange(slots) < slots // 2, (rows, T, slots)),
+                            jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (rows, T, T))], -1)
+    f = jax.jit(lambda p, t, q, m, c: forward(cfg, p, t, q, m, c)).lower(
+        params, tokens, positions, mask, cache).compile()
+    jax.block_until_ready(f(params, tokens, positions, mask, cache))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(params, tokens, positions, mask, cache))
+        ts.append(time.perf_counter() - t0)
+    _BARE[key] = 1e3 * float(np.median(ts))
+    return _BARE[key]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--new", type=int, default=32, help="new tokens per run")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts (HumanEval, GSM8K alternately)")
+    ap.add_argument("--methods", default=",".join(SETTINGS))
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "profile.json"))
+    args = ap.parse_args(argv)
+
+    from dsbd_jax import load_model
+    from dsbd_jax.common import pad_prompts
+    from dsbd_jax.datasets import benchmark_prompts
+    target = load_model(args.target, progress=False)
+    draft = load_model(args.draft, tokenizer=False, progress=False)
+    texts, ids_list = benchmark_prompts(target.tokenizer, args.prompts)
+    half = (args.prompts + 1) // 2
+    prompts = [("humaneval" if i < half else "gsm8k", ids) for i, ids in enumerate(ids_list)]
+    warp = dict(top_k=10, top_p=0.8, max_new_tokens=args.new, eos_token_id=())
+    res = {"machine": machine_info(), "target": args.target, "draft": args.draft,
+           "new_tokens": args.new, "eos": "off", "warping": "top-k 10, top-p 0.8",
+           "layout": {k: sorted(m.params)[-1] for k, m in (("target", target), ("draft", draft))},
+           "runs": []}
+    models = {"target": target, "draft": draft}
+    for name in args.methods.split(","):
+        method, s = SETTINGS[name]
+        dec = methods.build(method, target.config, draft.config, **warp, **s)
+        params = methods.model_params(dec, target.params, draft.params)
+        for pi, (task, ids) in enumerate(prompts):
+            pid, plen = pad_prompts([ids])
+            r = profile_decoder(dec, params, pid, jax.random.PRNGKey(pi), plen)
+            P = pid.shape[1]
+            shapes = forward_shapes(method, s, P, args.new)
+            bare = sum(bare_forward_ms(m, models[m].config, models[m].params, rows, T, S)
+                       for m, rows, T, S in shapes)
+            r.update(name=name, method=method, settings=s, task=task, prompt_len=int(plen[0]),
+                     bucket=P, bare_forward_ms_per_iteration=bare,
+                     tokens_per_iteration=r["generated_tokens"] / max(r["iterations"], 1))
+            r["ms_per_token_decode"] = 1e3 * r["decode_s"] / max(r["generated_tokens"], 1)
+            res["runs"].append(r)
+            ph = r["per_iteration_ms"]
+            print(f"{name:8s} {task:9s} it={r['iterations']:3d} tok/it={r['tokens_per_iteration']:.2f} "
+                  f"decode/it={r['decode_per_iteration_ms']:7.1f}ms bare fwd/it={bare:7.1f}ms "
+                  f"overhead={100 * r['overhead_frac']:5.1f}% | "
+                  + " ".join(f"{k}={ph[k]:.1f}" for k in PHASES if k != "prefill" and ph[k] >= 0.5),
+                  flush=True)
+    write_json(args.out, res)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

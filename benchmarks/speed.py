@@ -1,0 +1,217 @@
+"""End-to-end speed on the offline pair, ours and transformers side by side in one run.
+
+Ours: sample, beam sampling W = 2 and 4, speculative sampling (gamma 4) and DSBD settings
+(default: gamma 2 / W_S 4 / t 0.7 / W_min 2, the beam-W4-quality point; gamma 3 / W_S 3 / t 0.9 /
+W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
+(``do_sample=True, num_beams=W``) on the same weights, prompts and warping (top-k 10, top-p 0.8).
+
+    .venv/bin/python benchmarks/speed.py --prompts 2 --max-new-tokens 128 --out results/speed.json
+
+For every method: end-to-end tokens/s (prefill included) and decode tokens/s (after the prefill:
+the prompt passes of the models the method runs are timed alone, same bucket, and subtracted),
+target calls per token, the best beam's log-likelihood per token, KV-cache bytes. Ratios of the
+issue's targets are printed and written (``ratios``). The JAX part runs in this process; the
+transformers part runs afterwards in a subprocess (the two copies of the 1.5B model are never in
+memory at once). Every prompt is padded to one bucket (one compile per method); compile time is
+reported apart and excluded from speeds. EOS is disabled on both sides (ours:
+``eos_token_id=()``; transformers: ``min_new_tokens``), so every run generates exactly
+``--max-new-tokens`` tokens per prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def jax_part(args):
+    from dsbd_jax import bench, common
+    from dsbd_jax.datasets import benchmark_prompts
+    from dsbd_jax.beam import beam_sample
+    from dsbd_jax.loading import load_model
+    from dsbd_jax.sampling import sample
+    from dsbd_jax.speculative import speculative_sample
+    from dsbd_jax.dsbd import DSBDConfig, dsbd_generate
+
+    target = load_model(TARGET)
+    draft = load_model(DRAFT)
+    texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
+    P = common.bucket_length(max(len(p) for p in prompts))
+    warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
+                max_new_tokens=args.max_new_tokens)
+    methods = [("sample", sample, common.DecodeConfig(target=target.config, **warp), False)]
+    for W in args.widths:
+        methods.append((f"beam_sample_W{W}", beam_sample,
+                        common.DecodeConfig(target=target.config, num_beams=W, **warp), False))
+    methods.append((f"speculative_g{args.gamma}", speculative_sample,
+                    common.DecodeConfig(target=target.config, draft=draft.config,
+                                        gamma=args.gamma, **warp), True))
+    for spec_s in args.dsbd:
+        g, ws, t, wmin, *sb = spec_s.split(",")
+        single = bool(sb and sb[0] == "sb")
+        cfg = DSBDConfig(target=target.config, draft=draft.config, gamma=int(g),
+                         draft_width=int(ws), threshold=float(t), min_width=int(wmin),
+                         single_beam=single, **warp)
+        name = f"dsbd_g{g}_WS{ws}_t{t}_Wmin{wmin}" + ("_single" if single else "")
+        methods.append((name, dsbd_generate, cfg, True))
+    prefill_s = prefill_seconds(target, draft, prompts, P)
+    rows = []
+    for name, fn, cfg, spec in methods:
+        params = {"target": target.params, "draft": draft.params} if spec else target.params
+        r = bench.run_over_prompts(fn, params, cfg, prompts, P, seed=args.seed, label=name)
+        pre = prefill_s["target"] + (prefill_s["draft"] if spec else 0.0)
+        tok = sum(p["tokens"] for p in r["prompts"])
+        sec = sum(p["seconds"] for p in r["prompts"])
+        from dsbd_jax.bench.harness import kv_cache_bytes
+        from dsbd_jax.methods import Decoder
+        r.update(prefill_s_per_prompt=pre, decode_tokens_per_s=tok / (sec - pre * len(prompts)),
+                 kv_cache_bytes=kv_cache_bytes(
+                     Decoder("dsbd" if fn is dsbd_generate else
+                             "spec" if fn is speculative_sample else
+                             "beam" if fn is beam_sample else "sample", fn, cfg), P))
+        rows.append({"impl": "dsbd_jax", "method": name, **r})
+    return texts, prompts, rows
+
+
+def prefill_seconds(target, draft, prompts, P, repeats=3):
+    """Median seconds of one prompt pass (``common.prefill``) of each model at bucket ``P``."""
+    import jax
+    import numpy as np
+
+    from dsbd_jax import common
+    out = {}
+    for name, m in (("target", target), ("draft", draft)):
+        ids, lens = common.pad_prompts([prompts[0]], length=P)
+        f = jax.jit(lambda p, i, n, cfg=m.config: common.prefill(cfg, p, i, n, P + 1))
+        jax.block_until_ready(f(m.params, ids, lens))
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(m.params, ids, lens))
+            ts.append(time.perf_counter() - t0)
+        out[name] = float(np.median(ts))
+        print(f"  prefill {name} ({P} tokens): {out[name]:.2f} s")
+    return out
+
+
+HF_SCRIPT = r"""
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+model = AutoModelForCausalLM.from_pretrained(args["dir"], gguf_file=args["file"], dtype=torch.float32)
+model.eval()
+rows = []
+prefill = []
+for p in args["prompts"]:
+    ids = torch.tensor([p])
+    with torch.no_grad():
+        model(ids)
+        t0 = time.perf_counter(); model(ids); prefill.append(time.perf_counter() - t0)
+for W in [1] + args["widths"]:
+    per = []
+    name = "sample" if W == 1 else f"beam_sample_W{W}"
+    for i, p in enumerate(args["prompts"]):
+        ids = torch.tensor([p])
+        torch.manual_seed(i)
+        kw = dict(do_sample=True, num_beams=W, top_k=args["top_k"], top_p=args["top_p"], temperature=1.0,
+                  max_new_tokens=args["n"], min_new_tokens=args["n"], num_return_sequences=1,
+                  pad_token_id=0)
+        if i == 0:
+            with torch.no_grad():
+                model.generate(ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, **kw)
+        t = time.perf_counter() - t0
+        n = out.shape[1] - ids.shape[1]
+        per.append({"seconds": t, "tokens": int(n), "prefill_s": prefill[i]})
+        print(f"  transformers {name} prompt {i}: {n} tokens in {t:.2f} s", flush=True)
+    tok = sum(r["tokens"] for r in per); sec = sum(r["seconds"] for r in per)
+    rows.append({"impl": "transformers", "method": name, "tokens_per_s": tok / sec,
+                 "decode_tokens_per_s": tok / (sec - sum(prefill)), "prompts": per})
+print("JSON" + json.dumps(rows))
+"""
+
+
+def hf_part(args, prompts):
+    from dsbd_jax.presets import ensure_gguf
+    path = ensure_gguf(TARGET)
+    payload = dict(dir=str(path.parent), file=path.name, widths=list(args.widths), prompts=prompts,
+                   n=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p,
+                   threads=os.cpu_count())
+    proc = subprocess.run([sys.executable, "-c", HF_SCRIPT, json.dumps(payload)],
+                          capture_output=True, text=True)
+    sys.stdout.write("\n".join(l for l in proc.stdout.splitlines() if not l.startswith("JSON")) + "\n")
+    if proc.returncode != 0:
+        raise RuntimeError("transformers part failed:\n" + proc.stderr[-3000:])
+    line = [l for l in proc.stdout.splitlines() if l.startswith("JSON")][-1]
+    return json.loads(line[4:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dsbd", nargs="*", default=["2,4,0.7,2", "3,3,0.9,1", "3,3,0.9,1,sb"],
+                    help="DSBD settings gamma,W_S,t,W_min[,sb] (sb: single-beam)")
+    ap.add_argument("--widths", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--top-p", type=float, default=0.8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default="results/speed.json")
+    args = ap.parse_args()
+    from dsbd_jax import bench
+
+    t0 = time.perf_counter()
+    texts, prompts, rows = jax_part(args)
+    if not args.skip_hf:
+        import gc
+        import jax
+        jax.clear_caches()
+        gc.collect()
+        rows += hf_part(args, prompts)
+    ours = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax"}
+    theirs = {r["method"]: r for r in rows if r["impl"] == "transformers"}
+    ratios = {}
+    for key in ("tokens_per_s", "decode_tokens_per_s"):
+        for m, r in theirs.items():
+            if m in ours:
+                ratios[f"{key}: {m}: dsbd_jax / transformers"] = ours[m][key] / r[key]
+        spec = [m for m in ours if m.startswith("speculative")]
+        base = ours.get("sample")
+        if spec and base:
+            ratios[f"{key}: {spec[0]} / sample"] = ours[spec[0]][key] / base[key]
+        for m, r in ours.items():
+            if not m.startswith("dsbd"):
+                continue
+            peers = [("beam_sample_W4", ours), ("beam_sample_W4", theirs)]
+            if m.endswith("_single") and spec:
+                peers = [(spec[0], ours)]
+            for peer, side in peers:
+                if peer in side:
+                    who = "ours" if side is ours else "transformers"
+                    ratios[f"{key}: {m} / {peer} ({who})"] = r[key] / side[peer][key]
+    print()
+    bench.print_table(rows, ["impl", "method", "tokens_per_s", "decode_tokens_per_s", "compile_s",
+                             "target_calls_per_token", "loglik_per_token", "kv_cache_bytes"])
+    for k, v in ratios.items():
+        print(f"ratio {k}: {v:.2f}x")
+    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),
+                                "prompt_lengths": [len(p) for p in prompts], "rows": rows,
+                                "ratios": ratios, "wall_s": time.perf_counter() - t0})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
