@@ -296,7 +296,9 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                          model_params(dec, target.params, draft.params if draft else None)))
     meter = energy_meter()
     mem0 = device_memory()
-    buckets = sorted({common.bucket_length(len(ids)) for _, ids in prompts})
+    # prompts that fit are never padded past what every method's models allow
+    cap = min(common.max_prompt_length(dec.config) for *_, dec, _ in decoders)
+    buckets = sorted({common.bucket_length(len(ids), maximum=cap) for _, ids in prompts})
     header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
               "machine": machine_info(), "energy": meter.describe(),
               "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
@@ -315,7 +317,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     with open(records_path, "w") as f:
         f.write(json.dumps(header) + "\n")
         for i, (ex, ids) in enumerate(prompts):
-            P = common.bucket_length(len(ids))
+            P = common.bucket_length(len(ids), maximum=cap)
             pid, plen = common.pad_prompts([ids], pad_id=0, length=P)
             key = jax.random.fold_in(jax.random.key(cfg["seed"]), i)
             for lab, method, setting, dec, params in decoders:
