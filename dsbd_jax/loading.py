@@ -403,9 +403,81 @@ def list_presets():
     return sorted(PRESETS)
 
 
+def _resolve(source) -> Tuple[str, Any]:
+    """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)``; ``ValueError`` for
+    anything else."""
+    from .presets import PRESETS
+
+    name = os.fspath(source) if isinstance(source, os.PathLike) else source
+    if not isinstance(name, str):
+        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
+    if name in PRESETS:
+        return "preset", name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return "hf", path
+    if path.is_file():
+        from .gguf_loader import is_gguf_file
+
+        if is_gguf_file(path):
+            return "gguf", path
+        raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
+    raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
+                     f"and not a preset (presets: {', '.join(list_presets())})")
+
+
+def read_config(source, dtype=jnp.float32) -> ModelConfig:
+    """The :class:`ModelConfig` of a model source without loading its weights (a HF
+    directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
+    metadata), so settings can be checked against it before the slow load."""
+    kind, where = _resolve(source)
+    dtype_name = jnp.dtype(dtype).name
+    if kind == "preset":
+        from .presets import preset_config
+
+        return preset_config(where, dtype_name)
+    if kind == "hf":
+        cfg_path = where / "config.json"
+        if not cfg_path.exists():
+            raise FileNotFoundError(f"{where} is not a Hugging Face checkpoint (no config.json)")
+        return config_from_hf(json.loads(cfg_path.read_text()), dtype_name)
+    from .gguf_loader import GGUFSource
+
+    src = GGUFSource(where)
+    try:
+        return src.config(dtype_name)
+    finally:
+        src.close()
+
+
+def load_tokenizer(source):
+    """The ``transformers`` tokenizer of a model source (no weights loaded), or ``None`` when
+    it has none."""
+    kind, where = _resolve(source)
+    if kind == "preset":
+        from .presets import preset_tokenizer
+
+        return preset_tokenizer(where)
+    if kind == "hf":
+        if not any((where / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                  "tokenizer.model")):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(where))
+    from .gguf_loader import GGUFSource
+
+    src = GGUFSource(where)
+    try:
+        has_tok = src.has_tokenizer()
+    finally:
+        src.close()
+    return tokenizer_from_gguf(where) if has_tok else None
+
+
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, cache_params: Optional[bool] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
 
     Args:
@@ -413,25 +485,18 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       dtype: parameter/compute dtype (``jnp.float32``, ``jnp.bfloat16``, ``jnp.float16``).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+      cache_params: presets only; ``False`` does not write the float32 parameter cache (the
+        GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
+        turns it off), else ``True``.
       progress: show tqdm progress bars (stderr) for the long steps.
     """
-    from .presets import PRESETS, load_preset
-
-    name = os.fspath(source) if isinstance(source, os.PathLike) else source
-    if not isinstance(name, str):
-        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
     jnp.dtype(dtype)  # validates
-    if name in PRESETS:
-        return load_preset(name, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                           progress=progress)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return load_hf_checkpoint(path, dtype, tokenizer=tokenizer, progress=progress)
-    if path.is_file():
-        from .gguf_loader import is_gguf_file
+    kind, where = _resolve(source)
+    if kind == "preset":
+        from .presets import load_preset
 
-        if is_gguf_file(path):
-            return load_gguf(path, dtype, tokenizer=tokenizer, progress=progress)
-        raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
-    raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
-                     f"and not a preset (presets: {', '.join(list_presets())})")
+        return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
+                           progress=progress, cache_params=cache_params)
+    if kind == "hf":
+        return load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
+    return load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)
