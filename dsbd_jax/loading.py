@@ -293,14 +293,31 @@ class _SafetensorsSource:
         self.handles = {}
 
 
+def hf_config(directory: Path, dtype_name: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a Hugging Face checkpoint directory (its ``config.json``)."""
+    cfg_path = directory / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint (no config.json)")
+    return config_from_hf(json.loads(cfg_path.read_text()), dtype_name)
+
+
+def hf_tokenizer(directory: Path, required: bool = False):
+    """The directory's ``transformers`` tokenizer; ``None`` when it has no tokenizer files
+    (unless ``required``: then ``transformers`` raises)."""
+    has_tok = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                     "tokenizer.model"))
+    if not (has_tok or required):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
 def load_hf_checkpoint(directory, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
                        progress: bool = False) -> LoadedModel:
     """Load a local Hugging Face checkpoint directory (see module docstring)."""
     directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint (no config.json)")
-    config = config_from_hf(json.loads(cfg_path.read_text()), jnp.dtype(dtype).name)
+    config = hf_config(directory, jnp.dtype(dtype).name)
     source = _SafetensorsSource(directory)
     try:
         check_no_unexpected(source.weight_map, config, f"checkpoint {directory}")
@@ -308,13 +325,7 @@ def load_hf_checkpoint(directory, dtype=jnp.float32, tokenizer: Union[bool, str]
                                  desc=f"loading {directory.name}")
     finally:
         source.close()
-    tok = None
-    has_tok = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                     "tokenizer.model"))
-    if tokenizer is True or (tokenizer == "auto" and has_tok):
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(directory))
+    tok = hf_tokenizer(directory, required=tokenizer is True) if tokenizer else None
     return LoadedModel(config, params, tok, str(directory))
 
 
@@ -347,6 +358,17 @@ def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
     if tokenizer is True or (tokenizer == "auto" and has_tok):
         tok = tokenizer_from_gguf(path)
     return LoadedModel(config, params, tok, str(path))
+
+
+def gguf_config(path, dtype_name: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file, from its metadata (no tensor is read)."""
+    from .gguf_loader import GGUFSource
+
+    src = GGUFSource(Path(path))
+    try:
+        return src.config(dtype_name)
+    finally:
+        src.close()
 
 
 def tokenizer_from_gguf(path):
@@ -437,17 +459,8 @@ def read_config(source, dtype=jnp.float32) -> ModelConfig:
 
         return preset_config(where, dtype_name)
     if kind == "hf":
-        cfg_path = where / "config.json"
-        if not cfg_path.exists():
-            raise FileNotFoundError(f"{where} is not a Hugging Face checkpoint (no config.json)")
-        return config_from_hf(json.loads(cfg_path.read_text()), dtype_name)
-    from .gguf_loader import GGUFSource
-
-    src = GGUFSource(where)
-    try:
-        return src.config(dtype_name)
-    finally:
-        src.close()
+        return hf_config(where, dtype_name)
+    return gguf_config(where, dtype_name)
 
 
 def load_tokenizer(source):
@@ -459,12 +472,7 @@ def load_tokenizer(source):
 
         return preset_tokenizer(where)
     if kind == "hf":
-        if not any((where / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                  "tokenizer.model")):
-            return None
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(str(where))
+        return hf_tokenizer(where)
     from .gguf_loader import GGUFSource
 
     src = GGUFSource(where)

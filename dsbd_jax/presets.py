@@ -289,16 +289,12 @@ def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> Mod
     """The preset's :class:`ModelConfig` without its weights: from the parameter cache if built,
     else from the GGUF's metadata (joining the GGUF first if needed, which also checks that the
     weight packages are installed)."""
+    from .loading import gguf_config
+
     directory = preset_dir(name, cache_dir)
     if _params_ready(directory):
         return _load_cached_config(directory, dtype_name)
-    from .gguf_loader import GGUFSource
-
-    src = GGUFSource(ensure_gguf(name, cache_dir, verify=False))
-    try:
-        return src.config(dtype_name)
-    finally:
-        src.close()
+    return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
 
 
 def preset_tokenizer(name: str, cache_dir=None):
