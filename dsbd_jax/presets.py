@@ -31,7 +31,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .config import ModelConfig
 
@@ -217,7 +217,7 @@ def cache_params_default() -> bool:
 
 
 def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bool = True,
-                cache_params: bool = None):
+                cache_params: Optional[bool] = None):
     """Load a preset (building its cache the first time). See the module docstring.
 
     ``cache_params``: write the float32 parameters to the cache on the first load (default:
@@ -239,16 +239,15 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     params = config = None
     if cache_params is None:
         cache_params = cache_params_default()
-    if not _params_ready(directory) and not cache_params:
+    if not _params_ready(directory):
         gguf_path = ensure_gguf(name, cache_dir, progress)
         info["gguf_s"] = time.perf_counter() - t0
+    if not _params_ready(directory) and not cache_params:
         t1 = time.perf_counter()
         loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress)
         params, config = loaded.params, loaded.config
         info["convert_s"] = time.perf_counter() - t1
     elif not _params_ready(directory):
-        gguf_path = ensure_gguf(name, cache_dir, progress)
-        info["gguf_s"] = time.perf_counter() - t0
         with _lock(directory):
             if not _params_ready(directory):
                 logger.info("converting %s to float parameters (first load; cached in %s)",
