@@ -148,8 +148,7 @@ def build_decoder(name, args, target_config, draft_config, progress: bool):
     """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
     validated here, from the model configs alone, before any weights are loaded."""
     from .methods import build
-    return build(name, target_config, draft_config if name in NEEDS_DRAFT else None,
-                 progress=progress, **_settings(name, args))
+    return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
 
 
 def prepare(args, methods, prompts, raw: bool = False):
