@@ -25,6 +25,7 @@ from typing import List, Optional
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 from .methods import METHODS, NEEDS_DRAFT  # noqa: E402
+from .presets import PresetError  # noqa: E402
 
 
 class CLIError(Exception):
@@ -357,8 +358,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_plot(args)
         if args.command == "make-tiny-pair":
             return cmd_make_tiny_pair(args)
-    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError) as e:
-        print(f"dsbd: error: {e}", file=sys.stderr)
+    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
+        print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     return 1
 

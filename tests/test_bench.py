@@ -325,6 +325,20 @@ def test_cli_bad_settings_fail_before_loading(capsys, pair, other_vocab_draft, n
     assert lines[0].startswith("dsbd: error:") and match in lines[0]
 
 
+def test_cli_missing_weight_packages_is_one_line(capsys, monkeypatch, no_weights, tmp_path):
+    """A preset whose packages are not installed: one line with the pip command, no traceback."""
+    from dsbd_jax import presets
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
+    monkeypatch.setitem(presets.PRESETS, "not-installed", presets.Preset(
+        "not-installed", "", (("dsbd-no-such-part1", "1.0"),), ".bin", 1, "0" * 64))
+    code, out, err = run_cli(capsys, "generate", "--target", "not-installed", "--method", "sample",
+                             "--prompt", "x")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "dsbd-no-such-part1==1.0 is not installed" in lines[0]
+    assert "pip install --no-deps dsbd-no-such-part1==1.0" in lines[0]
+
+
 def test_cli_long_prompt_that_fits_is_not_padded_past_the_model(capsys, pair):
     """A prompt of 1,100 tokens: its power-of-two bucket (2,048) would exceed the tiny model's
     2,048 positions with the new tokens; the bucket is capped at what fits instead."""
