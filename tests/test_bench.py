@@ -325,6 +325,13 @@ def test_cli_bad_settings_fail_before_loading(capsys, pair, other_vocab_draft, n
     assert lines[0].startswith("dsbd: error:") and match in lines[0]
 
 
+def test_cli_bench_bad_setting_fails_before_loading(capsys, tmp_path, pair, gsm_file, no_weights):
+    cfg = write_config(tmp_path, pair, gsm_file, [{"method": "dsbd", "threshold": 1.5}])
+    code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "threshold" in lines[0], err
+
+
 def test_cli_missing_weight_packages_is_one_line(capsys, monkeypatch, no_weights, tmp_path):
     """A preset whose packages are not installed: one line with the pip command, no traceback."""
     from dsbd_jax import presets
