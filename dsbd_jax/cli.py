@@ -213,7 +213,8 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
-    ``progress``: a progress bar for each run (the decoder must be built with progress)."""
+    ``progress``: a progress bar for each run (the decoder must be built with progress); its
+    host callback costs about 0.15 ms per loop trip (measured with tiny models)."""
     import jax
     from .bench.harness import CompileClock
     from .methods import model_params
