@@ -8,7 +8,8 @@ Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sampl
 
 from .beam import beam_sample, beam_search
 from .cache import KVCache, empty_cache
-from .common import DecodeConfig, GenerateOutput, bucket_length, compile_count, pad_prompts
+from .common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
+                     pad_prompts)
 from .config import ModelConfig
 from .dsbd import DSBDConfig, dsbd_generate
 from .loading import LoadedModel, list_presets, load_model
@@ -24,6 +25,6 @@ __all__ = [
     "DSBDConfig", "DecodeConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
     "beam_sample", "beam_search", "bucket_length", "causal_mask", "compile_count",
     "dsbd_generate", "empty_cache", "forward", "init_params", "list_presets", "load_model",
-    "logits", "pad_prompts", "sample", "speculative_sample", "tree_speculative_sample",
+    "logits", "max_prompt_length", "pad_prompts", "sample", "speculative_sample", "tree_speculative_sample",
     "warp_logits",
 ]

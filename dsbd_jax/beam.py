@@ -1,6 +1,6 @@
 """Beam sampling (the exact target of DSBD) and deterministic beam search.
 
-Beam sampling (ALGORITHM.md, the paper's Theorem 3.1 semantics). From beams ``x^1..x^W`` with
+Beam sampling (docs/algorithm.md, the paper's Theorem 3.1 semantics). From beams ``x^1..x^W`` with
 UNWARPED cumulative log-likelihoods ``s_i``, the joint over the flat support (beams x V) has
 log-weights ``s_i + log p(v | x^i)`` (:func:`joint_logprobs`); it is warped as ONE distribution
 (top-k = 10 keeps 10 (beam, token) pairs in total) and the next W beams are W i.i.d. draws from

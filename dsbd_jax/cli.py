@@ -4,16 +4,19 @@
     dsbd generate --prompt "..." [--method dsbd|beam|sample|spec|tree|beam_search] [settings]
     dsbd bench configs/quick_cpu.yaml --out results/quick_cpu
     dsbd plot results/quick_cpu/records.jsonl
+    dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
 
-``generate`` shows a progress bar per decoder iteration (tokens, tokens/s, accepted width) and
-prints every beam with its target log-likelihood. Errors for bad input are printed as one line
-(``dsbd: error: ...``) with exit status 2.
+``generate`` shows a progress bar per decoder iteration (tokens, tokens/s and, for DSBD, the
+accepted draft candidates per verified layer) and prints every beam with its target
+log-likelihood. Settings are checked against the models' configs before any weights are loaded.
+Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import List, Optional
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 from .methods import METHODS, NEEDS_DRAFT  # noqa: E402
+from .presets import PresetError  # noqa: E402
 
 
 class CLIError(Exception):
@@ -77,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--quality", default="loglik_per_token",
                       help="y axis: loglik_per_token, perplexity or a task metric such as "
                            "humaneval/pass@1")
+    tiny = sub.add_parser("make-tiny-pair",
+                          help="write a tiny random target/draft pair (Hugging Face format) to try "
+                               "the CLI and configs/tiny.yaml without the offline weights; "
+                               "needs torch")
+    tiny.add_argument("directory", nargs="?", default="/tmp/dsbd_tiny",
+                      help="output folder (default /tmp/dsbd_tiny, what configs/tiny.yaml reads)")
     return parser
 
 
@@ -96,14 +106,25 @@ def _settings(name: str, args) -> dict:
     return s
 
 
+def _status(msg: str) -> None:
+    """A status line on stderr (stdout carries the results)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accept rate"}
+
+
 class ProgressBar:
     """A tqdm bar over new tokens, fed by ``common.progress_hook`` once per decoder loop trip:
-    iterations, tokens/s since the first trip, target calls and (DSBD / speculative) the average
-    accepted width = accepted candidates per verified layer."""
+    iterations, tokens/s since the first trip, target calls and the draft acceptance figure:
+    for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
+    layers end with a correction draw, at most the width), for speculative and tree sampling
+    ``accept rate`` = accepted draft tokens per verified draft token."""
 
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, method: str = ""):
         from tqdm.auto import tqdm
         self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True)
+        self.accept_label = ACCEPT_LABELS.get(method, "accepted")
         self.t0 = None
         self.n0 = 0
 
@@ -114,7 +135,7 @@ class ProgressBar:
             self.t0, self.n0 = now, n
         post = {"iter": int(v["iterations"]), "target calls": int(v["target_calls"])}
         if "accepted" in v:
-            post["acc. width"] = f"{int(v['accepted']) / max(int(v['verified']), 1):.2f}"
+            post[self.accept_label] = f"{int(v['accepted']) / max(int(v['verified']), 1):.2f}"
         if now > self.t0:
             post["tok/s"] = f"{(n - self.n0) / (now - self.t0):.2f}"
         self.bar.set_postfix(post, refresh=False)
@@ -124,32 +145,92 @@ class ProgressBar:
         self.bar.close()
 
 
-def run_method(name, args, target, draft, prompt_ids, prompt_lengths, progress: bool = False):
-    """Run one method. ``progress=False``: compile + run once untimed, then one timed run
-    (returns ``(output, compile_s, run_s)``). ``progress=True``: one run with a progress bar;
-    ``run_s`` = wall time minus the compile seconds JAX reports."""
-    import jax
-    from .bench.harness import CompileClock
+def build_decoder(name, args, target_config, draft_config, progress: bool):
+    """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
+    validated here, from the model configs alone, before any weights are loaded."""
+    from .methods import build
+    return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
+
+
+def prepare(args, methods, prompts, raw: bool = False):
+    """Everything that can fail without weights, checked before the slow load: the model
+    configs (``config.json`` / GGUF metadata), the decoders' settings, the tokenizer and the
+    prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
+    with ``configs = (target, draft or None)``; the decoders are built with ``progress``
+    unless ``--no-progress``."""
+    from .common import max_prompt_length, pad_prompts
+    from .datasets import encode_chat
+    from .loading import load_tokenizer, read_config
+    needs_draft = any(m in NEEDS_DRAFT for m in methods)
+    configs = (read_config(args.target), read_config(args.draft) if needs_draft else None)
+    progress = not getattr(args, "no_progress", False)
+    decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
+    cap = min(max_prompt_length(d.config) for d in decoders.values())
+    ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
+    return configs, decoders, tokenizer, ids, lens
+
+
+def load_models(args, configs):
+    """Load the target (and the draft when ``configs[1]`` is not None), with a status line and
+    timing for each; the loaded configs must be the ones the decoders were checked against."""
+    from .loading import load_model
+    models = []
+    for role, source, config in (("target", args.target, configs[0]),
+                                 ("draft", args.draft, configs[1])):
+        if config is None:
+            models.append(None)
+            continue
+        _status(f"loading {role} {source} ...")
+        t0 = time.perf_counter()
+        m = load_model(source, tokenizer=False)
+        if m.config != config:
+            raise CLIError(f"{source}: the loaded model's config differs from the one read "
+                           f"before loading (did the files change?)")
+        _status(f"loaded {role} {source} in {time.perf_counter() - t0:.1f} s")
+        models.append(m)
+    return models[0], models[1]
+
+
+def _run_once(call, total: int, desc: str, method: str, progress: bool):
+    """``timed(call)``, with a progress bar when ``progress``."""
     from .bench.timing import timed
-    from .methods import build, model_params
-    dec = build(name, target.config, draft.config if draft else None, progress=progress,
-                **_settings(name, args))
-    params = model_params(dec, target.params, draft.params if draft else None)
-    key = jax.random.key(args.seed)
-    call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
     if not progress:
-        _, first = timed(call)
-        out, run_s = timed(call)
-        return out, max(first - run_s, 0.0), run_s
+        return timed(call)
     from .common import progress_hook
-    CompileClock.install()
-    c0 = CompileClock.total()
-    bar = ProgressBar(args.max_new_tokens * prompt_ids.shape[0], name)
+    bar = ProgressBar(total, desc, method)
     try:
         with progress_hook(bar):
-            out, wall = timed(call)
+            return timed(call)
     finally:
         bar.close()
+
+
+def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
+               progress: bool = False, warmup: bool = True):
+    """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
+    ``warmup=True``: a first, untimed run (compile + run), then the timed run.
+    ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
+    ``progress``: a progress bar for each run (the decoder must be built with progress); its
+    host callback costs about 0.15 ms per loop trip (measured with tiny models)."""
+    import jax
+    from .bench.harness import CompileClock
+    from .methods import model_params
+    params = model_params(dec, target.params, draft.params if draft else None)
+    key = jax.random.key(seed)
+    call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
+    total = dec.config.max_new_tokens * prompt_ids.shape[0]
+    name = dec.method
+    if warmup:
+        _status(f"[{name}] compiling, then one warm-up run (not timed) ...")
+        _, first = _run_once(call, total, f"{name} warm-up", name, progress)
+        out, run_s = _run_once(call, total, f"{name} timed", name, progress)
+        return out, max(first - run_s, 0.0), run_s
+    CompileClock.install()
+    c0 = CompileClock.total()
+    out, wall = _run_once(call, total, name, name, progress)
     comp = CompileClock.total() - c0
     return out, comp, max(wall - comp, 1e-9)
 
@@ -178,26 +259,28 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
                   f"{n} tokens)")
             print("      " + tokenizer.decode(seqs[b, w, :n].tolist(), skip_special_tokens=True)
                   .replace("\n", "\n      "))
+        texts = [tuple(seqs[b, w, :lens[b, w]].tolist()) for w in order]
+        if len(set(texts)) < len(texts):
+            print("    (some beams are identical: beam sampling draws its beams independently, "
+                  "with replacement, so it can draw the same beam twice; --no-replacement draws "
+                  "distinct beams)")
     return gen
 
 
 def cmd_demo(args) -> int:
-    from .loading import load_model
-    from .common import pad_prompts
     from . import datasets
-    from .datasets import encode_chat
     prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
                               datasets.chat_prompts("gsm8k", 1)[0]]
-    t0 = time.perf_counter()
-    draft = load_model(args.draft)
-    target = load_model(args.target)
-    print(f"loaded {args.target} (target) and {args.draft} (draft) in {time.perf_counter() - t0:.1f} s")
-    ids, lens = pad_prompts(encode_chat(target.tokenizer, prompts), pad_id=0)
+    configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
+    target, draft = load_models(args, configs)
+    print(f"target {args.target}, draft {args.draft}; {len(prompts)} prompt(s), "
+          f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
+          f"timed)", flush=True)
     results = {}
-    for name in ("beam", "dsbd"):
-        out, comp, run_s = run_method(name, args, target, draft, ids, lens)
+    for name, dec in decoders.items():
+        out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed, progress=True)
         print(f"[{name}] compile {comp:.1f} s")
-        results[name] = (_print_outputs(target.tokenizer, name, out, prompts, run_s), run_s, out)
+        results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
     import numpy as np
     (gb, tb, ob), (gd, td, od) = results["beam"], results["dsbd"]
     def ll_per_tok(o):
@@ -211,18 +294,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from .common import pad_prompts
-    from .datasets import encode_chat
-    from .loading import load_model
-    target = load_model(args.target)
-    if target.tokenizer is None:
-        raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
-    draft = load_model(args.draft, tokenizer=False) if args.method in NEEDS_DRAFT else None
-    ids, lens = pad_prompts(encode_chat(target.tokenizer, args.prompt, args.raw), pad_id=0)
-    out, comp, run_s = run_method(args.method, args, target, draft, ids, lens,
-                                  progress=not args.no_progress)
+    configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
+    target, draft = load_models(args, configs)
+    out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
+                                  progress=not args.no_progress, warmup=args.no_progress)
     print(f"[{args.method}] compile {comp:.1f} s")
-    _print_outputs(target.tokenizer, args.method, out, args.prompt, run_s)
+    _print_outputs(tokenizer, args.method, out, args.prompt, run_s)
     return 0
 
 
@@ -252,8 +329,23 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_make_tiny_pair(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CLIError("make-tiny-pair needs torch (it builds the models with transformers): "
+                       "pip install torch, or pip install 'dsbd-jax[test]'") from None
+    from .testing import make_tiny_pair
+    target, draft = make_tiny_pair(args.directory)
+    print(f"wrote {target} and {draft}")
+    print(f"try: dsbd generate --target {target} --draft {draft} --prompt hi --max-new-tokens 8")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -265,8 +357,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_bench(args)
         if args.command == "plot":
             return cmd_plot(args)
-    except (CLIError, ValueError, FileNotFoundError, OSError) as e:
-        print(f"dsbd: error: {e}", file=sys.stderr)
+        if args.command == "make-tiny-pair":
+            return cmd_make_tiny_pair(args)
+    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
+        print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     return 1
 

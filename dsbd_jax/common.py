@@ -7,7 +7,7 @@ prompt fills slots ``0 .. len-1`` and generated tokens follow contiguously, so m
 from per-row lengths alone. ``pad_prompts`` pads a list of token lists to a length bucket so that
 prompts of one bucket share one compiled program.
 
-EOS convention (ALGORITHM.md): a row that emitted an EOS token is *finished*; it keeps
+EOS convention (docs/algorithm.md): a row that emitted an EOS token is *finished*; it keeps
 extending with ``pad_token_id`` at log-probability 0 (an absorbing state), so beam
 distributions keep fixed shapes. ``lengths`` counts new tokens up to and including the EOS.
 """
@@ -111,17 +111,34 @@ class GenerateOutput:
     stats: Dict[str, jax.Array]
 
 
-def bucket_length(n: int, minimum: int = 16) -> int:
-    """The padded length for a prompt of ``n`` tokens: the next power of two >= minimum."""
+def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
+    """The padded length for a prompt of ``n`` tokens: the next power of two >= minimum, but
+    never more than ``maximum`` (the longest padded prompt the models allow, see
+    :func:`max_prompt_length`) when ``n`` itself fits. ``ValueError`` if ``n > maximum``."""
+    if maximum is not None and n > maximum:
+        raise ValueError(f"prompt too long: {n} tokens, but at most {maximum} fit (the models' "
+                         f"max_position_embeddings minus max_new_tokens and the look-ahead)")
     b = minimum
     while b < n:
         b *= 2
-    return b
+    return b if maximum is None else min(b, maximum)
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: Optional[int] = None
-                ) -> Tuple[np.ndarray, np.ndarray]:
-    """Right-pad token lists to ``length`` (default: the bucket of the longest).
+def max_prompt_length(config) -> int:
+    """The longest (padded) prompt a decoder with ``config`` (a ``DecodeConfig`` or
+    ``DSBDConfig``) accepts: the smallest ``max_position_embeddings`` of its models minus
+    ``max_new_tokens`` and, for the speculative methods (those with a draft), the ``gamma + 1``
+    positions of the look-ahead; what :func:`check_positions` enforces."""
+    models = [config.target] + ([config.draft] if config.draft is not None else [])
+    lookahead = config.gamma + 1 if config.draft is not None else 0
+    return min(m.max_position_embeddings for m in models) - config.max_new_tokens - lookahead
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: Optional[int] = None,
+                max_length: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Right-pad token lists to ``length`` (default: the bucket of the longest, capped at
+    ``max_length``; pass ``max_prompt_length(config)`` so a prompt that fits is never padded
+    past what the models allow).
 
     Returns ``(prompt_ids [B, P] int32, prompt_lengths [B] int32)``.
     """
@@ -130,7 +147,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0, length: Optio
     lens = [len(p) for p in prompts]
     if min(lens) < 1:
         raise ValueError("every prompt needs at least one token")
-    P = bucket_length(max(lens)) if length is None else length
+    P = bucket_length(max(lens), maximum=max_length) if length is None else length
     if P < max(lens):
         raise ValueError(f"length {P} is shorter than the longest prompt ({max(lens)} tokens)")
     ids = np.full((len(prompts), P), pad_id, np.int32)

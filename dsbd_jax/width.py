@@ -1,4 +1,4 @@
-"""Dynamic width of a draft layer (DSBD Eq. 2-7, with the fixes of ALGORITHM.md).
+"""Dynamic width of a draft layer (DSBD Eq. 2-7, with the fixes of docs/algorithm.md).
 
 For one layer with target beam joint ``p = p_beam`` (warped, over accepted parents x V) and the
 draft distribution ``q`` its ``m`` candidates were drawn from (restricted to those parents):

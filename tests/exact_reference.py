@@ -1,6 +1,6 @@
 """Exact output distributions of the decoders on toy models, by enumeration (numpy, float64).
 
-What the statistical tests compare against. Semantics follow /work/shared/ALGORITHM.md:
+What the statistical tests compare against. Semantics follow docs/algorithm.md:
 
 * ``exact_sample_dist``: multinomial sampling; each token is drawn from the warped next-token
   distribution of its own row (warping per row).

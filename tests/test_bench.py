@@ -257,7 +257,8 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
                              "--max-new-tokens", "5", "--no-eos", "--beams", "2")
     assert code == 0, err
     assert "best beam" in out and "log-lik" in out and "tokens/s" in out
-    assert "acc. width" in err and "5/5" in err  # the progress bar (stderr)
+    assert "accepted/layer" in err and "5/5" in err  # the progress bar (stderr)
+    assert "loading target" in err and "loaded draft" in err  # status lines with timing
     cfg = write_config(tmp_path, pair, gsm_file, [{"method": "beam", "num_beams": [1, 2]}])
     code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
                              "--no-progress")
@@ -280,11 +281,79 @@ def test_cli_errors_are_one_line(capsys, argv, match):
     assert len(lines) == 1 and lines[0].startswith("dsbd: error:") and match in lines[0]
 
 
-def test_cli_bad_setting_is_one_line(capsys, pair):
-    code, out, err = run_cli(capsys, "generate", "--target", str(pair[0]), "--draft", str(pair[1]),
-                             "--prompt", "x", "--threshold", "1.5")
-    last = err.strip().split("\r")[-1]  # after the loading bar
-    assert code == 2 and last.startswith("dsbd: error:") and "threshold" in last and "\n" not in last
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading any weights fails the test: settings must be refused before the slow load."""
+    from dsbd_jax import loading
+
+    def refuse(*a, **k):
+        raise AssertionError("weights were loaded before the settings were checked")
+    monkeypatch.setattr(loading, "load_model", refuse)
+    monkeypatch.setattr(loading, "assemble_params", refuse)
+
+
+@pytest.fixture(scope="module")
+def other_vocab_draft(pair, tmp_path_factory):
+    """The tiny draft with another vocabulary in its config.json (weights never read)."""
+    import shutil
+    d = tmp_path_factory.mktemp("other") / "draft"
+    shutil.copytree(pair[1], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["vocab_size"] += 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--threshold", "1.5"], "threshold"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--method", "spec", "--gamma", "0"], "gamma"),
+    (["--min-width", "4", "--draft-width", "3"], "min_width"),
+    (["--draft", "OTHER"], "vocabularies differ"),
+    (["--method", "sample", "--raw", "--prompt", "x" * 2100], "prompt too long"),
+])
+@pytest.mark.parametrize("command", ["generate", "demo"])
+def test_cli_bad_settings_fail_before_loading(capsys, pair, other_vocab_draft, no_weights,
+                                              command, extra, match):
+    if command == "demo" and ("--method" in extra):
+        pytest.skip("demo runs beam sampling and DSBD")
+    argv = [command, "--target", str(pair[0]), "--draft", str(pair[1]), "--prompt", "x", *extra]
+    argv = [str(other_vocab_draft) if a == "OTHER" else a for a in argv]
+    code, out, err = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("dsbd: error:") and match in lines[0]
+
+
+def test_cli_bench_bad_setting_fails_before_loading(capsys, tmp_path, pair, gsm_file, no_weights):
+    cfg = write_config(tmp_path, pair, gsm_file, [{"method": "dsbd", "threshold": 1.5}])
+    code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "threshold" in lines[0], err
+
+
+def test_cli_missing_weight_packages_is_one_line(capsys, monkeypatch, no_weights, tmp_path):
+    """A preset whose packages are not installed: one line with the pip command, no traceback."""
+    from dsbd_jax import presets
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
+    monkeypatch.setitem(presets.PRESETS, "not-installed", presets.Preset(
+        "not-installed", "", (("dsbd-no-such-part1", "1.0"),), ".bin", 1, "0" * 64))
+    code, out, err = run_cli(capsys, "generate", "--target", "not-installed", "--method", "sample",
+                             "--prompt", "x")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert "dsbd-no-such-part1==1.0 is not installed" in lines[0]
+    assert "pip install --no-deps dsbd-no-such-part1==1.0" in lines[0]
+
+
+def test_cli_long_prompt_that_fits_is_not_padded_past_the_model(capsys, pair):
+    """A prompt of 1,100 tokens: its power-of-two bucket (2,048) would exceed the tiny model's
+    2,048 positions with the new tokens; the bucket is capped at what fits instead."""
+    code, out, err = run_cli(capsys, "generate", "--target", str(pair[0]), "--method", "sample",
+                             "--raw", "--prompt", "a" * 1100, "--max-new-tokens", "2", "--no-eos",
+                             "--no-progress")
+    assert code == 0, err
+    assert "2 tokens in" in out
 
 
 def test_run_over_prompts(pair):

@@ -21,7 +21,7 @@ state (the joint is ``w_i p(v)`` vs ``w_i q(v)`` with the same beam weights ``w_
 ``gamma = 1`` the rule picks the same width ``c`` at every step, computed here independently in
 numpy, and the output must be beam sampling of width ``c``.
 
-EOS: a prompt stops when every live beam has finished (ALGORITHM.md; exact_reference agrees).
+EOS: a prompt stops when every live beam has finished (docs/algorithm.md; exact_reference agrees).
 """
 
 import collections

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -424,6 +425,46 @@ def test_preset_join_verify_and_cache(fake_preset, monkeypatch):
     m3 = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
     assert m3.config.dtype == "bfloat16" and m3.tokenizer is None
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m3.params))
+
+
+def test_preset_without_param_cache(fake_preset, monkeypatch):
+    """``DSBD_JAX_CACHE_PARAMS=0``: only the GGUF (and tokenizer) are cached; every load
+    dequantises the GGUF, with the same parameters as the cached path."""
+    preset, t, cache = fake_preset
+    monkeypatch.setenv("DSBD_JAX_CACHE_PARAMS", "0")
+    m = load_model("fake-tiny", tokenizer=False, progress=False)
+    d = cache / "fake-tiny"
+    assert (d / "model.gguf").exists() and not (d / "params-v1").exists()
+    assert not m.info["built_cache"] and "convert_s" in m.info
+    check_layout(m.params, t, False)
+    monkeypatch.delenv("DSBD_JAX_CACHE_PARAMS")
+    m2 = load_model("fake-tiny", tokenizer=False, progress=False)
+    assert (d / "params-v1" / "config.json").exists() and m2.config == m.config
+    assert load_model("fake-tiny", tokenizer=False, progress=False,
+                      cache_params=False).info["cached_load_s"] >= 0  # a built cache is used
+
+
+def test_config_and_tokenizer_without_weights(fake_preset, tmp_path, monkeypatch):
+    """``read_config`` / ``load_tokenizer`` never read the weights (the CLI checks settings with
+    them before the slow load) and agree with ``load_model``."""
+    write_hf(tmp_path / "hf", hf_config(), hf_tensors())
+    gguf_path = write_gguf(tmp_path / "g.gguf", hf_tensors(seed=9, bias=True), "qwen2",
+                           tokenizer=True)
+    expected = {"fake-tiny": load_model("fake-tiny", tokenizer=False, progress=False).config,
+                tmp_path / "hf": load_model(tmp_path / "hf", progress=False).config,
+                gguf_path: load_model(gguf_path, tokenizer=False, progress=False).config}
+    shutil.rmtree(fake_preset[2] / "fake-tiny" / "params-v1")  # preset: from the GGUF metadata
+
+    def fail(*a, **k):
+        raise AssertionError("weights read")
+    monkeypatch.setattr(loading, "assemble_params", fail)
+    for source, config in expected.items():
+        assert loading.read_config(source) == config
+    assert loading.load_tokenizer(tmp_path / "hf") is None
+    assert loading.load_tokenizer(gguf_path)("hello")["input_ids"]
+    assert loading.load_tokenizer("fake-tiny")("hello")["input_ids"]
+    with pytest.raises(ValueError, match="unknown model source"):
+        loading.read_config(tmp_path / "missing")
 
 
 def test_preset_sha_mismatch(fake_preset, monkeypatch):

@@ -317,7 +317,7 @@ def clear_chain_cache_after():
 
 
 def test_power_chain_q_over_p(monkeypatch, clear_chain_cache_after):
-    """Accepting with min(1, q/p) (ALGORITHM.md: the paper's typo) must fail the exactness test.
+    """Accepting with min(1, q/p) (docs/algorithm.md: the paper's typo) must fail the exactness test.
     The config is used by no other test, so the broken rule is traced anew (checked)."""
     monkeypatch.setattr(spec, "accept_test", lambda u, p_x, q_x: u * p_x < q_x)
     before = common.compile_count("speculative_sample")

@@ -265,7 +265,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     import jax
     import jax.numpy as jnp
     from .. import common
-    from ..loading import load_model
+    from ..loading import load_model, read_config
     from ..methods import build, label, model_params
     from ..tasks import metric_name, score
     from .energy import energy_meter
@@ -275,8 +275,15 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    eos = None if cfg["eos"] else ()
+    base = dict(max_new_tokens=cfg["max_new_tokens"], eos_token_id=eos, **cfg["warping"])
     if models is None:
         dtype = jnp.dtype(cfg["dtype"])
+        # every method setting is checked against the model configs before the slow load
+        configs = (read_config(cfg["target"], dtype),
+                   read_config(cfg["draft"], dtype) if cfg.get("draft") else None)
+        for method, setting in cfg["runs"]:
+            build(method, *configs, **base, **setting)
         target = load_model(cfg["target"], dtype, tokenizer=True, progress=progress)
         draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress) \
             if cfg.get("draft") else None
@@ -287,8 +294,6 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                          "template and the task metrics")
     load_s = time.perf_counter() - t_start
     prompts = _prompts(cfg, target.tokenizer)
-    eos = None if cfg["eos"] else ()
-    base = dict(max_new_tokens=cfg["max_new_tokens"], eos_token_id=eos, **cfg["warping"])
     decoders = []
     for method, setting in cfg["runs"]:
         dec = build(method, target.config, draft.config if draft else None, **base, **setting)
@@ -296,7 +301,9 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                          model_params(dec, target.params, draft.params if draft else None)))
     meter = energy_meter()
     mem0 = device_memory()
-    buckets = sorted({common.bucket_length(len(ids)) for _, ids in prompts})
+    # prompts that fit are never padded past what every method's models allow
+    cap = min(common.max_prompt_length(dec.config) for *_, dec, _ in decoders)
+    buckets = sorted({common.bucket_length(len(ids), maximum=cap) for _, ids in prompts})
     header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
               "machine": machine_info(), "energy": meter.describe(),
               "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
@@ -315,7 +322,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     with open(records_path, "w") as f:
         f.write(json.dumps(header) + "\n")
         for i, (ex, ids) in enumerate(prompts):
-            P = common.bucket_length(len(ids))
+            P = common.bucket_length(len(ids), maximum=cap)
             pid, plen = common.pad_prompts([ids], pad_id=0, length=P)
             key = jax.random.fold_in(jax.random.key(cfg["seed"]), i)
             for lab, method, setting, dec, params in decoders:

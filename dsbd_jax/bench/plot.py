@@ -68,7 +68,8 @@ def plot_results(records_path, out_dir=None, quality: str = "loglik_per_token",
     try:
         from matplotlib import rc_context
     except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install matplotlib") from None
+        raise ImportError("plotting needs matplotlib, which is in the eval extra: "
+                          "pip install 'dsbd-jax[eval]' (or pip install matplotlib)") from None
     records_path = Path(records_path)
     records = read_records(records_path)
     rows = [r for r in summarize(records) if r["tokens_per_s"] is not None]
