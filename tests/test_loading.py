@@ -82,7 +82,10 @@ def write_hf(path, config, tensors, shards=1):
 
 
 def check_layout(params, tensors, tied):
-    """Every parameter equals its HF tensor under the documented layout."""
+    """Every parameter equals its HF tensor under the documented layout (checked on the stacked
+    layout; ``convert_layout`` is exact)."""
+    from dsbd_jax.model import convert_layout
+    params = convert_layout(params, "stacked")
     np.testing.assert_array_equal(params["embed"]["embedding"], tensors["model.embed_tokens.weight"])
     np.testing.assert_array_equal(params["final_norm"]["weight"], tensors["model.norm.weight"])
     assert ("lm_head" in params) == (not tied)

@@ -359,3 +359,78 @@ def test_gguf_quantized_matches_transformers_gguf(name, torch, tmp_path):
     assert diff <= TOL, f"{name}: max abs diff vs transformers GGUF {diff:.3g}"
     # the quantisation is real: the dequantised model differs from the float original
     assert _max_diff(got, torch_logits(torch, model, ids)) > 10 * TOL
+
+
+# ---------------------------------------------------------------------------------------------
+# weight layouts: stacked (nn.scan) and per-layer (unrolled), chosen by backend
+def test_layouts_give_the_same_logits_and_convert_exactly(case, torch):
+    """Both layouts of one checkpoint: the same logits as transformers and as each other (a
+    prefill and a cached one-token step), conversions in both directions exact."""
+    from dsbd_jax import model as M
+    name, tmodel, loaded, path = case
+    stacked = load_model(path, jnp.float32, progress=False, layout="stacked")
+    per_layer = load_model(path, jnp.float32, progress=False, layout="per_layer")
+    assert M.params_layout(stacked.params) == "stacked"
+    assert M.params_layout(per_layer.params) == "per_layer"
+    assert sorted(k for k in per_layer.params if k.startswith("layers_")) == [
+        f"layers_{i}" for i in range(loaded.config.num_layers)]
+    jax.tree.map(np.testing.assert_array_equal, M.convert_layout(stacked.params, "per_layer"),
+                 per_layer.params)
+    jax.tree.map(np.testing.assert_array_equal, M.convert_layout(per_layer.params, "stacked"),
+                 stacked.params)
+    ids = np.random.default_rng(1).integers(0, V, (2, 9))
+    ref = torch_logits(torch, tmodel, ids)
+    a = jax_logits(loaded.config, stacked.params, ids)
+    b = jax_logits(loaded.config, per_layer.params, ids)
+    assert _max_diff(a, ref) < TOL and _max_diff(b, ref) < TOL and _max_diff(a, b) < 1e-5
+    lens = jnp.array([9, 9])
+    steps = []
+    for p in (stacked.params, per_layer.params):
+        cache, _ = common.prefill(loaded.config, p, jnp.asarray(ids), lens, 12)
+        lg, _ = common.decode_step(loaded.config, p, cache, jnp.array([3, 4]), lens)
+        steps.append(np.asarray(lg))
+    assert _max_diff(*steps) < 1e-5
+
+
+def test_layout_defaults_and_errors():
+    from dsbd_jax import model as M
+    from dsbd_jax.config import ModelConfig
+    assert M.default_layout("cpu") == "per_layer"
+    assert M.default_layout("gpu") == M.default_layout("tpu") == "stacked"
+    assert M.check_layout(None) == M.default_layout()
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=3,
+                      num_heads=2, num_kv_heads=1, head_dim=8)
+    p = M.init_params(cfg, jax.random.PRNGKey(0))
+    assert M.params_layout(p) == M.default_layout()
+    for bad in ("scan", "", 3):
+        with pytest.raises(ValueError, match="layout must be one of"):
+            M.init_params(cfg, jax.random.PRNGKey(0), bad)
+    with pytest.raises(ValueError, match="neither 'layers'"):
+        M.params_layout({"embed": {}})
+    # init_params values do not depend on the layout
+    jax.tree.map(np.testing.assert_array_equal,
+                 M.convert_layout(M.init_params(cfg, jax.random.PRNGKey(0), "per_layer"), "stacked"),
+                 M.init_params(cfg, jax.random.PRNGKey(0), "stacked"))
+
+
+def test_decoders_agree_across_layouts():
+    """DSBD and beam sampling on a tiny pair give the same tokens with either layout."""
+    from dsbd_jax import DSBDConfig, DecodeConfig, beam_sample, dsbd_generate
+    from dsbd_jax import model as M
+    from dsbd_jax.config import ModelConfig
+    t = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+    d = t.replace(num_layers=1)
+    outs = []
+    for layout in ("stacked", "per_layer"):
+        pt = M.init_params(t, jax.random.PRNGKey(0), layout)
+        pd = M.init_params(d, jax.random.PRNGKey(1), layout)
+        ids = jnp.array([[1, 2, 3, 4, 5]])
+        o1 = dsbd_generate({"target": pt, "draft": pd}, ids, jax.random.PRNGKey(2),
+                           DSBDConfig(target=t, draft=d, max_new_tokens=8, gamma=2,
+                                      draft_width=3, threshold=0.7, top_k=10))
+        o2 = beam_sample(pt, ids, jax.random.PRNGKey(3),
+                         DecodeConfig(target=t, num_beams=3, max_new_tokens=8, top_k=10))
+        outs.append((np.asarray(o1.sequences), np.asarray(o2.sequences)))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])

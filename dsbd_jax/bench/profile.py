@@ -54,15 +54,45 @@ _WRAPPED = re.compile(r"^(?:vmap|jit|pjit|checkpoint|remat)\((.*)\)$")
 _OPNAME = re.compile(r'op_name="([^"]*)"')
 
 
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
+
+
 def instruction_scopes(hlo_text: str):
-    """``{instruction: (opcode, op_name)}`` from a compiled module's text."""
-    out = {}
+    """``{instruction: (opcode, op_name)}`` from a compiled module's text. An instruction without
+    metadata of its own takes the ``op_name`` of the computation it calls (its root, else its
+    first instruction with one); a fusion that contains a matmul takes the matmul's (XLA:CPU fuses
+    e.g. the vocabulary projection with the log-softmax's max, which would otherwise get the
+    projection's time)."""
+    out, calls, comp_op, comp_dot, comp_root = {}, {}, {}, {}, {}
+    current = None
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m:
+            c = _COMPUTATION.match(line)
+            if c and "=" not in line.split("{")[0]:
+                current = c.group(1)
             continue
         op = _OPNAME.search(line)
-        out[m.group(1)] = (m.group(2), op.group(1) if op else "")
+        name = m.group(1)
+        out[name] = (m.group(2), op.group(1) if op else "")
+        if op and current is not None:
+            comp_op.setdefault(current, op.group(1))
+            if m.group(2) in ("dot", "convolution"):
+                comp_dot.setdefault(current, op.group(1))
+            if line.lstrip().startswith("ROOT"):
+                comp_root[current] = op.group(1)
+        called = _CALLS.search(line)
+        if called:
+            calls[name] = called.group(1)
+    for name, (opcode, op_name) in out.items():
+        c = calls.get(name)
+        if c is None:
+            continue
+        if c in comp_dot:   # a fused matmul: its epilogue (e.g. a log-softmax max) is not the cost
+            out[name] = (opcode, comp_dot[c])
+        elif not op_name:
+            out[name] = (opcode, comp_root.get(c) or comp_op.get(c, ""))
     return out
 
 
