@@ -357,7 +357,7 @@ def test_cli_long_prompt_that_fits_is_not_padded_past_the_model(capsys, pair):
 
 
 def test_run_over_prompts(pair):
-    """The timing helper of benchmarks/baselines.py: per-prompt figures of the best beam."""
+    """The timing helper of benchmarks/speed.py: per-prompt figures of the best beam."""
     from dsbd_jax.bench import run_over_prompts
     _, _, T, _ = pair
     dec = build("beam", T.config, max_new_tokens=5, num_beams=2, eos_token_id=())
@@ -367,3 +367,38 @@ def test_run_over_prompts(pair):
     assert r["tokens_per_s"] == pytest.approx(10 / sum(p["seconds"] for p in r["prompts"]))
     assert r["target_calls_per_token"] == pytest.approx(1.0)
     assert all(p["loglik_per_token"] < 0 for p in r["prompts"])
+
+
+def test_profile_attributes_phases(pair, tmp_path, gsm_file):
+    """The phase profile of the real compiled loop: the forward passes land in their model's
+    phase, DSBD's verification/width/warp in theirs, the per-phase thunk times add up to the
+    total, and the harness writes the profile columns with ``profile: true``."""
+    from dsbd_jax import methods
+    from dsbd_jax.bench import profile
+    _, _, t, d = pair
+    ids, lens = common.pad_prompts([[1, 2, 3, 4, 5]])
+    dec = methods.build("dsbd", t.config, d.config, max_new_tokens=6, gamma=2, draft_width=2,
+                        threshold=0.7, top_k=10, top_p=0.8)
+    r = profile.profile_decoder(dec, {"target": t.params, "draft": d.params}, ids,
+                                jax.random.PRNGKey(0), lens)
+    ph = r["phases_s"]
+    assert set(ph) == set(profile.PHASES)
+    for p in ("prefill", "target forward", "draft forward", "warp", "verify", "width"):
+        assert ph[p] > 0, p
+    assert sum(ph.values()) == pytest.approx(r["thunk_sum_s"])
+    assert 0 < r["overhead_frac"] < 1 and r["iterations"] >= 1
+    dec = methods.build("sample", t.config, None, max_new_tokens=4)
+    r = profile.profile_decoder(dec, t.params, ids, jax.random.PRNGKey(0), lens)
+    assert r["phases_s"]["draft forward"] == 0 and r["phases_s"]["target forward"] > 0
+    assert profile.phase_of("jit(f)/while/body/vmap(verify)/closed_call/warp/top_k", "T", "D") \
+        == "warp"
+    assert profile.phase_of("jit(f)/prefill/T/dot", "T", "D") == "prefill"
+    assert profile.phase_of("jit(f)/while/body/D/layers_0/dot", "T", "D") == "draft forward"
+    cfg = harness.load_config(write_config(tmp_path, pair, gsm_file,
+                                           [{"method": "spec", "gamma": 2}], profile=True))
+    summary = harness.run_bench(cfg, tmp_path / "out", progress=False, log=lambda s: None)
+    recs = [r for r in harness.read_records(tmp_path / "out" / "records.jsonl")
+            if r["type"] == "sample"]
+    assert "profile" in recs[0] and "profile" not in recs[1]
+    assert recs[0]["profile"]["phase_ms_per_iteration"]["target forward"] > 0
+    assert summary["rows"][0]["overhead_frac"] == recs[0]["profile"]["overhead_frac"]

@@ -16,6 +16,7 @@ Config file (YAML; see ``configs/quick_cpu.yaml``)::
     eos: true                            # stop at the target's EOS (false: always max_new_tokens)
     seed: 0
     warmup: 1                            # untimed runs (>= 1: the first compiles) per method and bucket
+    profile: false                       # true: phase profile of each method's first prompt per bucket
     methods:                             # lists expand to their product (min_width > draft_width skipped)
       - {method: beam, num_beams: [1, 2, 3]}
       - {method: spec, gamma: 4}
@@ -31,6 +32,10 @@ best beam's unwarped target log-likelihood per token, the task metric (``score``
 text, the KV-cache bytes the method holds, the process's peak device memory where JAX reports it
 (``memory_stats``; none on CPU, where peak RSS is recorded) and the joules of the call
 (:mod:`.energy`; ``null`` with the reason in the header line where no counter is readable).
+With ``profile: true``, the first line of each method and bucket also holds ``profile``: one extra
+untimed run of that prompt under the XLA:CPU profiler (:mod:`.profile`), with milliseconds per
+iteration of each phase and ``overhead_frac`` (the share of the loop's time outside the forward
+passes); the summary averages ``overhead_frac`` per method setting.
 
 The first line (``type: "run"``) records the machine, the resolved config, the energy and memory
 sources and the prompt buckets; ``summarize`` turns the lines into one row per method and setting,
@@ -55,7 +60,7 @@ import numpy as np
 logger = logging.getLogger("dsbd_jax")
 
 _TOP_KEYS = {"name", "models", "models_file", "target", "draft", "dtype", "datasets", "max_new_tokens", "warping",
-             "eos", "seed", "warmup", "methods", "description"}
+             "eos", "seed", "warmup", "methods", "description", "profile"}
 _WARP_KEYS = {"temperature", "top_k", "top_p"}
 
 
@@ -108,6 +113,9 @@ def make_config(cfg: Dict[str, Any], base_dir=".", where: str = "config", **over
     cfg.setdefault("seed", 0)
     cfg.setdefault("warmup", 1)
     cfg.setdefault("warping", {})
+    cfg.setdefault("profile", False)
+    if not isinstance(cfg["profile"], bool):
+        raise ValueError(f"{where}: profile must be true or false, got {cfg['profile']!r}")
     bad = sorted(set(cfg["warping"]) - _WARP_KEYS)
     if bad:
         raise ValueError(f"{where}: unknown warping key(s) {bad}; allowed: {sorted(_WARP_KEYS)}")
@@ -327,6 +335,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
             key = jax.random.fold_in(jax.random.key(cfg["seed"]), i)
             for lab, method, setting, dec, params in decoders:
                 compile_s = 0.0
+                prof = None
                 if (lab, P) not in warmed:
                     c0 = CompileClock.total()
                     for _ in range(cfg["warmup"]):
@@ -334,6 +343,12 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     compile_s = CompileClock.total() - c0
                     kv_bytes[(lab, P)] = kv_cache_bytes(dec, P)
                     warmed.add((lab, P))
+                    if cfg.get("profile"):
+                        from .profile import profile_decoder
+                        p = profile_decoder(dec, params, pid, key, plen)
+                        prof = {"phase_ms_per_iteration": p["per_iteration_ms"],
+                                "decode_ms_per_iteration": p["decode_per_iteration_ms"],
+                                "overhead_frac": p["overhead_frac"]}
                 c0 = CompileClock.total()
                 e0 = meter.read()
                 t0 = time.perf_counter()
@@ -352,6 +367,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                            peak_device_bytes=device_memory()["peak_device_bytes"],
                            peak_rss_gb=peak_rss_gb())
                 rec["score"] = score(ex, rec["completion"])
+                if prof is not None:
+                    rec["profile"] = prof
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
                 if bar is not None:
@@ -428,6 +445,8 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         for k in ("mean_accepted_width", "mean_layers_per_iteration"):
             vals = [r[k] for r in rs if r.get(k) is not None]
             row[k] = float(np.mean(vals)) if vals else None
+        profs = [r["profile"]["overhead_frac"] for r in rs if r.get("profile")]
+        row["overhead_frac"] = float(np.mean(profs)) if profs else None
         peaks = [r["peak_device_bytes"] for r in rs if r.get("peak_device_bytes") is not None]
         row["peak_device_bytes"] = max(peaks) if peaks else None
         joules = [r.get("energy_j") for r in rs]

@@ -55,6 +55,7 @@ _OPNAME = re.compile(r'op_name="([^"]*)"')
 
 
 _COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OPERAND = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
 
 
@@ -63,8 +64,9 @@ def instruction_scopes(hlo_text: str):
     metadata of its own takes the ``op_name`` of the computation it calls (its root, else its
     first instruction with one); a fusion that contains a matmul takes the matmul's (XLA:CPU fuses
     e.g. the vocabulary projection with the log-softmax's max, which would otherwise get the
-    projection's time)."""
-    out, calls, comp_op, comp_dot, comp_root = {}, {}, {}, {}, {}
+    projection's time). What still has none (a dot that an XLA pass rebuilt) takes the scope of
+    its first operand that has one."""
+    out, calls, comp_op, comp_dot, comp_root, operands = {}, {}, {}, {}, {}, {}
     current = None
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -85,6 +87,8 @@ def instruction_scopes(hlo_text: str):
         called = _CALLS.search(line)
         if called:
             calls[name] = called.group(1)
+        args = line[m.end():].split(")", 1)[0]
+        operands[name] = _OPERAND.findall(args)
     for name, (opcode, op_name) in out.items():
         c = calls.get(name)
         if c is None:
@@ -93,6 +97,12 @@ def instruction_scopes(hlo_text: str):
             out[name] = (opcode, comp_dot[c])
         elif not op_name:
             out[name] = (opcode, comp_root.get(c) or comp_op.get(c, ""))
+    for _ in range(3):  # still nothing (e.g. a dot rewritten by a pass): its operands' scope
+        for name, (opcode, op_name) in out.items():
+            if not op_name:
+                known = [out[o][1] for o in operands.get(name, ()) if out.get(o, ("", ""))[1]]
+                if known:
+                    out[name] = (opcode, known[0])
     return out
 
 
