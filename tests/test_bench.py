@@ -374,8 +374,13 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
     phase, DSBD's verification/width/warp in theirs, the per-phase thunk times add up to the
     total, and the harness writes the profile columns with ``profile: true``."""
     from dsbd_jax import methods
+    from dsbd_jax import model as M
     from dsbd_jax.bench import profile
-    _, _, t, d = pair
+    from dsbd_jax.loading import LoadedModel
+    t = pair[2]
+    # a draft of another shape: the profiler tells the models apart by layers and width
+    dcfg = t.config.replace(num_layers=1, hidden_size=32, intermediate_size=48)
+    d = LoadedModel(dcfg, M.init_params(dcfg, jax.random.PRNGKey(1)))
     ids, lens = common.pad_prompts([[1, 2, 3, 4, 5]])
     dec = methods.build("dsbd", t.config, d.config, max_new_tokens=6, gamma=2, draft_width=2,
                         threshold=0.7, top_k=10, top_p=0.8)

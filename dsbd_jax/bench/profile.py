@@ -22,6 +22,9 @@ cache          KV-cache commits and reorders (``cache.write*``, ``gather_rows``,
 other          everything else: log-softmax, joints, masks, bookkeeping, loop control
 ============== ====================================================================
 
+The two models' passes are told apart by their scope names, which hold the layer count and width:
+a draft of the target's exact shape is counted as ``target forward``.
+
 Thunks of ``while`` / ``conditional`` / ``call`` instructions contain other thunks and are not
 counted. ``overhead`` = decode time (the traced wall time minus prefill) minus the forward
 passes. XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more
