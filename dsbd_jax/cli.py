@@ -44,6 +44,23 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
 
 
+MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
+             "tensor parallel over 'model'; data defaults to the remaining devices); "
+             "see dsbd_jax.sharding")
+
+
+def _mesh(text):
+    """The mesh of ``--mesh`` (None when not given); bad values end as a CLI error."""
+    if not text:
+        return None
+    from .sharding import make_mesh, parse_mesh
+    try:
+        sizes = parse_mesh(text)
+        return make_mesh(sizes["data"], sizes["model"])
+    except ValueError as e:
+        raise CLIError(f"--mesh: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsbd", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", choices=METHODS, default="dsbd")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen.add_argument("--mesh", default=None, help=MESH_HELP)
     _add_settings(gen)
     bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
@@ -71,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
     bench.add_argument("--max-new-tokens", type=int, default=None)
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--mesh", default=None, help=MESH_HELP)
     plot = sub.add_parser("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
     plot.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
     plot.add_argument("--out", default=None, help="output folder (default: next to the records)")
@@ -135,6 +154,14 @@ def run_method(name, args, target, draft, prompt_ids, prompt_lengths, progress: 
     dec = build(name, target.config, draft.config if draft else None, progress=progress,
                 **_settings(name, args))
     params = model_params(dec, target.params, draft.params if draft else None)
+    mesh = _mesh(getattr(args, "mesh", None))
+    if mesh is not None:
+        from .sharding import ShardedDecoder, mesh_label
+        dec = ShardedDecoder.of(dec, mesh)
+        params = dec.place(params)
+        print(f"[{name}] mesh {mesh_label(mesh)} over {mesh.devices.size} "
+              f"{mesh.devices.flat[0].platform} devices"
+              + "".join(f"\n  note: {n}" for n in dec.rules.notes))
     key = jax.random.key(args.seed)
     call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
     if not progress:
@@ -236,7 +263,7 @@ def cmd_bench(args) -> int:
         cfg["datasets"] = [{**d, "limit": min(d.get("limit", args.limit), args.limit)}
                            for d in cfg["datasets"]]
     out = Path(args.out or Path("results") / cfg["name"])
-    summary = run_bench(cfg, out, progress=not args.no_progress)
+    summary = run_bench(cfg, out, progress=not args.no_progress, mesh=_mesh(args.mesh))
     print(format_summary(summary))
     print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
     return 0

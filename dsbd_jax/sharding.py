@@ -31,22 +31,39 @@ prompts [B, P], lengths, keys   (batch, ...)                    (data, ...)
 ==============================  ==============================  ===============================
 
 Stacked leaves (under ``"layers"``) get a replicated leading layer axis. Weights are replicated
-over ``data`` (no FSDP): every data shard holds one model-sharded copy.
+over ``data`` (no FSDP): every data shard holds one model-sharded copy. The draft model follows
+the same rules with its own head counts.
 
 Heads: query head ``h`` uses KV head ``h // (H / K)`` (grouped-query attention), so the model axis
 splits attention by **KV-head groups**: with ``m`` model shards, shard ``i`` holds KV heads
 ``i*K/m .. (i+1)*K/m - 1`` and exactly the query heads that use them (a contiguous block of
-``q_proj``'s output columns, as HF orders them). This needs ``m | K``. Attention then runs locally
-and only ``o_proj``'s partial sums are all-reduced (Megatron-style); the MLP likewise
-(``gate/up`` column-split, ``down`` row-split, one all-reduce).
+``q_proj``'s output columns, as HF orders them). Attention then runs locally and only
+``o_proj``'s partial sums are all-reduced (Megatron-style); the MLP likewise (``gate/up``
+column-split, ``down`` row-split, one all-reduce).
 
-Indivisible dimensions: when ``K`` (or ``F``, or ``V``) does not divide the model axis, that
-logical axis is **replicated** (attention weights and the KV cache's head axis replicated across
-the model shards; the other axes still split) and the reason is recorded in
-``ShardingRules.notes`` and logged; ``strict=True`` raises a ``ValueError`` naming the dimension
-instead. A prompt batch that does not divide the data axis is padded by :class:`ShardedDecoder`
-with copies of its last prompt (same key, so the copies finish exactly when it does and the
-batch-wide stats are unchanged) and the padding rows are dropped from the output.
+Indivisible dimensions:
+
+- ``m`` does not divide ``K`` (e.g. 2 KV heads, model axis 4): :class:`ShardedDecoder` repeats
+  every KV head ``r = lcm(K, m) / K`` times (:func:`expand_kv_heads`: ``k_proj``/``v_proj``
+  columns, and so the KV cache, hold ``K*r`` heads, ``K*r/m`` per shard), provided ``K*r``
+  divides ``H``. Query head ``h`` then uses a copy of its own KV head, so the model computes the
+  same function (vLLM and Megatron do the same). This costs ``r`` times the K/V projection
+  weights in total but no more KV cache per device than replicating, and every shard attends
+  locally. Without it XLA's propagation keeps the cache split over part of the model axis and
+  all-gathers it every step (we measured that; the tests guard against it).
+- Otherwise (``K*r`` does not divide ``H``; ``V`` or ``F`` not divisible by ``m``) that logical
+  axis is **replicated** over the model axis and the reason is recorded in
+  ``ShardingRules.notes`` and logged at INFO. ``strict=True`` raises a ``ValueError`` naming the
+  dimension instead.
+- A prompt batch that does not divide the data axis is padded by :class:`ShardedDecoder` with
+  copies of its last prompt (``uneven_batch="pad"``), or run replicated over the data axis
+  (``"replicate"``), or refused (``"error"``); see :class:`ShardedDecoder`.
+
+KV caches: ``dsbd_jax.cache`` calls :func:`constrain_cache` on every cache it builds or updates;
+while a :class:`ShardedDecoder` traces, that pins the cache to ``P(None, data, None, model,
+None)`` (each axis where it divides), so the decode loop carries the caches in that layout, and
+``cache.gather_rows`` (beam reselection) gathers within each data shard. Outside a
+ShardedDecoder the hook is the identity: single-device programs are unchanged.
 
 Communication: :func:`loop_collectives` reads the compiled program
 (``.lower(...).compile().as_text()``) and lists every collective inside the decode loop with its

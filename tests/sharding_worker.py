@@ -134,12 +134,22 @@ def main(tmp, out_path):
         print(json.dumps({k: results[-1][k] for k in ("method", "mesh", "uneven", "mismatches",
                                                       "compiles", "bytes_per_iteration",
                                                       "forbidden", "seconds")}), flush=True)
+    # the command line: dsbd generate --mesh data=2,model=4
+    import contextlib
+    import io
+    from dsbd_jax.cli import main as cli_main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli_main(["generate", "--target", str(tdir), "--draft", str(ddir), "--prompt", "hi",
+                         "--prompt", "hello", "--prompt", "x", "--method", "beam", "--beams", "2",
+                         "--max-new-tokens", "4", "--no-progress", "--mesh", "data=2,model=4"])
+    cli = dict(code=code, out=buf.getvalue())
     strict_error = None
     try:
         sh.ShardingRules(sh.make_mesh(1, 8), strict=True).axis_map(target.config, "target")
     except ValueError as e:
         strict_error = str(e)
-    report = dict(cases=results, per_layer=per_layer_check(target, [(2, 4), (1, 2)]),
+    report = dict(cases=results, cli=cli, per_layer=per_layer_check(target, [(2, 4), (1, 2)]),
                   strict_error=strict_error, seconds=round(time.time() - t_start, 1))
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)

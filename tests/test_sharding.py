@@ -104,8 +104,23 @@ def test_per_layer_weight_layout(report):
         assert specs["layers_0/attn/q_proj/kernel"] == "P(None, 'model')"
 
 
+def test_cli_mesh(report):
+    assert report["cli"]["code"] == 0, report["cli"]["out"]
+    out = report["cli"]["out"]
+    assert "mesh data=2,model=4 over 8 cpu devices" in out and "repeated 2x" in out
+    assert out.count("best beam") == 3
+
+
 # ---------------------------------------------------------------------------------------------
 # rules on one device (no subprocess)
+
+def test_cli_mesh_needs_the_devices(capsys):
+    from dsbd_jax.cli import main
+    code = main(["generate", "--prompt", "x", "--mesh", "data=2,model=4"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("dsbd: error: --mesh:") and "needs 8 devices" in err
+    code = main(["generate", "--prompt", "x", "--mesh", "tensor=2"])
+    assert code == 2 and "data=2,model=4" in capsys.readouterr().err
 
 def test_parse_mesh():
     from dsbd_jax.sharding import parse_mesh
