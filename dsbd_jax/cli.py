@@ -154,7 +154,7 @@ def run_method(name, args, target, draft, prompt_ids, prompt_lengths, progress: 
     dec = build(name, target.config, draft.config if draft else None, progress=progress,
                 **_settings(name, args))
     params = model_params(dec, target.params, draft.params if draft else None)
-    mesh = _mesh(getattr(args, "mesh", None))
+    mesh = getattr(args, "mesh_obj", None) or _mesh(getattr(args, "mesh", None))
     if mesh is not None:
         from .sharding import ShardedDecoder, mesh_label
         dec = ShardedDecoder.of(dec, mesh)
@@ -241,6 +241,7 @@ def cmd_generate(args) -> int:
     from .common import pad_prompts
     from .datasets import encode_chat
     from .loading import load_model
+    args.mesh_obj = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
     target = load_model(args.target)
     if target.tokenizer is None:
         raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
@@ -255,6 +256,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench.harness import format_summary, load_config, run_bench
+    mesh = _mesh(args.mesh)
     cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
                       target=args.target, draft=args.draft)
     if args.limit is not None:
@@ -263,7 +265,7 @@ def cmd_bench(args) -> int:
         cfg["datasets"] = [{**d, "limit": min(d.get("limit", args.limit), args.limit)}
                            for d in cfg["datasets"]]
     out = Path(args.out or Path("results") / cfg["name"])
-    summary = run_bench(cfg, out, progress=not args.no_progress, mesh=_mesh(args.mesh))
+    summary = run_bench(cfg, out, progress=not args.no_progress, mesh=mesh)
     print(format_summary(summary))
     print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
     return 0
