@@ -54,7 +54,7 @@ def measure(mesh_shape, target, draft, cfg, ids, lens, repeats):
         out = jax.block_until_ready(dec(params, ids, jax.random.key(i), prompt_lengths=lens))
         times.append(time.perf_counter() - t0)
         iters = int(out.stats["iterations"])
-    compiled = dec.lower(params, ids, key, prompt_lengths=lens).compile()
+    compiled = dec.compiled(params, ids, key, prompt_lengths=lens)
     rep = sh.loop_collectives(compiled.as_text())
     mem = compiled.memory_analysis()
     per_dev = dec.param_bytes_per_device(params)

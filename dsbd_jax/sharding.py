@@ -470,6 +470,7 @@ class ShardedDecoder:
         self.name = name or "decoder"
         self.compiles = 0
         self._jits: Dict[Any, Callable] = {}
+        self._compiled: Dict[Any, Any] = {}
         self._batch_leaves: Dict[Any, Any] = {}
         # decide (and log / raise for) indivisible dimensions up front
         for k, mc in _model_configs(self.config).items():
@@ -541,18 +542,41 @@ class ShardedDecoder:
                 jax.device_put(keys, r.batch_sharding(2)))
 
     def lower(self, params, prompt_ids, key=None, prompt_lengths=None):
-        """``jax.stages.Lowered`` of the sharded program (``.compile().as_text()`` for its HLO)."""
+        """``jax.stages.Lowered`` of the sharded program."""
         ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
                                              prompt_lengths)
         with jax.set_mesh(self.mesh):
             return self._jitted(params, self._split(ids)).lower(
                 params, *self._place_inputs(ids, lengths, keys))
 
+    def _executable(self, params, ids, placed):
+        """The compiled program for these input shapes (compiled once, ahead of time, and kept:
+        the program that runs is the one :meth:`compiled` shows)."""
+        split = self._split(ids)
+        sig = (jax.tree.structure(params), ids.shape, split,
+               tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(params)))
+        if sig not in self._compiled:
+            with jax.set_mesh(self.mesh):
+                self._compiled[sig] = self._jitted(params, split).lower(params, *placed).compile()
+        return self._compiled[sig]
+
+    def compiled(self, params, prompt_ids, key=None, prompt_lengths=None):
+        """``jax.stages.Compiled`` of the program a call with these arguments runs
+        (``.as_text()``: its HLO, for :func:`loop_collectives`; ``.memory_analysis()``)."""
+        ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
+                                             prompt_lengths)
+        params = self._placed(params)
+        return self._executable(params, ids, self._place_inputs(ids, lengths, keys))
+
+    def _placed(self, params):
+        """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
+        return jax.device_put(params, param_shardings(params, self.config, self.rules))
+
     def __call__(self, params, prompt_ids, key=None, prompt_lengths=None):
         ids, lengths, keys, B = self._inputs(prompt_ids, key, prompt_lengths)
-        with jax.set_mesh(self.mesh):
-            out = self._jitted(params, self._split(ids))(
-                params, *self._place_inputs(ids, lengths, keys))
+        params = self._placed(params)
+        placed = self._place_inputs(ids, lengths, keys)
+        out = self._executable(params, ids, placed)(params, *placed)
         if ids.shape[0] == B:
             return out
         return self._unpad(params, ids, out, B)

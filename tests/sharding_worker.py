@@ -106,7 +106,7 @@ def main(tmp, out_path):
         placed = sdec.place(params)
         out = jax.device_get(sdec(placed, ids, key, prompt_lengths=lens))
         sdec(placed, ids2, key, prompt_lengths=lens2)      # same bucket: no new compile
-        hlo = sdec.lower(placed, ids, key, prompt_lengths=lens).compile().as_text()
+        hlo = sdec.compiled(placed, ids, key, prompt_lengths=lens).as_text()   # the one that ran
         rep = sh.loop_collectives(hlo)
         d, m = shape
         split = (uneven == "pad") or len(ids) % d == 0

@@ -108,7 +108,7 @@ def test_cli_mesh(report):
     assert report["cli"]["code"] == 0, report["cli"]["out"]
     out = report["cli"]["out"]
     assert "mesh data=2,model=4 over 8 cpu devices" in out and "repeated 2x" in out
-    assert out.count("best beam") == 3
+    assert out.count("--- prompt") == 3 and out.count("best beam 0") == 3
 
 
 # ---------------------------------------------------------------------------------------------
