@@ -120,14 +120,15 @@ class ProgressBar:
     iterations, tokens/s since the first trip, target calls and (DSBD / speculative) the average
     accepted width = accepted candidates per verified layer."""
 
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, rows: Optional[int] = None):
         from tqdm.auto import tqdm
         self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True)
         self.t0 = None
         self.n0 = 0
+        self.rows = rows  # prompts to count (a sharded batch may carry padding rows after them)
 
     def __call__(self, v) -> None:
-        n = int(v["generated"].sum())
+        n = int(v["generated"][:self.rows].sum())
         now = time.perf_counter()
         if self.t0 is None:
             self.t0, self.n0 = now, n
@@ -171,7 +172,7 @@ def run_method(name, args, target, draft, prompt_ids, prompt_lengths, progress: 
     from .common import progress_hook
     CompileClock.install()
     c0 = CompileClock.total()
-    bar = ProgressBar(args.max_new_tokens * prompt_ids.shape[0], name)
+    bar = ProgressBar(args.max_new_tokens * prompt_ids.shape[0], name, rows=prompt_ids.shape[0])
     try:
         with progress_hook(bar):
             out, wall = timed(call)
