@@ -356,7 +356,6 @@ def shard_params(params, config, mesh_or_rules):
 
 # (mesh, batch split over data?) while a ShardedDecoder traces; None otherwise
 _TRACING: contextvars.ContextVar = contextvars.ContextVar("dsbd_jax_sharding", default=None)
-constraints_applied = 0  # how many cache constraints were traced (for tests)
 
 
 @contextlib.contextmanager
@@ -387,13 +386,10 @@ def constrain_cache(cache):
     if ctx is None:
         return cache
     mesh, split = ctx
-    global constraints_applied
 
     def pin(x):
-        global constraints_applied
         if getattr(x, "ndim", 0) != 5:
             return x
-        constraints_applied += 1
         return jax.lax.with_sharding_constraint(
             x, NamedSharding(mesh, cache_partition(x.shape, mesh, split)))
     return jax.tree.map(pin, cache)
@@ -609,21 +605,6 @@ class ShardedDecoder:
             for s in x.addressable_shards:
                 per[str(s.device)] = per.get(str(s.device), 0) + _leaf_bytes(s.data)
         return per
-
-    def kv_cache_bytes_per_device(self, global_bytes: Dict[str, int], batch: int) -> Dict[str, int]:
-        """Per-device share of each model's KV cache under the rules (``global_bytes``: bytes of
-        each model's cache for the padded batch; batch split over data, heads over model where
-        they divide)."""
-        out = {}
-        d, m = mesh_shape(self.mesh)
-        for k, mc in _model_configs(self.config).items():
-            if k not in global_bytes:
-                continue
-            split = d if batch % d == 0 else 1
-            if self.rules.axis_map(mc, k)["kv_heads"] is not None:
-                split *= m
-            out[k] = global_bytes[k] // split
-        return out
 
 
 def sharded(fn: Callable, config, mesh: Mesh, **kwargs) -> ShardedDecoder:
