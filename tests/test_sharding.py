@@ -174,3 +174,27 @@ def test_one_device_mesh_runs(toy):
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
     with pytest.raises(ValueError, match="needs 2 devices"):
         make_mesh(2, 1)
+
+
+def test_bench_harness_on_a_mesh(tmp_path, torch):
+    """``dsbd bench --mesh``: the harness runs every method through a ShardedDecoder (a (1, 1)
+    mesh here, on one device) and records the mesh in its header."""
+    from dsbd_jax.bench.harness import load_config, read_records, run_bench
+    from dsbd_jax.sharding import make_mesh
+    from dsbd_jax.testing import make_tiny_pair
+    import yaml
+    t, d = make_tiny_pair(tmp_path / "tiny", noise=0.1)
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "name": "t", "target": str(t), "draft": str(d),
+        "datasets": [{"task": "gsm8k", "path": str(gsm), "limit": 1}], "max_new_tokens": 4,
+        "warping": {"top_k": 10, "top_p": 0.8}, "eos": False,
+        "methods": [{"method": "sample"}]}))
+    summary = run_bench(load_config(cfg_path), tmp_path / "out", progress=False,
+                        log=lambda s: None, mesh=make_mesh(1, 1))
+    header, *records = read_records(tmp_path / "out" / "records.jsonl")
+    assert header["mesh"] == {"data": 1, "model": 1}
+    assert len(records) == 1 and records[0]["new_tokens"] == 4
+    assert summary["rows"][0]["label"] == "sample"
