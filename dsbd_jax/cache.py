@@ -5,6 +5,12 @@ A cache is a plain pytree (``KVCache``) with the **batch axis at position 1**:
 filled; the decoders keep per-row lengths and build attention masks from them. The model never
 writes to it: ``forward`` returns the new tokens' keys/values and the functions below commit
 them (all shapes static, per-row offsets as arrays, so nothing recompiles).
+
+Sharding hook: every cache these functions return goes through ``_layout``, which is the identity
+except while :class:`dsbd_jax.sharding.ShardedDecoder` traces a decoder under a mesh; then it pins
+the cache to the mesh's layout (batch over ``data``, KV heads over ``model`` where they divide),
+so the decode loop carries the caches in that layout, and ``gather_rows`` reselects rows within
+each data shard (no cache crosses devices).
 """
 
 from __future__ import annotations
@@ -31,11 +37,16 @@ class KVCache:
         return int(self.k.size * self.k.dtype.itemsize + self.v.size * self.v.dtype.itemsize)
 
 
+def _layout(cache: KVCache) -> KVCache:
+    from .sharding import constrain_cache  # a no-op unless a ShardedDecoder is tracing
+    return constrain_cache(cache)
+
+
 def empty_cache(config, batch: int, slots: int, dtype=None) -> KVCache:
     """Zero cache of ``slots`` positions for ``batch`` rows."""
     dtype = config.jnp_dtype if dtype is None else dtype
     shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    return _layout(KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
 
 
 @jax.named_scope("cache")
@@ -50,7 +61,7 @@ def write(cache: KVCache, new: KVCache, start: jax.Array) -> KVCache:
 
     f = jax.vmap(one, in_axes=(1, 1, 0), out_axes=1)
     start = jnp.asarray(start, jnp.int32)
-    return KVCache(f(cache.k, new.k, start), f(cache.v, new.v, start))
+    return _layout(KVCache(f(cache.k, new.k, start), f(cache.v, new.v, start)))
 
 
 @jax.named_scope("cache")
@@ -72,16 +83,31 @@ def write_selected(cache: KVCache, new: KVCache, select: jax.Array, start: jax.A
         return c.at[:, d].set(picked, mode="drop")
 
     f = jax.vmap(one, in_axes=(1, 1, 0, 0), out_axes=1)
-    return KVCache(f(cache.k, new.k, select, dest), f(cache.v, new.v, select, dest))
+    return _layout(KVCache(f(cache.k, new.k, select, dest), f(cache.v, new.v, select, dest)))
 
 
 @jax.named_scope("cache")
 def gather_rows(cache: KVCache, rows: jax.Array) -> KVCache:
-    """Reorder/duplicate batch rows (beam reselection): ``out[:, i] = cache[:, rows[i]]``."""
-    return jax.tree.map(lambda x: jnp.take(x, rows, axis=1), cache)
+    """Reorder/duplicate batch rows (beam reselection): ``out[:, i] = cache[:, rows[i]]``.
+
+    Under a data-sharded ``ShardedDecoder`` the rows are taken within each data shard, so
+    ``rows[i]`` must lie in the same shard as ``i`` (true for beams: a prompt's beams are
+    consecutive rows and a shard holds whole prompts)."""
+    from .sharding import row_groups
+    g = row_groups(cache.batch)
+    if g == 1:
+        return jax.tree.map(lambda x: jnp.take(x, rows, axis=1), cache)
+    n = cache.batch // g
+    local = jnp.reshape(rows, (g, n)) - (jnp.arange(g) * n)[:, None]
+
+    def f(x):
+        xs = x.reshape(x.shape[0], g, n, *x.shape[2:])
+        out = jax.vmap(lambda a, i: jnp.take(a, i, axis=1), in_axes=(1, 0), out_axes=1)(xs, local)
+        return out.reshape(x.shape)
+    return _layout(jax.tree.map(f, cache))
 
 
 @jax.named_scope("cache")
 def repeat_rows(cache: KVCache, times: int) -> KVCache:
     """Each row repeated ``times`` times consecutively (share a prompt's prefill across beams)."""
-    return jax.tree.map(lambda x: jnp.repeat(x, times, axis=1), cache)
+    return _layout(jax.tree.map(lambda x: jnp.repeat(x, times, axis=1), cache))

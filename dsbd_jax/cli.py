@@ -48,6 +48,23 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
 
 
+MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
+             "tensor parallel over 'model'; data defaults to the remaining devices); "
+             "see dsbd_jax.sharding")
+
+
+def _mesh(text):
+    """The mesh of ``--mesh`` (None when not given); bad values end as a CLI error."""
+    if not text:
+        return None
+    from .sharding import make_mesh, parse_mesh
+    try:
+        sizes = parse_mesh(text)
+        return make_mesh(sizes["data"], sizes["model"])
+    except ValueError as e:
+        raise CLIError(f"--mesh: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsbd", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", choices=METHODS, default="dsbd")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen.add_argument("--mesh", default=None, help=MESH_HELP)
     _add_settings(gen)
     bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
@@ -75,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
     bench.add_argument("--max-new-tokens", type=int, default=None)
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--mesh", default=None, help=MESH_HELP)
     plot = sub.add_parser("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
     plot.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
     plot.add_argument("--out", default=None, help="output folder (default: next to the records)")
@@ -121,15 +140,16 @@ class ProgressBar:
     layers end with a correction draw, at most the width), for speculative and tree sampling
     ``accept rate`` = accepted draft tokens per verified draft token."""
 
-    def __init__(self, total: int, desc: str, method: str = ""):
+    def __init__(self, total: int, desc: str, method: str = "", rows: Optional[int] = None):
         from tqdm.auto import tqdm
         self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True)
         self.accept_label = ACCEPT_LABELS.get(method, "accepted")
         self.t0 = None
         self.n0 = 0
+        self.rows = rows  # prompts to count (a sharded batch may carry padding rows after them)
 
     def __call__(self, v) -> None:
-        n = int(v["generated"].sum())
+        n = int(v["generated"][:self.rows].sum())
         now = time.perf_counter()
         if self.t0 is None:
             self.t0, self.n0 = now, n
@@ -194,13 +214,15 @@ def load_models(args, configs):
     return models[0], models[1]
 
 
-def _run_once(call, total: int, desc: str, method: str, progress: bool):
-    """``timed(call)``, with a progress bar when ``progress``."""
+def _run_once(call, total: int, desc: str, method: str, progress: bool,
+              rows: Optional[int] = None):
+    """``timed(call)``, with a progress bar when ``progress`` (counting the first ``rows``
+    prompts: a sharded batch may carry padding rows after them)."""
     from .bench.timing import timed
     if not progress:
         return timed(call)
     from .common import progress_hook
-    bar = ProgressBar(total, desc, method)
+    bar = ProgressBar(total, desc, method, rows=rows)
     try:
         with progress_hook(bar):
             return timed(call)
@@ -209,8 +231,9 @@ def _run_once(call, total: int, desc: str, method: str, progress: bool):
 
 
 def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
-               progress: bool = False, warmup: bool = True):
+               progress: bool = False, warmup: bool = True, mesh=None):
     """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
+    ``mesh``: decode sharded over it (``sharding.ShardedDecoder``; weights placed once).
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: a progress bar for each run (the decoder must be built with progress); its
@@ -219,18 +242,26 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     from .bench.harness import CompileClock
     from .methods import model_params
     params = model_params(dec, target.params, draft.params if draft else None)
+    name = dec.method
+    if mesh is not None:
+        from .sharding import ShardedDecoder, mesh_label
+        dec = ShardedDecoder.of(dec, mesh)
+        params = dec.place(params)
+        print(f"[{name}] mesh {mesh_label(mesh)} over {mesh.devices.size} "
+              f"{mesh.devices.flat[0].platform} devices"
+              + "".join(f"\n  note: {n}" for n in dec.rules.notes))
     key = jax.random.key(seed)
     call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
-    total = dec.config.max_new_tokens * prompt_ids.shape[0]
-    name = dec.method
+    rows = prompt_ids.shape[0]
+    total = dec.config.max_new_tokens * rows
     if warmup:
         _status(f"[{name}] compiling, then one warm-up run (not timed) ...")
-        _, first = _run_once(call, total, f"{name} warm-up", name, progress)
-        out, run_s = _run_once(call, total, f"{name} timed", name, progress)
+        _, first = _run_once(call, total, f"{name} warm-up", name, progress, rows)
+        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows)
         return out, max(first - run_s, 0.0), run_s
     CompileClock.install()
     c0 = CompileClock.total()
-    out, wall = _run_once(call, total, name, name, progress)
+    out, wall = _run_once(call, total, name, name, progress, rows)
     comp = CompileClock.total() - c0
     return out, comp, max(wall - comp, 1e-9)
 
@@ -294,10 +325,12 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
+    mesh = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
     configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
     target, draft = load_models(args, configs)
     out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
-                                  progress=not args.no_progress, warmup=args.no_progress)
+                                  progress=not args.no_progress, warmup=args.no_progress,
+                                  mesh=mesh)
     print(f"[{args.method}] compile {comp:.1f} s")
     _print_outputs(tokenizer, args.method, out, args.prompt, run_s)
     return 0
@@ -305,6 +338,7 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench.harness import format_summary, load_config, run_bench
+    mesh = _mesh(args.mesh)
     cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
                       target=args.target, draft=args.draft)
     if args.limit is not None:
@@ -313,7 +347,7 @@ def cmd_bench(args) -> int:
         cfg["datasets"] = [{**d, "limit": min(d.get("limit", args.limit), args.limit)}
                            for d in cfg["datasets"]]
     out = Path(args.out or Path("results") / cfg["name"])
-    summary = run_bench(cfg, out, progress=not args.no_progress)
+    summary = run_bench(cfg, out, progress=not args.no_progress, mesh=mesh)
     print(format_summary(summary))
     print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
     return 0

@@ -265,11 +265,14 @@ def _prompts(cfg, tokenizer) -> List[Tuple[Any, List[int]]]:
 
 
 def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
-              log: Callable[[str], None] = print, models: Optional[Tuple[Any, Any]] = None
-              ) -> Dict[str, Any]:
+              log: Callable[[str], None] = print, models: Optional[Tuple[Any, Any]] = None,
+              mesh=None) -> Dict[str, Any]:
     """Run a loaded config (:func:`load_config`); write ``out_dir/records.jsonl`` and
     ``out_dir/summary.json``; return the summary. ``models``: already loaded ``(target, draft)``
-    (otherwise loaded from the config)."""
+    (otherwise loaded from the config). ``mesh``: a ``jax.sharding.Mesh`` from
+    ``dsbd_jax.sharding.make_mesh``: every method runs sharded over it
+    (:class:`dsbd_jax.sharding.ShardedDecoder`; prompts run one at a time, so a data axis > 1
+    only repeats the prompt on its other shards). ``kv_cache_bytes`` stays the total."""
     import jax
     import jax.numpy as jnp
     from .. import common
@@ -305,8 +308,13 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     decoders = []
     for method, setting in cfg["runs"]:
         dec = build(method, target.config, draft.config if draft else None, **base, **setting)
-        decoders.append((label(method, setting), method, setting, dec,
-                         model_params(dec, target.params, draft.params if draft else None)))
+        params = model_params(dec, target.params, draft.params if draft else None)
+        run = dec
+        if mesh is not None:
+            from ..sharding import ShardedDecoder
+            run = ShardedDecoder.of(dec, mesh)
+            params = run.place(params)
+        decoders.append((label(method, setting), method, setting, dec, params, run))
     meter = energy_meter()
     mem0 = device_memory()
     # prompts that fit are never padded past what every method's models allow
@@ -317,7 +325,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
               "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
               "config": {k: v for k, v in cfg.items() if k != "runs"},
               "runs": [lab for lab, *_ in decoders], "buckets": buckets,
-              "num_prompts": len(prompts), "load_s": load_s}
+              "num_prompts": len(prompts), "load_s": load_s,
+              "mesh": None if mesh is None else dict(mesh.shape)}
     records_path = out_dir / "records.jsonl"
     log(f"bench {cfg['name']}: {len(decoders)} method settings x {len(prompts)} prompts "
         f"(buckets {buckets}), energy: {meter.source or 'unavailable: ' + meter.reason}")
@@ -333,13 +342,13 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
             P = common.bucket_length(len(ids), maximum=cap)
             pid, plen = common.pad_prompts([ids], pad_id=0, length=P)
             key = jax.random.fold_in(jax.random.key(cfg["seed"]), i)
-            for lab, method, setting, dec, params in decoders:
+            for lab, method, setting, dec, params, run in decoders:
                 compile_s = 0.0
                 prof = None
                 if (lab, P) not in warmed:
                     c0 = CompileClock.total()
                     for _ in range(cfg["warmup"]):
-                        jax.block_until_ready(dec(params, pid, key, prompt_lengths=plen))
+                        jax.block_until_ready(run(params, pid, key, prompt_lengths=plen))
                     compile_s = CompileClock.total() - c0
                     kv_bytes[(lab, P)] = kv_cache_bytes(dec, P)
                     warmed.add((lab, P))
@@ -352,7 +361,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                 c0 = CompileClock.total()
                 e0 = meter.read()
                 t0 = time.perf_counter()
-                out = jax.block_until_ready(dec(params, pid, key, prompt_lengths=plen))
+                out = jax.block_until_ready(run(params, pid, key, prompt_lengths=plen))
                 seconds = time.perf_counter() - t0
                 joules = meter.joules_since(e0)
                 compile_s += CompileClock.total() - c0  # non-zero only on a recompile (logged)
