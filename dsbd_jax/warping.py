@@ -52,7 +52,9 @@ def top_k_isolated(x: jax.Array, k: int):
     custom call. Returns ``(values, indices)`` in descending order (ties: lower index first).
     """
     v, i = jax.lax.top_k(jax.lax.optimization_barrier(x), k)
-    return jax.lax.optimization_barrier((v, i))
+    # one barrier per output: a barrier over the (values, indices) tuple can become a direct
+    # user of the TopK, which XLA's TopkDecomposer cannot handle in SPMD-partitioned programs
+    return jax.lax.optimization_barrier(v), jax.lax.optimization_barrier(i)
 
 
 @jax.named_scope("warp")

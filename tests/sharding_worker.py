@@ -37,6 +37,9 @@ CASES = [
     ("beam_search", (2, 4), "pad"), ("spec", (2, 4), "pad"), ("tree", (2, 4), "pad"),
     ("tree", (1, 2), "pad"), ("sample", (1, 8), "pad"),
 ]
+# the cases above run on the weight layout load_model picks here (per-layer on CPU); these run
+# on the other one as well
+STACKED_CASES = [("dsbd", (2, 4), "pad"), ("beam", (2, 4), "pad")]
 
 
 def leaves_with_names(out):
@@ -59,12 +62,12 @@ def compare(ref, out):
 
 
 def per_layer_check(target, mesh_shapes):
-    """The rules on a per-layer tree (``layers_<i>``, no layer axis) built by unstacking."""
-    p = target.params
+    """The rules on both layouts of one tree: per-layer (``layers_<i>``, no layer axis) against
+    stacked (``layers`` with a replicated leading axis)."""
+    from dsbd_jax.model import convert_layout
+    p = convert_layout(target.params, "stacked")
     L = target.config.num_layers
-    per_layer = {k: v for k, v in p.items() if k != "layers"}
-    per_layer.update({f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], p["layers"])
-                      for i in range(L)})
+    per_layer = convert_layout(target.params, "per_layer")
     out = []
     for shape in mesh_shapes:
         rules = sh.ShardingRules(sh.make_mesh(*shape))
@@ -95,10 +98,16 @@ def main(tmp, out_path):
     lens2 = np.array([5, 16, 11], np.int32)
     key = jax.random.key(7)
     refs, results = {}, []
-    for method, shape, uneven in CASES:
+    from dsbd_jax.model import convert_layout, params_layout
+    layouts = {params_layout(target.params): (target.params, draft.params)}
+    other = "stacked" if "per_layer" in layouts else "per_layer"
+    layouts[other] = (convert_layout(target.params, other), convert_layout(draft.params, other))
+    default = params_layout(target.params)
+    for method, shape, uneven, layout in ([c + (default,) for c in CASES]
+                                          + [c + (other,) for c in STACKED_CASES]):
         t0 = time.time()
         dec = build(method, target.config, draft.config, **SETTINGS, **METHOD_SETTINGS[method])
-        params = model_params(dec, target.params, draft.params)
+        params = model_params(dec, *layouts[layout])
         if method not in refs:
             refs[method] = jax.device_get(dec(params, ids, key, prompt_lengths=lens))
         mesh = sh.make_mesh(*shape)
@@ -121,7 +130,8 @@ def main(tmp, out_path):
         global_caches = [(L, Bp * rows, S, K, D) for (L, b, S, k, D) in state5]
         bad = sh.gathered_weights_or_caches(rep, placed, global_caches, mesh)
         results.append(dict(
-            method=method, mesh=list(shape), uneven=uneven, mismatches=compare(refs[method], out),
+            method=method, mesh=list(shape), uneven=uneven, layout=layout,
+            mismatches=compare(refs[method], out),
             compiles=sdec.compiles, notes=list(sdec.rules.notes), kv_repeat=sdec.kv_repeat,
             decode_loops=rep["decode_loops"], bytes_per_iteration=rep["bytes_per_iteration"],
             collectives=[dict(op=o["op"], result=[list(x[1]) for x in o["result_shapes"]],
@@ -131,7 +141,8 @@ def main(tmp, out_path):
             expected_cache_batch=expect_b, expected_cache_heads=expect_k,
             param_bytes_per_device=sdec.param_bytes_per_device(placed),
             seconds=round(time.time() - t0, 1)))
-        print(json.dumps({k: results[-1][k] for k in ("method", "mesh", "uneven", "mismatches",
+        print(json.dumps({k: results[-1][k] for k in ("method", "mesh", "uneven", "layout",
+                                                      "mismatches",
                                                       "compiles", "bytes_per_iteration",
                                                       "forbidden", "seconds")}), flush=True)
     # the command line: dsbd generate --mesh data=2,model=4

@@ -46,6 +46,9 @@ def test_every_decoder_matches_one_device(report):
     methods = {c["method"] for c in report["cases"]}
     assert methods == {"sample", "beam", "beam_search", "spec", "tree", "dsbd"}
     assert {tuple(c["mesh"]) for c in _cases(report, method="dsbd")} == {(8, 1), (2, 4), (1, 2)}
+    # both weight layouts run sharded (per-layer is CPU's default, stacked GPU/TPU's)
+    assert {c["layout"] for c in _cases(report, method="dsbd", mesh=[2, 4])} == {"stacked",
+                                                                                 "per_layer"}
     for c in report["cases"]:
         padded = c["uneven"] == "pad" and 3 % c["mesh"][0] != 0
         allowed = SUMMED_OVER_PROMPTS if padded else set()
@@ -86,9 +89,9 @@ def test_kv_cache_layout_in_the_loop(report):
 
 
 def test_indivisible_heads_are_repeated_or_replicated(report):
-    (c,) = _cases(report, method="beam", mesh=[2, 4])
-    assert c["kv_repeat"] == {"target": 2}
-    assert any("repeated 2x" in n for n in c["notes"])
+    for c in _cases(report, method="beam", mesh=[2, 4]):     # both weight layouts
+        assert c["kv_repeat"] == {"target": 2}
+        assert any("repeated 2x" in n for n in c["notes"])
     (c,) = _cases(report, method="sample", mesh=[1, 8])
     assert c["kv_repeat"] == {"target": 1}
     assert any("num_heads = 4 does not divide the model axis (8)" in n for n in c["notes"])
@@ -108,7 +111,7 @@ def test_cli_mesh(report):
     assert report["cli"]["code"] == 0, report["cli"]["out"]
     out = report["cli"]["out"]
     assert "mesh data=2,model=4 over 8 cpu devices" in out and "repeated 2x" in out
-    assert out.count("--- prompt") == 3 and out.count("best beam 0") == 3
+    assert out.count("--- prompt") == 3 and out.count("\n    best beam ") == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,12 +155,14 @@ def test_expand_kv_heads_is_the_same_model():
     from dsbd_jax.sharding import expand_kv_heads
     cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
-    params = init_params(cfg, jax.random.key(0))
-    big = expand_kv_heads(params, cfg, 2)
-    assert big["layers"]["attn"]["k_proj"]["kernel"].shape == (2, 32, 32)
     ids = jnp.arange(10)[None] % 32
-    np.testing.assert_allclose(logits(cfg.replace(num_kv_heads=4), big, ids),
-                               logits(cfg, params, ids), rtol=1e-5, atol=1e-5)
+    for layout in ("stacked", "per_layer"):
+        params = init_params(cfg, jax.random.key(0), layout)
+        big = expand_kv_heads(params, cfg, 2)
+        k = big["layers"]["attn"] if layout == "stacked" else big["layers_1"]["attn"]
+        assert k["k_proj"]["kernel"].shape == ((2, 32, 32) if layout == "stacked" else (32, 32))
+        np.testing.assert_allclose(logits(cfg.replace(num_kv_heads=4), big, ids),
+                                   logits(cfg, params, ids), rtol=1e-5, atol=1e-5)
 
 
 def test_one_device_mesh_runs(toy):

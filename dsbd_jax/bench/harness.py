@@ -304,6 +304,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
         raise ValueError(f"{cfg['target']} has no tokenizer: the harness needs one for the chat "
                          "template and the task metrics")
     load_s = time.perf_counter() - t_start
+    if mesh is not None and cfg.get("profile"):
+        raise ValueError("profile: true profiles the single-device program; run it without a mesh")
     prompts = _prompts(cfg, target.tokenizer)
     decoders = []
     for method, setting in cfg["runs"]:
@@ -318,7 +320,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     meter = energy_meter()
     mem0 = device_memory()
     # prompts that fit are never padded past what every method's models allow
-    cap = min(common.max_prompt_length(dec.config) for *_, dec, _ in decoders)
+    cap = min(common.max_prompt_length(dec.config) for _, _, _, dec, _, _ in decoders)
     buckets = sorted({common.bucket_length(len(ids), maximum=cap) for _, ids in prompts})
     header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
               "machine": machine_info(), "energy": meter.describe(),
