@@ -219,7 +219,7 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
 
 def forward_scope(config: ModelConfig) -> str:
     """The ``jax.named_scope`` of a model's forward passes in compiled programs (the profiler of
-    ``benchmarks/profile.py`` tells the target's passes from the draft's by it)."""
+    ``benchmarks/phase_profile.py`` tells the target's passes from the draft's by it)."""
     return f"forward_L{config.num_layers}_d{config.hidden_size}"
 
 

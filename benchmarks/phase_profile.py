@@ -7,7 +7,7 @@ it, the bare forward passes of the same shapes timed alone (jitted ``model.forwa
 of the same size), so the in-loop forward time can be checked against them, and the iteration
 time against the forward passes it needs.
 
-Usage: python benchmarks/profile.py [--new 32] [--prompts 2] [--methods NAME,...]
+Usage: python benchmarks/phase_profile.py [--new 32] [--prompts 2] [--methods NAME,...]
                                     [--out results/profile.json]
 Methods (``--methods``): sample, beam2, beam4, spec4, dsbd_w4 (gamma 2, W_S 4, t 0.7, W_min 2),
 dsbd_g3 (gamma 3, W_S 3, t 0.9, W_min 1), dsbd_sb (the same, single-beam), tree.
