@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft", default=None, help="override the config's draft")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
     bench.add_argument("--max-new-tokens", type=int, default=None)
+    bench.add_argument("--batch-size", type=int, default=None,
+                       help="prompts per call (default: the config's batch_size, else 4 on CPU, "
+                            "16 on GPU/TPU)")
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--mesh", default=None, help=MESH_HELP)
     plot = sub.add_parser("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
@@ -340,7 +343,7 @@ def cmd_bench(args) -> int:
     from .bench.harness import format_summary, load_config, run_bench
     mesh = _mesh(args.mesh)
     cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
-                      target=args.target, draft=args.draft)
+                      target=args.target, draft=args.draft, batch_size=args.batch_size)
     if args.limit is not None:
         if args.limit < 1:
             raise CLIError("--limit must be >= 1")

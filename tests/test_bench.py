@@ -264,9 +264,16 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
                              "--no-progress")
     assert code == 0, err
     assert "beam W=2" in out and (tmp_path / "r" / "summary.json").is_file()
+    # the same command again resumes: nothing left to run, the summary is rewritten
+    code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
+                             "--no-progress")
+    assert code == 0 and "resuming: 2/2 done" in out, err
+    code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
+                             "--no-progress", "--batch-size", "2")
+    assert code == 2 and "differs in: batch_size" in err
     code, out, err = run_cli(capsys, "plot", str(tmp_path / "r"))
     assert code == 0, err
-    assert out.count("wrote") == 6
+    assert out.count("wrote") == 8  # 3 figures + speed vs the task metric, PNG and SVG
 
 
 @pytest.mark.parametrize("argv, match", [

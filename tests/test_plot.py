@@ -9,7 +9,8 @@ import pytest
 from dsbd_jax.bench.plot import pareto_front, plot_results
 from dsbd_jax.methods import label
 
-STEMS = ("speed_vs_quality", "energy_vs_quality", "width_vs_speed")
+STEMS = ("speed_vs_quality", "energy_vs_quality", "width_vs_speed",
+         "speed_vs_humaneval_pass1")  # one speed figure per other quality figure
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -117,6 +118,8 @@ def test_svg_texts(full_run):
     assert "energy unavailable" not in energy and "W=4" in energy
     width = svg_text(d / "width_vs_speed.svg")
     assert "g=3 WS=3 t=0.7 Wmin=2" in width and "W=4" not in width
+    passes = svg_text(d / "speed_vs_humaneval_pass1.svg")
+    assert "humaneval/pass@1" in passes and "95% intervals" in passes
 
 
 @needs_mpl
@@ -132,7 +135,8 @@ def test_task_metric_and_perplexity_quality(tmp_path):
     path = write_records(tmp_path / "records.jsonl")
     paths = plot_results(path, out_dir=tmp_path / "pass", quality="humaneval/pass@1",
                          formats=("svg",))
-    assert [p.name for p in paths] == [f"{s}.svg" for s in STEMS]
+    assert [p.name for p in paths] == [f"{s}.svg" for s in STEMS[:3]] + [
+        "speed_vs_loglik_per_token.svg"]  # the quality asked for takes speed_vs_quality
     assert "humaneval/pass@1" in svg_text(tmp_path / "pass" / "speed_vs_quality.svg")
     plot_results(path, out_dir=tmp_path / "ppl", quality="perplexity", formats=("svg",))
     assert "perplexity" in svg_text(tmp_path / "ppl" / "speed_vs_quality.svg")

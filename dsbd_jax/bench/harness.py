@@ -51,6 +51,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -60,7 +61,7 @@ import numpy as np
 logger = logging.getLogger("dsbd_jax")
 
 _TOP_KEYS = {"name", "models", "models_file", "target", "draft", "dtype", "datasets", "max_new_tokens", "warping",
-             "eos", "seed", "warmup", "methods", "description", "profile"}
+             "eos", "seed", "warmup", "methods", "description", "profile", "batch_size"}
 _WARP_KEYS = {"temperature", "top_k", "top_p"}
 
 
@@ -114,6 +115,11 @@ def make_config(cfg: Dict[str, Any], base_dir=".", where: str = "config", **over
     cfg.setdefault("warmup", 1)
     cfg.setdefault("warping", {})
     cfg.setdefault("profile", False)
+    if cfg.get("batch_size") is None:
+        cfg["batch_size"] = default_batch_size()
+    if isinstance(cfg["batch_size"], bool) or not isinstance(cfg["batch_size"], int) \
+            or cfg["batch_size"] < 1:
+        raise ValueError(f"{where}: batch_size must be an int >= 1, got {cfg['batch_size']!r}")
     if not isinstance(cfg["profile"], bool):
         raise ValueError(f"{where}: profile must be true or false, got {cfg['profile']!r}")
     bad = sorted(set(cfg["warping"]) - _WARP_KEYS)
@@ -249,30 +255,168 @@ def device_memory() -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-def _prompts(cfg, tokenizer) -> List[Tuple[Any, List[int]]]:
+def default_batch_size() -> int:
+    """The harness's batch size when a config gives none: 4 on CPU (decoding is bandwidth-bound
+    there, so 4 prompts per forward pass cost little more than one; measured in
+    ``docs/results.md``), 16 on GPU/TPU."""
+    import jax
+    return 4 if jax.default_backend() == "cpu" else 16
+
+
+def _prompts(cfg, tokenizer) -> List[Tuple[Any, List[int], int]]:
+    """``(example, token ids, datasets entry index)`` of every prompt, in config order."""
     from ..datasets import encode_chat
     from ..tasks import load_examples
     out = []
-    for d in cfg["datasets"]:
+    for n, d in enumerate(cfg["datasets"]):
         kw = {k: d[k] for k in ("limit", "path", "split", "db_dir") if k in d}
         extra = sorted(set(d) - {"task", "limit", "path", "split", "db_dir"})
         if extra:
             raise ValueError(f"datasets entry {d!r}: unknown key(s) {extra}")
         examples = load_examples(d["task"], **kw)
         ids = encode_chat(tokenizer, [e.prompt for e in examples])
-        out.extend(zip(examples, ids))
+        out.extend((e, i, n) for e, i in zip(examples, ids))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Prompts that run as one call: ``prompts`` are indices into the run's prompt list, all of
+    length bucket ``bucket``; ``index`` is the batch's place in the run."""
+
+    index: int
+    bucket: int
+    prompts: Tuple[int, ...]
+
+
+def plan_batches(buckets: Sequence[int], sources: Sequence[int], batch_size: int) -> List[Batch]:
+    """Group prompts into batches of at most ``batch_size`` of one length bucket.
+
+    ``buckets[i]`` / ``sources[i]``: prompt ``i``'s padded length and datasets entry. Within a
+    bucket the datasets take turns (first of each, then second of each, ...), and the batches of
+    different buckets take turns too, so that a run stopped part way has covered every dataset
+    and bucket alike. The plan depends only on its arguments, so a resumed run makes the same
+    batches."""
+    if len(buckets) != len(sources):
+        raise ValueError("plan_batches: one bucket and one source per prompt")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    by_bucket: Dict[int, List[int]] = {}
+    for i, P in enumerate(buckets):
+        by_bucket.setdefault(P, []).append(i)
+    chunks = []  # (turn within bucket, bucket, prompts)
+    for P, idx in sorted(by_bucket.items()):
+        seen: Dict[int, int] = {}
+        rank = []
+        for i in idx:
+            rank.append((seen.get(sources[i], 0), sources[i], i))
+            seen[sources[i]] = seen.get(sources[i], 0) + 1
+        order = [i for *_, i in sorted(rank)]
+        for t, s in enumerate(range(0, len(order), batch_size)):
+            chunks.append((t, P, tuple(order[s:s + batch_size])))
+    chunks.sort(key=lambda c: (c[0], c[1]))
+    return [Batch(n, P, idx) for n, (_, P, idx) in enumerate(chunks)]
+
+
+def prompt_keys(seed: int, indices: Sequence[int]):
+    """Typed PRNG keys ``[len(indices)]``, one per prompt: prompt ``i`` always gets the key a
+    batch-1 call with ``fold_in(key(seed), i)`` gives its only row, whatever batch it runs in."""
+    import jax
+    import jax.numpy as jnp
+    base = jax.random.key(seed)
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(base, i), 0))(
+        jnp.asarray(list(indices), jnp.int32))
+
+
+_RESUME_IGNORED = ("description", "models_file")  # may differ between machines or edits
+
+
+def _comparable(config: Dict[str, Any]) -> Dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in config.items()
+                                  if k not in _RESUME_IGNORED and k != "runs"}))
+
+
+def resume_state(records_path, config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """What an earlier run of ``config`` left in ``records_path``, or ``None`` if there is none.
+
+    Returns ``{"done": {(label, prompt_index), ...}, "records": n}``. A last line cut off by a
+    kill (no newline, or not JSON) is removed from the file; every earlier line must be JSON.
+    ``ValueError`` if the file was written by a different config (naming the keys that differ)
+    or has no ``type: "run"`` header first."""
+    path = Path(records_path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data.rfind(b"\n") + 1  # bytes up to the last complete line
+    tail = data[keep:]
+    if tail.strip():
+        try:
+            json.loads(tail)  # a whole record whose newline was never written: keep it
+            with open(path, "ab") as f:
+                f.write(b"\n")
+            keep = len(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            logger.warning("%s: dropping a cut-off last line (%d bytes)", path, len(tail))
+            with open(path, "r+b") as f:
+                f.truncate(keep)
+    lines = data[:keep].decode().splitlines()
+    records = []
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({e.msg}); the records file is "
+                                 "damaged before its last line, so the run cannot resume") from None
+    if not records:
+        return None
+    head = records[0]
+    if head.get("type") != "run":
+        raise ValueError(f"{path}: the first line is not a run header; not a dsbd bench records file")
+    old, new = _comparable(head.get("config", {})), _comparable(config)
+    if old != new:
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise ValueError(
+            f"{path} holds a run of a different config (differs in: {', '.join(keys)}); resuming "
+            "would mix two configs. Use another output folder (--out), or delete the file to "
+            "start over")
+    done = {(r["label"], r["prompt_index"]) for r in records
+            if r.get("type") == "sample" and "prompt_index" in r}
+    return {"done": done, "records": len(done)}
+
+
+def _prefill_seconds(model, P: int, ids, lens, repeats: int = 2) -> float:
+    """Median wall seconds of ``model``'s prompt pass over the padded batch ``ids`` (compiled
+    first, untimed): what a decoder's end-to-end time holds besides decoding."""
+    import jax
+    from .. import common
+    f = jax.jit(lambda p, i, n: common.prefill(model.config, p, i, n, P + 1)[1])
+    jax.block_until_ready(f(model.params, ids, lens))
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(model.params, ids, lens))
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
 
 
 def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
               log: Callable[[str], None] = print, models: Optional[Tuple[Any, Any]] = None,
               mesh=None) -> Dict[str, Any]:
     """Run a loaded config (:func:`load_config`); write ``out_dir/records.jsonl`` and
-    ``out_dir/summary.json``; return the summary. ``models``: already loaded ``(target, draft)``
-    (otherwise loaded from the config). ``mesh``: a ``jax.sharding.Mesh`` from
-    ``dsbd_jax.sharding.make_mesh``: every method runs sharded over it
-    (:class:`dsbd_jax.sharding.ShardedDecoder`; prompts run one at a time, so a data axis > 1
-    only repeats the prompt on its other shards). ``kv_cache_bytes`` stays the total."""
+    ``out_dir/summary.json``; return the summary.
+
+    Prompts run in batches of ``cfg["batch_size"]`` prompts of one length bucket
+    (:func:`plan_batches`; a short last batch is filled up with copies of its last prompt, whose
+    results are dropped, so each bucket compiles once). The loop is batches outer, methods
+    inner. If ``out_dir/records.jsonl`` already holds part of a run of the same config, the run
+    resumes: records written are kept, (method, prompt) pairs already done are skipped, and a
+    ``type: "resume"`` line notes the restart (:func:`resume_state`; ``ValueError`` if the config
+    differs). ``models``: already loaded ``(target, draft)`` (otherwise loaded from the config).
+    ``mesh``: a ``jax.sharding.Mesh`` from ``dsbd_jax.sharding.make_mesh``: every method runs
+    sharded over it (:class:`dsbd_jax.sharding.ShardedDecoder`). ``kv_cache_bytes`` stays the
+    total."""
     import jax
     import jax.numpy as jnp
     from .. import common
@@ -285,9 +429,14 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     CompileClock.install()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    records_path = out_dir / "records.jsonl"
+    resumed = resume_state(records_path, cfg)  # a changed config fails here, before the load
+    done = resumed["done"] if resumed else set()
     t_start = time.perf_counter()
     eos = None if cfg["eos"] else ()
     base = dict(max_new_tokens=cfg["max_new_tokens"], eos_token_id=eos, **cfg["warping"])
+    if mesh is not None and cfg.get("profile"):
+        raise ValueError("profile: true profiles the single-device program; run it without a mesh")
     if models is None:
         dtype = jnp.dtype(cfg["dtype"])
         # every method setting is checked against the model configs before the slow load
@@ -304,8 +453,6 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
         raise ValueError(f"{cfg['target']} has no tokenizer: the harness needs one for the chat "
                          "template and the task metrics")
     load_s = time.perf_counter() - t_start
-    if mesh is not None and cfg.get("profile"):
-        raise ValueError("profile: true profiles the single-device program; run it without a mesh")
     prompts = _prompts(cfg, target.tokenizer)
     decoders = []
     for method, setting in cfg["runs"]:
@@ -321,75 +468,117 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     mem0 = device_memory()
     # prompts that fit are never padded past what every method's models allow
     cap = min(common.max_prompt_length(dec.config) for _, _, _, dec, _, _ in decoders)
-    buckets = sorted({common.bucket_length(len(ids), maximum=cap) for _, ids in prompts})
-    header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
-              "machine": machine_info(), "energy": meter.describe(),
-              "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
-              "config": {k: v for k, v in cfg.items() if k != "runs"},
-              "runs": [lab for lab, *_ in decoders], "buckets": buckets,
-              "num_prompts": len(prompts), "load_s": load_s,
-              "mesh": None if mesh is None else dict(mesh.shape)}
-    records_path = out_dir / "records.jsonl"
-    log(f"bench {cfg['name']}: {len(decoders)} method settings x {len(prompts)} prompts "
-        f"(buckets {buckets}), energy: {meter.source or 'unavailable: ' + meter.reason}")
+    B = cfg["batch_size"]
+    prompt_buckets = [common.bucket_length(len(ids), maximum=cap) for _, ids, _ in prompts]
+    batches = plan_batches(prompt_buckets, [src for *_, src in prompts], B)
+    buckets = sorted(set(prompt_buckets))
+    total = len(decoders) * len(prompts)
+    if resumed is None:
+        header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
+                  "machine": machine_info(), "energy": meter.describe(),
+                  "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
+                  "config": {k: v for k, v in cfg.items() if k != "runs"},
+                  "runs": [lab for lab, *_ in decoders],
+                  "buckets": buckets, "num_prompts": len(prompts), "batch_size": B,
+                  "num_batches": len(batches), "load_s": load_s,
+                  "mesh": None if mesh is None else dict(mesh.shape)}
+        with open(records_path, "w") as f:
+            f.write(json.dumps(header) + "\n")
+    else:
+        with open(records_path, "a") as f:
+            f.write(json.dumps({"type": "resume", "started": datetime.datetime.now().isoformat(),
+                                "machine": machine_info(), "done": len(done), "total": total,
+                                "load_s": load_s}) + "\n")
+    log(f"bench {cfg['name']}: {len(decoders)} method settings x {len(prompts)} prompts in "
+        f"{len(batches)} batches of <= {B} (buckets {buckets})"
+        + (f", resuming: {len(done)}/{total} done" if resumed else "")
+        + f", energy: {meter.source or 'unavailable: ' + meter.reason}")
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(decoders) * len(prompts), desc="bench", unit="run")
+        # smoothing 0: the ETA uses this session's average rate over all methods and batches
+        bar = tqdm(total=total, initial=len(done), desc="bench", unit="run", smoothing=0)
     warmed = set()
-    kv_bytes = {}
-    with open(records_path, "w") as f:
-        f.write(json.dumps(header) + "\n")
-        for i, (ex, ids) in enumerate(prompts):
-            P = common.bucket_length(len(ids), maximum=cap)
-            pid, plen = common.pad_prompts([ids], pad_id=0, length=P)
-            key = jax.random.fold_in(jax.random.key(cfg["seed"]), i)
+    kv_bytes: Dict[Tuple[str, int], int] = {}
+    prefill_s: Dict[Tuple[str, int], float] = {}
+    with open(records_path, "a") as f:
+        for batch in batches:
+            P, idx = batch.bucket, list(batch.prompts)
+            rows = idx + [idx[-1]] * (B - len(idx))  # fillers: copies of the last prompt
+            pid, plen = common.pad_prompts([prompts[i][1] for i in rows], pad_id=0, length=P)
+            keys = prompt_keys(cfg["seed"], rows)
             for lab, method, setting, dec, params, run in decoders:
+                todo = [r for r, i in enumerate(idx) if (lab, i) not in done]
+                if not todo:
+                    continue
                 compile_s = 0.0
                 prof = None
                 if (lab, P) not in warmed:
                     c0 = CompileClock.total()
                     for _ in range(cfg["warmup"]):
-                        jax.block_until_ready(run(params, pid, key, prompt_lengths=plen))
+                        jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
                     compile_s = CompileClock.total() - c0
-                    kv_bytes[(lab, P)] = kv_cache_bytes(dec, P)
+                    kv_bytes[(lab, P)] = kv_cache_bytes(dec, P, B)
                     warmed.add((lab, P))
                     if cfg.get("profile"):
                         from .profile import profile_decoder
-                        p = profile_decoder(dec, params, pid, key, plen)
+                        p = profile_decoder(dec, params, pid, keys, plen)
                         prof = {"phase_ms_per_iteration": p["per_iteration_ms"],
                                 "decode_ms_per_iteration": p["decode_per_iteration_ms"],
                                 "overhead_frac": p["overhead_frac"]}
                 c0 = CompileClock.total()
                 e0 = meter.read()
                 t0 = time.perf_counter()
-                out = jax.block_until_ready(run(params, pid, key, prompt_lengths=plen))
+                out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
                 seconds = time.perf_counter() - t0
                 joules = meter.joules_since(e0)
                 compile_s += CompileClock.total() - c0  # non-zero only on a recompile (logged)
                 if CompileClock.total() > c0:
-                    logger.warning("%s recompiled for a prompt of bucket %d", lab, P)
-                rec = _record(out, target.tokenizer)
-                rec.update(type="sample", label=lab, method=method, setting=setting,
-                           task=ex.task, example_id=ex.id, prompt_tokens=len(ids), bucket=P,
-                           seconds=seconds, tokens_per_s=rec["new_tokens"] / seconds,
-                           compile_s=compile_s, metric=metric_name(ex.task),
-                           kv_cache_bytes=kv_bytes[(lab, P)], energy_j=joules,
-                           peak_device_bytes=device_memory()["peak_device_bytes"],
-                           peak_rss_gb=peak_rss_gb())
-                rec["score"] = score(ex, rec["completion"])
-                if prof is not None:
-                    rec["profile"] = prof
-                f.write(json.dumps(rec) + "\n")
+                    logger.warning("%s recompiled for a batch of bucket %d", lab, P)
+                pre = 0.0
+                for name, m in (("target", target), ("draft", draft)):
+                    if name == "draft" and not dec.needs_draft:
+                        continue
+                    if mesh is None and (name, P) not in prefill_s:
+                        prefill_s[(name, P)] = _prefill_seconds(m, P, pid, plen)
+                    pre += prefill_s.get((name, P), float("nan"))
+                n = len(idx)
+                lines = []
+                for r in todo:
+                    ex, ids, _ = prompts[idx[r]]
+                    rec = _record(out, target.tokenizer, r)
+                    rec.update(type="sample", label=lab, method=method, setting=setting,
+                               task=ex.task, example_id=ex.id, prompt_index=idx[r],
+                               prompt_tokens=len(ids), bucket=P, batch=batch.index,
+                               batch_size=B, batch_prompts=n, batch_seconds=seconds,
+                               seconds=seconds / n, prefill_s=pre / n if mesh is None else None,
+                               tokens_per_s=rec["new_tokens"] / (seconds / n),
+                               compile_s=compile_s if r == todo[0] else 0.0,
+                               metric=metric_name(ex.task),
+                               kv_cache_bytes=kv_bytes[(lab, P)] // B,
+                               kv_cache_bytes_batch=kv_bytes[(lab, P)],
+                               energy_j=None if joules is None else joules / n,
+                               peak_device_bytes=device_memory()["peak_device_bytes"],
+                               peak_rss_gb=peak_rss_gb())
+                    rec["score"] = score(ex, rec["completion"])
+                    if prof is not None and r == todo[0]:
+                        rec["profile"] = prof
+                    lines.append(json.dumps(rec) + "\n")
+                    done.add((lab, idx[r]))
+                f.write("".join(lines))  # one batch's records at once: a kill loses whole batches
                 f.flush()
+                os.fsync(f.fileno())
                 if bar is not None:
-                    bar.set_postfix_str(f"{lab}: {rec['tokens_per_s']:.2f} tok/s")
-                    bar.update(1)
+                    bar.set_postfix_str(f"{lab}: {sum(json.loads(x)['new_tokens'] for x in lines) / seconds:.2f} tok/s, bucket {P}")
+                    bar.update(len(todo))
     if bar is not None:
         bar.close()
-    rows = summarize(read_records(records_path))
-    summary = {"name": cfg["name"], "machine": header["machine"], "energy": header["energy"],
+    records = read_records(records_path)
+    rows = summarize(records)
+    summary = {"name": cfg["name"], "machine": machine_info(), "energy": meter.describe(),
+               "batch_size": B, "complete": len(done) >= total, "done": len(done), "total": total,
                "rows": rows, "comparisons": comparisons(rows),
+               "quality_differences": quality_differences(records),
                "compiles": {k: v for k, v in common.compile_count().items()},
                "wall_s": time.perf_counter() - t_start}
     with open(out_dir / "summary.json", "w") as f:
@@ -397,17 +586,25 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     return summary
 
 
-def _record(out, tokenizer) -> Dict[str, Any]:
-    """Per-prompt figures of a batch-1 ``GenerateOutput`` (best beam)."""
+def _record(out, tokenizer, row: int = 0) -> Dict[str, Any]:
+    """Per-prompt figures of row ``row`` of a ``GenerateOutput`` (its best beam).
+    ``target_calls`` / ``draft_calls`` / ``iterations`` are the whole batch's;
+    ``row_target_calls`` counts the target passes in which this prompt was still decoding
+    (prefill included)."""
     from .timing import best_beam
-    bb = best_beam(out)
+    bb = best_beam(out, row)
     stats, n, ll = bb["stats"], bb["new_tokens"], bb["loglik"]
     rec = {"new_tokens": n, "loglik": ll, "loglik_per_token": ll / n if n else None,
            **{k: bb[k] for k in ("target_calls", "draft_calls", "iterations")},
            "completion": tokenizer.decode(bb["token_ids"], skip_special_tokens=True)}
+    if "row_iterations" in stats:  # speculative, tree, DSBD: one target pass per iteration
+        rec["row_target_calls"] = int(np.asarray(stats["row_iterations"]).reshape(-1)[row]) + 1
+    else:  # sample / beam: the prefill, then one step per token after the first
+        rec["row_target_calls"] = max(n, 1)
     for k in ("mean_accepted_width", "mean_layers_per_iteration", "acceptance_rate"):
         if k in stats:
-            rec[k] = float(np.asarray(stats[k]).reshape(-1)[0])
+            v = np.asarray(stats[k]).reshape(-1)
+            rec[k] = float(v[row] if v.size > 1 else v[0])
     return rec
 
 
@@ -430,10 +627,18 @@ def read_records(path) -> List[Dict[str, Any]]:
 
 
 def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per method setting (in first-seen order) from ``type: "sample"`` lines:
-    tokens/s = all new tokens / all timed seconds; calls per token likewise; quality = mean over
-    prompts of log-likelihood per token (and its perplexity) and of each task's metric;
-    energy = joules / token where every line has a reading (else ``None``)."""
+    """One row per method setting (in first-seen order) from ``type: "sample"`` lines.
+
+    Speeds: tokens/s = all new tokens / all timed seconds (each prompt holds its share of its
+    batch's wall time, so this is the throughput at the batch size used, ``batch_size``);
+    ``decode_tokens_per_s`` leaves out the prompt passes (``prefill_s``, timed alone).
+    ``target_calls_per_token``: target passes each prompt took part in / its tokens, summed
+    (comparable across batch sizes); ``batch_target_calls_per_token``: the batch's passes.
+    Quality: mean over prompts of log-likelihood per token with a bootstrap 95% interval
+    (``loglik_interval``; per task in ``loglik_by_task``), and each task's metric
+    (``task_metrics``: the mean; ``task_intervals``: Wilson 95% intervals, see :mod:`.stats`).
+    Energy = joules / token where every line has a reading (else ``None``)."""
+    from .stats import bootstrap_interval, wilson_interval
     groups: Dict[str, List[Dict[str, Any]]] = {}
     for r in records:
         if r.get("type") == "sample":
@@ -444,15 +649,29 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         sec = sum(r["seconds"] for r in rs)
         lls = [r["loglik_per_token"] for r in rs if r["loglik_per_token"] is not None]
         ll = float(np.mean(lls)) if lls else None
+        pre = [r.get("prefill_s") for r in rs]
+        decode_s = sec - sum(pre) if all(p is not None for p in pre) else None
+        batches = {}
+        for n, r in enumerate(rs):  # records without a batch (older files) are batches of one
+            batches.setdefault(r.get("batch", f"line{n}"), r["target_calls"])
         row = {"label": lab, "method": rs[0]["method"], "setting": rs[0]["setting"],
                "prompts": len(rs), "new_tokens": tok, "seconds": sec,
+               "batch_size": max(r.get("batch_size", 1) for r in rs),
                "tokens_per_s": tok / sec if sec > 0 else None,
-               "target_calls_per_token": sum(r["target_calls"] for r in rs) / max(tok, 1),
+               "decode_tokens_per_s": tok / decode_s if decode_s and decode_s > 0 else None,
+               "mean_new_tokens": tok / len(rs),
+               "target_calls_per_token": sum(r.get("row_target_calls", r["target_calls"])
+                                             for r in rs) / max(tok, 1),
+               "batch_target_calls_per_token": sum(batches.values()) / max(tok, 1),
                "draft_calls_per_token": sum(r["draft_calls"] for r in rs) / max(tok, 1),
                "loglik_per_token": ll,
+               "loglik_interval": bootstrap_interval(lls),
                "perplexity": None if ll is None else math.exp(min(-ll, 700.0)),
                "compile_s": sum(r.get("compile_s", 0.0) for r in rs),
                "kv_cache_bytes": max(r["kv_cache_bytes"] for r in rs)}
+        if any("batch" in r for r in rs):
+            row["draft_calls_per_token"] = sum(
+                {r.get("batch"): r["draft_calls"] for r in rs}.values()) / max(tok, 1)
         for k in ("mean_accepted_width", "mean_layers_per_iteration"):
             vals = [r[k] for r in rs if r.get(k) is not None]
             row[k] = float(np.mean(vals)) if vals else None
@@ -463,13 +682,50 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         joules = [r.get("energy_j") for r in rs]
         row["joules_per_token"] = (sum(joules) / max(tok, 1)
                                    if all(j is not None for j in joules) else None)
-        tasks = {}
+        tasks, by_task = {}, {}
         for r in rs:
             if r.get("score") is not None:
                 tasks.setdefault(f"{r['task']}/{r['metric']}", []).append(r["score"])
+            if r["loglik_per_token"] is not None:
+                by_task.setdefault(r["task"], []).append(r["loglik_per_token"])
         row["task_metrics"] = {k: float(np.mean(v)) for k, v in tasks.items()}
+        row["task_intervals"] = {k: wilson_interval(sum(v), len(v)) for k, v in tasks.items()}
+        row["loglik_by_task"] = {k: bootstrap_interval(v) for k, v in by_task.items()}
         rows.append(row)
     return rows
+
+
+def quality_differences(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each DSBD setting against each other method setting on the prompts both ran: the paired
+    difference (DSBD minus baseline) of every task metric and of the log-likelihood per token
+    per task, with a bootstrap 95% interval over prompts (:func:`.stats.paired_difference`).
+    An interval above 0 says DSBD is better on these problems; one containing 0 says the run
+    cannot tell them apart."""
+    from .stats import paired_difference
+    per: Dict[str, Dict[str, Dict[str, Dict[Any, float]]]] = {}
+    method_of = {}
+    for r in records:
+        if r.get("type") != "sample":
+            continue
+        key = r.get("prompt_index", (r["task"], r["example_id"]))
+        figs = per.setdefault(r["label"], {})
+        method_of[r["label"]] = (r["method"], r["setting"])
+        if r.get("score") is not None:
+            figs.setdefault(f"{r['task']}/{r['metric']}", {})[key] = r["score"]
+        if r["loglik_per_token"] is not None:
+            figs.setdefault(f"{r['task']}/loglik_per_token", {})[key] = r["loglik_per_token"]
+    out = []
+    for a, fa in per.items():
+        if method_of[a][0] != "dsbd":
+            continue
+        for b, fb in per.items():
+            if b == a or method_of[b][0] == "dsbd":
+                continue
+            for fig in sorted(set(fa) & set(fb)):
+                d = paired_difference(fa[fig], fb[fig])
+                if d["n"]:
+                    out.append({"dsbd": a, "baseline": b, "figure": fig, **d})
+    return out
 
 
 def comparisons(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -516,7 +772,8 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
         if isinstance(v, float):
             return f"{v:.{nd}f}" if abs(v) < 1e4 else f"{v:.3g}"
         return str(v)
-    cols = [("label", "method"), ("tokens_per_s", "tok/s"), ("target_calls_per_token", "tgt calls/tok"),
+    cols = [("label", "method"), ("tokens_per_s", "tok/s"), ("decode_tokens_per_s", "decode tok/s"),
+            ("target_calls_per_token", "tgt calls/tok"),
             ("mean_accepted_width", "acc. width"), ("mean_layers_per_iteration", "layers/iter"),
             ("loglik_per_token", "loglik/tok"), ("joules_per_token", "J/tok"),
             ("kv_cache_bytes", "KV MB"), ("compile_s", "compile s")]
@@ -531,7 +788,10 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
             v = r.get(k)
             cells.append(fmt(v / 1e6, 1) if k == "kv_cache_bytes" and v is not None
                          else fmt(v, 4 if k == "loglik_per_token" else 3))
-        cells += [fmt(r["task_metrics"].get(k)) for k in metric_keys]
+        for k in metric_keys:
+            iv = r.get("task_intervals", {}).get(k)
+            cells.append(fmt(r["task_metrics"].get(k)) if not iv else
+                         f"{iv['mean']:.3f} [{iv['lo']:.2f}, {iv['hi']:.2f}] n={iv['n']}")
         lines.append(cells)
     if markdown:
         text = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -544,6 +804,10 @@ def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
         bullet = ""
     if summary.get("energy", {}).get("source") is None:
         text.append(f"{bullet}energy: unavailable ({summary.get('energy', {}).get('reason')})")
+    if summary.get("batch_size"):
+        text.append(f"{bullet}batch size {summary['batch_size']}; task metrics with Wilson 95% "
+                    "intervals" + ("" if summary.get("complete", True) else
+                                   f"; PARTIAL run: {summary['done']}/{summary['total']} done"))
     for c in summary.get("comparisons", []):
         note = "" if c.get("quality_matched", True) else " (quality NOT matched)"
         text.append(f"{bullet}{c['dsbd']} vs {c['baseline']}: {c['speedup']:.2f}x{note} "

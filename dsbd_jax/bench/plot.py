@@ -4,7 +4,9 @@ Figure 4: one marker per method setting, and the Pareto fronts of DSBD and of be
     plot_results("results/quick_cpu/records.jsonl")   # CLI: dsbd plot results/quick_cpu
 
 writes ``speed_vs_quality``, ``energy_vs_quality`` and ``width_vs_speed`` (PNG and SVG) next to the
-records. Figures are :class:`matplotlib.figure.Figure` objects saved directly, so pyplot and the
+records, and one ``speed_vs_<quality>`` figure for each other quality figure of the run (the
+log-likelihood and each task metric, e.g. ``speed_vs_humaneval_pass1``). Quality points carry
+their 95% intervals (Wilson for task metrics, bootstrap for the log-likelihood). Figures are :class:`matplotlib.figure.Figure` objects saved directly, so pyplot and the
 session's backend (e.g. a notebook's) are never touched. matplotlib is imported only when plotting.
 """
 
@@ -89,6 +91,10 @@ def plot_results(records_path, out_dir=None, quality: str = "loglik_per_token",
     figures = {"speed_vs_quality": _speed_figure(rows, quality, title),
                "energy_vs_quality": _energy_figure(rows, quality, title, header),
                "width_vs_speed": _width_figure(rows, title)}
+    for q in available:  # one speed figure per quality figure the run has
+        if q not in (quality, "perplexity"):
+            figures[f"speed_vs_{q.replace('/', '_').replace('@', '')}"] = \
+                _speed_figure(rows, q, title)
     paths = []
     with rc_context({"svg.fonttype": "none"}):  # SVG texts stay text (searchable)
         for stem, fig in figures.items():
@@ -117,6 +123,16 @@ def _quality_of(row: Row, quality: str) -> Optional[float]:
     return row["task_metrics"].get(quality) if quality not in _QUALITY_LABELS else row[quality]
 
 
+def _interval_of(row: Row, quality: str) -> Optional[Tuple[float, float]]:
+    """The 95% interval of ``quality`` in a summary row (Wilson for task metrics, bootstrap for
+    the log-likelihood), or None."""
+    iv = (row.get("loglik_interval") if quality == "loglik_per_token"
+          else row.get("task_intervals", {}).get(quality))
+    if not iv or iv.get("lo") is None:
+        return None
+    return iv["lo"], iv["hi"]
+
+
 def _new_figure(title: str) -> Tuple[Figure, Axes]:
     from matplotlib.figure import Figure
     fig = Figure(figsize=(8, 5.5), layout="constrained")
@@ -135,9 +151,10 @@ def _message(ax: Axes, text: str) -> None:
 
 
 def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = None,
-             maximize_x: bool = True) -> None:
-    """One marker per point (styled by kind, annotated with ``_note``); with ``front_sign``
-    (+1: higher y better, -1: lower) the Pareto fronts of ``_FRONT_KINDS`` as steps."""
+             maximize_x: bool = True, quality: Optional[str] = None) -> None:
+    """One marker per point (styled by kind, annotated with ``_note``), with its 95% interval
+    as a vertical bar where ``quality`` has one; with ``front_sign`` (+1: higher y better, -1:
+    lower) the Pareto fronts of ``_FRONT_KINDS`` as steps (through the point estimates)."""
     by_kind: Dict[str, List[Point]] = {}
     for p in points:
         by_kind.setdefault(_kind(p[0]), []).append(p)
@@ -145,6 +162,11 @@ def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = No
         name, colour, marker = _STYLES.get(kind, (kind, "black", "*"))
         ax.scatter([p[1] for p in pts], [p[2] for p in pts], color=colour, marker=marker, s=40,
                    label=name, zorder=3)
+        for row, x, y in pts:
+            iv = _interval_of(row, quality) if quality else None
+            if iv is not None:
+                ax.errorbar([x], [y], yerr=[[y - iv[0]], [iv[1] - y]], color=colour, alpha=0.35,
+                            capsize=2, linewidth=1, zorder=2)
         for row, x, y in pts:
             if _note(row):
                 ax.annotate(_note(row), (x, y), xytext=(4, 4), textcoords="offset points",
@@ -170,8 +192,10 @@ def _speed_figure(rows: Sequence[Row], quality: str, title: str) -> Figure:
     fig, ax = _new_figure(f"{title}: speed vs quality")
     points = [(r, r["tokens_per_s"], q) for r in rows
               if (q := _quality_of(r, quality)) is not None]
-    ax.set_xlabel("tokens / s (higher is better)")
-    _scatter(ax, points, _quality_axis(ax, quality), maximize_x=True)
+    batch = sorted({r.get("batch_size", 1) for r in rows})
+    ax.set_xlabel(f"tokens / s at batch size {', '.join(map(str, batch))} (higher is better); "
+                  "bars: 95% intervals")
+    _scatter(ax, points, _quality_axis(ax, quality), maximize_x=True, quality=quality)
     return fig
 
 
