@@ -39,4 +39,4 @@ def test_quickstart_notebook(torch):
 def test_benchmark_notebook(torch):
     text, images = execute("benchmark.ipynb")
     assert "dsbd g=2 WS=3 t=0.9 Wmin=1 single-beam" in text and "beam W=3" in text
-    assert images == 3  # speed / energy vs quality, width vs speed
+    assert images == 5  # speed / energy vs quality, width vs speed, speed vs each task metric (2)
