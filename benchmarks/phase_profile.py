@@ -8,7 +8,9 @@ of the same size), so the in-loop forward time can be checked against them, and 
 time against the forward passes it needs.
 
 Usage: python benchmarks/phase_profile.py [--new 32] [--prompts 2] [--methods NAME,...]
-                                    [--out results/profile.json]
+                                    [--batch 1] [--out results/profile.json]
+``--batch B`` profiles batches of B prompts (consecutive prompts of the set, padded to one bucket)
+instead of one prompt at a time; the bare forward passes then have B times the rows.
 Methods (``--methods``): sample, beam2, beam4, spec4, dsbd_w4 (gamma 2, W_S 4, t 0.7, W_min 2),
 dsbd_g3 (gamma 3, W_S 3, t 0.9, W_min 1), dsbd_sb (the same, single-beam), tree.
 """
@@ -97,8 +99,11 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(SETTINGS))
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--batch", type=int, default=1, help="prompts per profiled call")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "profile.json"))
     args = ap.parse_args(argv)
+    if args.batch < 1 or args.prompts % args.batch:
+        ap.error("--batch must be >= 1 and divide --prompts")
 
     from dsbd_jax import load_model
     from dsbd_jax.common import pad_prompts
@@ -111,6 +116,7 @@ def main(argv=None):
     warp = dict(top_k=10, top_p=0.8, max_new_tokens=args.new, eos_token_id=())
     res = {"machine": machine_info(), "target": args.target, "draft": args.draft,
            "new_tokens": args.new, "eos": "off", "warping": "top-k 10, top-p 0.8",
+           "batch": args.batch,
            "layout": {k: sorted(m.params)[-1] for k, m in (("target", target), ("draft", draft))},
            "runs": []}
     models = {"target": target, "draft": draft}
@@ -118,14 +124,16 @@ def main(argv=None):
         method, s = SETTINGS[name]
         dec = methods.build(method, target.config, draft.config, **warp, **s)
         params = methods.model_params(dec, target.params, draft.params)
-        for pi, (task, ids) in enumerate(prompts):
-            pid, plen = pad_prompts([ids])
+        for pi in range(0, len(prompts), args.batch):
+            group = prompts[pi:pi + args.batch]
+            task = "+".join(sorted({t for t, _ in group}))
+            pid, plen = pad_prompts([ids for _, ids in group])
             r = profile_decoder(dec, params, pid, jax.random.PRNGKey(pi), plen)
             P = pid.shape[1]
             shapes = forward_shapes(method, s, P, args.new)
-            bare = sum(bare_forward_ms(m, models[m].config, models[m].params, rows, T, S)
-                       for m, rows, T, S in shapes)
-            r.update(name=name, method=method, settings=s, task=task, prompt_len=int(plen[0]),
+            bare = sum(bare_forward_ms(m, models[m].config, models[m].params, args.batch * rows,
+                                       T, S) for m, rows, T, S in shapes)
+            r.update(name=name, method=method, settings=s, task=task, prompt_len=int(plen.max()),
                      bucket=P, bare_forward_ms_per_iteration=bare,
                      tokens_per_iteration=r["generated_tokens"] / max(r["iterations"], 1))
             r["ms_per_token_decode"] = 1e3 * r["decode_s"] / max(r["generated_tokens"], 1)

@@ -4,6 +4,7 @@
     dsbd generate --prompt "..." [--method dsbd|beam|sample|spec|tree|beam_search] [settings]
     dsbd bench configs/quick_cpu.yaml --out results/quick_cpu
     dsbd plot results/quick_cpu/records.jsonl
+    dsbd summary results/quick_cpu               # the summary of a run, finished or not
     dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
 
 ``generate`` shows a progress bar per decoder iteration (tokens, tokens/s and, for DSBD, the
@@ -103,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--quality", default="loglik_per_token",
                       help="y axis: loglik_per_token, perplexity or a task metric such as "
                            "humaneval/pass@1")
+    summ = sub.add_parser("summary", help="the summary of a bench run, finished or not "
+                                          "(rewrites its summary.json)")
+    summ.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
+    summ.add_argument("--markdown", action="store_true", help="a Markdown table")
     tiny = sub.add_parser("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "
@@ -366,6 +371,20 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_summary(args) -> int:
+    import json
+    from .bench.harness import format_summary, summary_of
+    path = Path(args.records)
+    if path.is_dir():
+        path = path / "records.jsonl"
+    summary = summary_of(path)
+    with open(path.parent / "summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    print(format_summary(summary, markdown=args.markdown))
+    print(f"wrote {path.parent / 'summary.json'}")
+    return 0
+
+
 def cmd_make_tiny_pair(args) -> int:
     try:
         import torch  # noqa: F401
@@ -394,6 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_bench(args)
         if args.command == "plot":
             return cmd_plot(args)
+        if args.command == "summary":
+            return cmd_summary(args)
         if args.command == "make-tiny-pair":
             return cmd_make_tiny_pair(args)
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:

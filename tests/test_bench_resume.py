@@ -153,6 +153,9 @@ def test_interrupted_run_resumes(tmp_path, pair, gsm_file, monkeypatch):
     path = out / "records.jsonl"
     written = path.read_bytes()
     assert len(samples(path)) == 6
+    partial = harness.summary_of(path)  # a stopped run can be summarised as it is
+    assert (partial["done"], partial["total"], partial["complete"]) == (6, 15, False)
+    assert "PARTIAL run: 6/15 done" in harness.format_summary(partial)
     # and a kill in the middle of a line: the cut-off line is dropped on resume
     path.write_bytes(written + b'{"type": "sample", "label": "sam')
 
@@ -245,3 +248,26 @@ def test_paired_difference():
     assert d["n"] == 30 and d["mean"] == pytest.approx(0.5) and 0.3 < d["lo"] < 0.5 < d["hi"]
     assert d["p_a_better"] == 1.0
     assert stats.paired_difference({}, b)["n"] == 0
+
+
+def test_quality_report_script(tmp_path, pair, gsm_file):
+    """benchmarks/quality_report.py on a finished tiny run: the three tables, the run's ratios
+    (tokens/s of the two rows), and report.json."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = tmp_path / "run"
+    summary = run(config(pair, gsm_file), out, pair)
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "quality_report.py"
+    res = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    text = (out / "report.md").read_text()
+    assert "(complete; batch size 2; 1 session(s))" in text
+    assert "| dsbd g=2 WS=2 t=0.9 Wmin=1 | beam W=2 |" in text
+    assert "gsm8k/exact_match % [95%]" in text and "gsm8k loglik/tok [95%]" in text
+    rows = {r["label"]: r for r in summary["rows"]}
+    report = json.loads((out / "report.json").read_text())
+    r = next(x for x in report["ratios"] if x["baseline"] == "sample")
+    assert r["speedup"] == pytest.approx(rows[r["dsbd"]]["tokens_per_s"] / rows["sample"]["tokens_per_s"])
+    assert "| dsbd g=2 WS=2 t=0.9 Wmin=1 | sample | gsm8k/exact_match |" in text

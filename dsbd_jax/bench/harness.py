@@ -16,31 +16,47 @@ Config file (YAML; see ``configs/quick_cpu.yaml``)::
     eos: true                            # stop at the target's EOS (false: always max_new_tokens)
     seed: 0
     warmup: 1                            # untimed runs (>= 1: the first compiles) per method and bucket
+    batch_size: 4                        # prompts per call (default: 4 on CPU, 16 on GPU/TPU)
     profile: false                       # true: phase profile of each method's first prompt per bucket
     methods:                             # lists expand to their product (min_width > draft_width skipped)
       - {method: beam, num_beams: [1, 2, 3]}
       - {method: spec, gamma: 4}
       - {method: dsbd, gamma: [2, 3], draft_width: 3, threshold: 0.9, min_width: 1}
 
-Prompts run one at a time (batch 1) with the target's chat template, padded to power-of-two
-length buckets; the loop is prompts outer, methods inner, so slow drifts of the machine hit every
-method alike. Per (method, setting, prompt) one JSON line (``type: "sample"``) holds:
-wall seconds of the timed call (``block_until_ready``; compile and warm-up runs excluded, compile
-seconds reported apart on the line that paid them), new tokens of the returned best beam, target
-and draft forward calls, iterations, DSBD's average accepted width and layers per iteration, the
-best beam's unwarped target log-likelihood per token, the task metric (``score``), the completion
-text, the KV-cache bytes the method holds, the process's peak device memory where JAX reports it
-(``memory_stats``; none on CPU, where peak RSS is recorded) and the joules of the call
-(:mod:`.energy`; ``null`` with the reason in the header line where no counter is readable).
+Prompts run in batches of ``batch_size`` (default :func:`default_batch_size`: 4 on CPU, 16 on
+GPU/TPU) prompts of one power-of-two length bucket, with the target's chat template; a short last
+batch of a bucket is filled up with copies of its last prompt (no records for those), so each
+method compiles once per bucket. The loop is batches outer, methods inner, so slow drifts of the
+machine hit every method alike and a run stopped part way has covered every method on the same
+problems. Each prompt has its own PRNG key (:func:`prompt_keys`), so its sample does not depend on
+its batch mates. Per (method, setting, prompt) one JSON line (``type: "sample"``) holds:
+its share of its batch's wall seconds (``seconds`` = ``batch_seconds`` / prompts in the batch;
+``block_until_ready``; compile and warm-up runs excluded, compile seconds reported apart on the
+line that paid them) and of the prompt passes timed alone (``prefill_s``), new tokens of the
+returned best beam, target and draft forward calls of the batch and ``row_target_calls`` (the
+target passes this prompt took part in), iterations, DSBD's average accepted width and layers per
+iteration, the best beam's unwarped target log-likelihood per token, the task metric
+(``score``), the completion text, the KV-cache bytes per prompt (and per batch), the process's
+peak device memory where JAX reports it (``memory_stats``; none on CPU, where peak RSS is
+recorded) and the joules of the call (:mod:`.energy`; ``null`` with the reason in the header
+line where no counter is readable).
+
+**Resuming.** Records are written batch by batch (flushed and synced). Started again with the
+same config and output folder, a run keeps what was written, skips the (method, prompt) pairs
+done, drops a last line cut off by a kill, and appends a ``type: "resume"`` line; a different
+config is refused, naming the keys that differ (:func:`resume_state`). A progress bar shows
+done/total with an estimate of the time left. ``dsbd summary OUT`` summarises a run at any point.
 With ``profile: true``, the first line of each method and bucket also holds ``profile``: one extra
 untimed run of that prompt under the XLA:CPU profiler (:mod:`.profile`), with milliseconds per
 iteration of each phase and ``overhead_frac`` (the share of the loop's time outside the forward
 passes); the summary averages ``overhead_frac`` per method setting.
 
 The first line (``type: "run"``) records the machine, the resolved config, the energy and memory
-sources and the prompt buckets; ``summarize`` turns the lines into one row per method and setting,
-and ``comparisons`` into DSBD's speed-up over beam sampling at matched quality and single-beam DSBD
-against speculative sampling.
+sources and the prompt buckets; ``summarize`` turns the lines into one row per method and setting
+(task metrics with Wilson 95% intervals, log-likelihoods with bootstrap intervals, see
+:mod:`.stats`), ``comparisons`` into DSBD's speed-up over beam sampling at matched quality and
+single-beam DSBD against speculative sampling, and ``quality_differences`` into paired
+differences between DSBD and each baseline on the same problems.
 """
 
 from __future__ import annotations
@@ -573,17 +589,28 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     bar.update(len(todo))
     if bar is not None:
         bar.close()
-    records = read_records(records_path)
-    rows = summarize(records)
-    summary = {"name": cfg["name"], "machine": machine_info(), "energy": meter.describe(),
-               "batch_size": B, "complete": len(done) >= total, "done": len(done), "total": total,
-               "rows": rows, "comparisons": comparisons(rows),
-               "quality_differences": quality_differences(records),
-               "compiles": {k: v for k, v in common.compile_count().items()},
-               "wall_s": time.perf_counter() - t_start}
+    summary = summary_of(records_path)
+    summary.update(compiles={k: v for k, v in common.compile_count().items()},
+                   wall_s=time.perf_counter() - t_start)
     with open(out_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def summary_of(records_path) -> Dict[str, Any]:
+    """The summary of a records file, finished or not (``dsbd summary``): the rows of
+    :func:`summarize`, :func:`comparisons`, :func:`quality_differences`, and how much of the
+    run is done (``done`` / ``total`` (method, prompt) pairs, ``complete``)."""
+    records = read_records(records_path)
+    head = records[0] if records and records[0].get("type") == "run" else {}
+    rows = summarize(records)
+    done = sum(1 for r in records if r.get("type") == "sample")
+    total = len(head.get("runs", [])) * head.get("num_prompts", 0) or done
+    return {"name": head.get("name"), "machine": head.get("machine"), "energy": head.get("energy"),
+            "batch_size": head.get("batch_size"), "complete": done >= total, "done": done,
+            "total": total, "sessions": 1 + sum(r.get("type") == "resume" for r in records),
+            "rows": rows, "comparisons": comparisons(rows),
+            "quality_differences": quality_differences(records)}
 
 
 def _record(out, tokenizer, row: int = 0) -> Dict[str, Any]:

@@ -1,0 +1,188 @@
+"""Markdown tables of a quality run (``dsbd bench configs/quality_cpu.yaml``) for ``docs/results.md``,
+finished or not.
+
+    python benchmarks/quality_report.py results/quality_cpu [--out results/quality_cpu/report.md]
+
+From the records alone (``dsbd_jax.bench.harness.summary_of``), it writes:
+
+1. the quality table: per method setting, each task metric with its Wilson 95% interval, the
+   best beam's log-likelihood per token per task with its bootstrap 95% interval, mean new
+   tokens, end-to-end and decode tokens/s (at the run's batch size), target calls per token and
+   KV-cache MB per prompt;
+2. speed ratios measured in the run: each DSBD setting against beam sampling W=4 and W=2 and
+   plain sampling, single-beam DSBD against speculative sampling;
+3. paired differences: each DSBD setting minus beam W=4 / sampling / speculative on the same
+   problems, with bootstrap 95% intervals (``quality_differences``);
+4. where a batch's time goes: ms per loop iteration of a batch, and the lockstep idle share
+   (iterations in which a prompt had finished but its row was still computed);
+5. ``report.json`` with the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+
+from dsbd_jax.bench.harness import summary_of  # noqa: E402
+
+TASK_ORDER = ("humaneval/pass@1", "gsm8k/exact_match", "squad/exact_match",
+              "spider/execution_accuracy")
+
+
+def pct(iv):
+    if not iv or iv.get("mean") is None:
+        return "-"
+    return f"{100 * iv['mean']:.1f} [{100 * iv['lo']:.1f}, {100 * iv['hi']:.1f}]"
+
+
+def ll(iv):
+    if not iv or iv.get("mean") is None:
+        return "-"
+    return f"{iv['mean']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
+
+
+def num(v, nd=2):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def quality_table(summary):
+    rows = summary["rows"]
+    metrics = [m for m in TASK_ORDER if any(m in r["task_intervals"] for r in rows)]
+    tasks = sorted({t for r in rows for t in r["loglik_by_task"]})
+    head = (["method", "prompts"] + [f"{m} % [95%]" for m in metrics]
+            + [f"{t} loglik/tok [95%]" for t in tasks]
+            + ["new tok/prompt", "tok/s", "decode tok/s", "target calls/tok", "KV MB/prompt"])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"], str(r["prompts"])]
+        cells += [pct(r["task_intervals"].get(m)) for m in metrics]
+        cells += [ll(r["loglik_by_task"].get(t)) for t in tasks]
+        cells += [num(r["mean_new_tokens"], 0), num(r["tokens_per_s"]),
+                  num(r["decode_tokens_per_s"]), num(r["target_calls_per_token"]),
+                  num(r["kv_cache_bytes"] / 1e6, 1)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def find(rows, method, **setting):
+    for r in rows:
+        if r["method"] == method and all(r["setting"].get(k) == v for k, v in setting.items()):
+            if method != "dsbd" or bool(r["setting"].get("single_beam")) == bool(
+                    setting.get("single_beam")):
+                return r
+    return None
+
+
+def ratios(summary):
+    rows = summary["rows"]
+    base = {"beam W=4": find(rows, "beam", num_beams=4), "beam W=2": find(rows, "beam", num_beams=2),
+            "sample": find(rows, "sample") or find(rows, "beam", num_beams=1),
+            "spec": find(rows, "spec")}
+    out = []
+    for r in rows:
+        if r["method"] != "dsbd":
+            continue
+        names = ["spec", "sample"] if r["setting"].get("single_beam") else \
+            ["beam W=4", "beam W=2", "sample"]
+        for n in names:
+            b = base.get(n)
+            if b and b["tokens_per_s"] and r["tokens_per_s"]:
+                out.append({"dsbd": r["label"], "baseline": b["label"],
+                            "speedup": r["tokens_per_s"] / b["tokens_per_s"],
+                            "decode_speedup": (r["decode_tokens_per_s"] / b["decode_tokens_per_s"]
+                                               if r["decode_tokens_per_s"] and
+                                               b["decode_tokens_per_s"] else None),
+                            "prompts": min(r["prompts"], b["prompts"])})
+    return out
+
+
+def ratio_table(rs):
+    out = ["| DSBD setting | baseline | tok/s ratio | decode tok/s ratio | prompts |",
+           "|---|---|---|---|---|"]
+    out += [f"| {r['dsbd']} | {r['baseline']} | {r['speedup']:.2f}x | "
+            f"{num(r['decode_speedup'])}x | {r['prompts']} |" for r in rs]
+    return "\n".join(out)
+
+
+def difference_table(summary, baselines=("beam W=4", "sample", "spec g=4", "beam W=1")):
+    out = ["| DSBD setting | minus | figure | mean difference [95%] | P(DSBD better) | prompts |",
+           "|---|---|---|---|---|---|"]
+    for d in summary["quality_differences"]:
+        if d["baseline"] not in baselines:
+            continue
+        scale = 100 if not d["figure"].endswith("loglik_per_token") else 1
+        unit = " pts" if scale == 100 else ""
+        out.append(f"| {d['dsbd']} | {d['baseline']} | {d['figure']} | "
+                   f"{scale * d['mean']:+.{1 if scale == 100 else 3}f}{unit} "
+                   f"[{scale * d['lo']:+.{1 if scale == 100 else 3}f}, "
+                   f"{scale * d['hi']:+.{1 if scale == 100 else 3}f}] | "
+                   f"{d['p_a_better']:.2f} | {d['n']} |")
+    return "\n".join(out)
+
+
+def batch_table(records_path):
+    """Per method: ms per loop iteration of a batch (batch seconds minus the prompt passes, over
+    the batch's target calls), tokens per iteration for the prompts, and the lockstep idle share:
+    the part of the batch's iterations in which a prompt had already finished (its row still
+    computed) = 1 - sum of per-prompt target calls / (batch target calls x prompts in batch)."""
+    from dsbd_jax.bench.harness import read_records
+    by = {}
+    for r in read_records(records_path):
+        if r.get("type") == "sample":
+            by.setdefault(r["label"], {}).setdefault(r["batch"], []).append(r)
+    out = ["| method | ms / batch iteration | batch iterations | lockstep idle share |",
+           "|---|---|---|---|"]
+    rows = {}
+    for lab, batches in by.items():
+        ms, iters, own, slots = [], 0, 0, 0
+        for rs in batches.values():
+            calls = rs[0]["target_calls"]
+            loop_s = rs[0]["batch_seconds"] - sum(r["prefill_s"] or 0 for r in rs) * \
+                rs[0]["batch_prompts"] / len(rs)
+            ms.append(1000 * loop_s / max(calls - 1, 1))  # the prefill is one of the calls
+            iters += calls
+            own += sum(r["row_target_calls"] for r in rs)
+            slots += calls * len(rs)
+        rows[lab] = {"ms_per_iteration": sum(ms) / len(ms), "idle_share": 1 - own / slots}
+        rows[lab]["iterations"] = iters
+        out.append(f"| {lab} | {rows[lab]['ms_per_iteration']:.0f} | {iters} | "
+                   f"{rows[lab]['idle_share']:.2f} |")
+    return "\n".join(out), rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="a bench output folder (or its records.jsonl)")
+    ap.add_argument("--out", default=None, help="Markdown file (default: <folder>/report.md)")
+    args = ap.parse_args()
+    path = args.results if args.results.endswith(".jsonl") else os.path.join(args.results,
+                                                                               "records.jsonl")
+    folder = os.path.dirname(path)
+    summary = summary_of(path)
+    rs = ratios(summary)
+    status = ("complete" if summary["complete"] else
+              f"PARTIAL: {summary['done']} of {summary['total']} (method, prompt) pairs done")
+    text = "\n\n".join([
+        f"Run `{summary['name']}` ({status}; batch size {summary['batch_size']}; "
+        f"{summary['sessions']} session(s)).",
+        "### Quality and speed per method setting\n\n" + quality_table(summary),
+        "### Speed ratios (same run, same prompts)\n\n" + ratio_table(rs),
+        "### Paired differences on the same problems (DSBD minus baseline)\n\n"
+        + difference_table(summary),
+        "### Where a batch's time goes\n\n" + batch_table(path)[0]])
+    out = args.out or os.path.join(folder, "report.md")
+    with open(out, "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(os.path.dirname(out), "report.json"), "w") as f:
+        json.dump({"summary": summary, "ratios": rs, "batches": batch_table(path)[1]}, f, indent=1)
+    print(text)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
