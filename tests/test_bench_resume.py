@@ -205,6 +205,12 @@ def test_wilson_interval_known_values():
     iv = stats.wilson_interval(40, 40)
     assert iv["hi"] == 1 and iv["lo"] == pytest.approx(0.91238, abs=1e-4)
     assert stats.wilson_interval(0, 0)["mean"] is None
+    # the rate always lies inside its interval (rounding put 0/3, 10/10, ... a hair outside,
+    # which made the plots' error bars negative)
+    for n in range(1, 61):
+        for k in range(n + 1):
+            iv = stats.wilson_interval(k, n)
+            assert 0 <= iv["lo"] <= k / n <= iv["hi"] <= 1, (k, n)
 
 
 def test_intervals_cover_at_their_level():

@@ -165,7 +165,8 @@ def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = No
         for row, x, y in pts:
             iv = _interval_of(row, quality) if quality else None
             if iv is not None:
-                ax.errorbar([x], [y], yerr=[[y - iv[0]], [iv[1] - y]], color=colour, alpha=0.35,
+                ax.errorbar([x], [y], yerr=[[max(y - iv[0], 0.0)], [max(iv[1] - y, 0.0)]],
+                            color=colour, alpha=0.35,
                             capsize=2, linewidth=1, zorder=2)
         for row, x, y in pts:
             if _note(row):

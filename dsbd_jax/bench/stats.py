@@ -32,7 +32,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> Dict[str, Optio
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return {"n": n, "mean": p, "lo": max(0.0, centre - half), "hi": min(1.0, centre + half)}
+    # the rate lies inside its interval (rounding at p = 0 or 1 could put it a hair outside)
+    return {"n": n, "mean": p, "lo": min(max(0.0, centre - half), p),
+            "hi": max(min(1.0, centre + half), p)}
 
 
 def bootstrap_interval(values: Sequence[float], seed: int = 0, resamples: int = RESAMPLES,
