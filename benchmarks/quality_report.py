@@ -165,6 +165,7 @@ def main():
     folder = os.path.dirname(path)
     summary = summary_of(path)
     rs = ratios(summary)
+    batch_text, batch_rows = batch_table(path)
     status = ("complete" if summary["complete"] else
               f"PARTIAL: {summary['done']} of {summary['total']} (method, prompt) pairs done")
     text = "\n\n".join([
@@ -174,12 +175,12 @@ def main():
         "### Speed ratios (same run, same prompts)\n\n" + ratio_table(rs),
         "### Paired differences on the same problems (DSBD minus baseline)\n\n"
         + difference_table(summary),
-        "### Where a batch's time goes\n\n" + batch_table(path)[0]])
+        "### Where a batch's time goes\n\n" + batch_text])
     out = args.out or os.path.join(folder, "report.md")
     with open(out, "w") as f:
         f.write(text + "\n")
     with open(os.path.join(os.path.dirname(out), "report.json"), "w") as f:
-        json.dump({"summary": summary, "ratios": rs, "batches": batch_table(path)[1]}, f, indent=1)
+        json.dump({"summary": summary, "ratios": rs, "batches": batch_rows}, f, indent=1)
     print(text)
     print(f"\nwrote {out}")
 

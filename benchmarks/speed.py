@@ -83,21 +83,12 @@ def jax_part(args):
 
 def prefill_seconds(target, draft, prompts, P, repeats=3):
     """Median seconds of one prompt pass (``common.prefill``) of each model at bucket ``P``."""
-    import jax
-    import numpy as np
-
     from dsbd_jax import common
+    from dsbd_jax.bench.harness import prefill_seconds as time_prefill
+    ids, lens = common.pad_prompts([prompts[0]], length=P)
     out = {}
     for name, m in (("target", target), ("draft", draft)):
-        ids, lens = common.pad_prompts([prompts[0]], length=P)
-        f = jax.jit(lambda p, i, n, cfg=m.config: common.prefill(cfg, p, i, n, P + 1))
-        jax.block_until_ready(f(m.params, ids, lens))
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(m.params, ids, lens))
-            ts.append(time.perf_counter() - t0)
-        out[name] = float(np.median(ts))
+        out[name] = time_prefill(m, P, ids, lens, repeats)
         print(f"  prefill {name} ({P} tokens): {out[name]:.2f} s")
     return out
 

@@ -25,3 +25,13 @@ def toy():
 
     config, params = toy_model(vocab=6, seed=0, scale=2.0)
     return config, params, make_lp_fn(config, params)
+
+
+@pytest.fixture(scope="module")
+def bench_pair(tmp_path_factory, torch):
+    """A tiny random target/draft pair in Hugging Face format, loaded: ``(target dir, draft dir,
+    target, draft)`` (the harness tests' models)."""
+    from dsbd_jax import load_model
+    from dsbd_jax.testing import make_tiny_pair
+    t, d = make_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0, noise=0.1)
+    return t, d, load_model(t, progress=False), load_model(d, progress=False)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsbd_jax import common, load_model
+from dsbd_jax import common
 from dsbd_jax.bench import energy, harness
 from dsbd_jax.methods import build, label
 
@@ -24,10 +24,8 @@ GSM_LOCAL = [  # short GSM8K-format problems (the byte-level tiny tokenizer make
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, torch):
-    from dsbd_jax.testing import make_tiny_pair
-    t, d = make_tiny_pair(tmp_path_factory.mktemp("tiny"), seed=0, noise=0.1)
-    return t, d, load_model(t, progress=False), load_model(d, progress=False)
+def pair(bench_pair):
+    return bench_pair
 
 
 @pytest.fixture(scope="module")

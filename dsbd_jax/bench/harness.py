@@ -402,7 +402,7 @@ def resume_state(records_path, config: Dict[str, Any]) -> Optional[Dict[str, Any
     return {"done": done, "records": len(done)}
 
 
-def _prefill_seconds(model, P: int, ids, lens, repeats: int = 2) -> float:
+def prefill_seconds(model, P: int, ids, lens, repeats: int = 2) -> float:
     """Median wall seconds of ``model``'s prompt pass over the padded batch ``ids`` (compiled
     first, untimed): what a decoder's end-to-end time holds besides decoding."""
     import jax
@@ -556,7 +556,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     if name == "draft" and not dec.needs_draft:
                         continue
                     if mesh is None and (name, P) not in prefill_s:
-                        prefill_s[(name, P)] = _prefill_seconds(m, P, pid, plen)
+                        prefill_s[(name, P)] = prefill_seconds(m, P, pid, plen)
                     pre += prefill_s.get((name, P), float("nan"))
                 n = len(idx)
                 lines = []
@@ -585,7 +585,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                 f.flush()
                 os.fsync(f.fileno())
                 if bar is not None:
-                    bar.set_postfix_str(f"{lab}: {sum(json.loads(x)['new_tokens'] for x in lines) / seconds:.2f} tok/s, bucket {P}")
+                    new = sum(int(out.lengths[r, int(out.best[r])]) for r in todo)
+                    bar.set_postfix_str(f"{lab}: {new / seconds:.2f} tok/s, bucket {P}")
                     bar.update(len(todo))
     if bar is not None:
         bar.close()
@@ -678,9 +679,9 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         ll = float(np.mean(lls)) if lls else None
         pre = [r.get("prefill_s") for r in rs]
         decode_s = sec - sum(pre) if all(p is not None for p in pre) else None
-        batches = {}
+        batches = {}  # one record per batch: its target_calls / draft_calls are the batch's
         for n, r in enumerate(rs):  # records without a batch (older files) are batches of one
-            batches.setdefault(r.get("batch", f"line{n}"), r["target_calls"])
+            batches.setdefault(r.get("batch", f"line{n}"), r)
         row = {"label": lab, "method": rs[0]["method"], "setting": rs[0]["setting"],
                "prompts": len(rs), "new_tokens": tok, "seconds": sec,
                "batch_size": max(r.get("batch_size", 1) for r in rs),
@@ -689,16 +690,15 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
                "mean_new_tokens": tok / len(rs),
                "target_calls_per_token": sum(r.get("row_target_calls", r["target_calls"])
                                              for r in rs) / max(tok, 1),
-               "batch_target_calls_per_token": sum(batches.values()) / max(tok, 1),
-               "draft_calls_per_token": sum(r["draft_calls"] for r in rs) / max(tok, 1),
+               "batch_target_calls_per_token": sum(b["target_calls"] for b in batches.values())
+               / max(tok, 1),
+               "draft_calls_per_token": sum(b["draft_calls"] for b in batches.values())
+               / max(tok, 1),
                "loglik_per_token": ll,
                "loglik_interval": bootstrap_interval(lls),
                "perplexity": None if ll is None else math.exp(min(-ll, 700.0)),
                "compile_s": sum(r.get("compile_s", 0.0) for r in rs),
                "kv_cache_bytes": max(r["kv_cache_bytes"] for r in rs)}
-        if any("batch" in r for r in rs):
-            row["draft_calls_per_token"] = sum(
-                {r.get("batch"): r["draft_calls"] for r in rs}.values()) / max(tok, 1)
         for k in ("mean_accepted_width", "mean_layers_per_iteration"):
             vals = [r[k] for r in rs if r.get(k) is not None]
             row[k] = float(np.mean(vals)) if vals else None
