@@ -125,6 +125,7 @@ class BeamState:
     target_calls: jax.Array  # scalar int32
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig):
     B, P = prompt_ids.shape
@@ -220,6 +221,7 @@ class SearchState:
     target_calls: jax.Array
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: DecodeConfig):

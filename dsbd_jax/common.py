@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
@@ -44,6 +44,64 @@ def note_trace(name: str, **shapes) -> None:
 def compile_count(name: Optional[str] = None):
     """How many times a decoder was traced/compiled in this process (all of them if no name)."""
     return dict(_TRACES) if name is None else _TRACES.get(name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# ahead-of-time compilation: every public decoder validates its inputs on the host, then calls
+# one jitted core (``@core`` on top of ``jax.jit``). Inside ``capture_core_calls()`` that call
+# returns a ``CoreCall`` (the core and the exact arguments) instead of running, so a caller can
+# lower or compile the very program a real call would run, without running it.
+_CAPTURING: list = []
+
+
+class CoreCall(NamedTuple):
+    """A decoder's jitted core with the arguments its public function prepared."""
+
+    core: Callable
+    args: tuple
+    kwargs: dict
+
+    def lower(self):
+        return self.core.lower(*self.args, **self.kwargs)
+
+    def compile(self):
+        """The compiled program. jax keeps it in the core's cache, so the public call with the
+        same argument shapes and static config runs it without compiling again."""
+        return self.lower().compile()
+
+
+class _Core:
+    """A jitted decoder core: runs as the ``jax.jit`` function it wraps (whose attributes,
+    e.g. ``lower`` and ``clear_cache``, it forwards), or is captured as a ``CoreCall``."""
+
+    def __init__(self, jitted):
+        self._jitted = jitted
+        self.__wrapped__ = jitted
+        self.__name__ = getattr(jitted, "__name__", "core")
+        self.__doc__ = getattr(jitted, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        if _CAPTURING:
+            return CoreCall(self._jitted, args, kwargs)
+        return self._jitted(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+
+def core(jitted) -> _Core:
+    """Mark a ``jax.jit`` function as a public decoder's core (see ``capture_core_calls``)."""
+    return _Core(jitted)
+
+
+@contextlib.contextmanager
+def capture_core_calls():
+    """While active, calls of ``@core`` functions return a ``CoreCall`` instead of running."""
+    _CAPTURING.append(True)
+    try:
+        yield
+    finally:
+        _CAPTURING.pop()
 
 
 # ---------------------------------------------------------------------------------------------

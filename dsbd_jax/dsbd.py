@@ -361,6 +361,7 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
                           best=best, stats=stats)
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
     common.note_trace("dsbd_generate", prompt_ids=prompt_ids.shape, config=config)

@@ -56,6 +56,22 @@ class Decoder:
             return self.fn(params, prompt_ids, key, self.config, prompt_lengths=prompt_lengths)
         return self.fn(params, prompt_ids, self.config, prompt_lengths=prompt_lengths)
 
+    def core_call(self, params, prompt_ids, key, prompt_lengths=None):
+        """The jitted core and the exact arguments a call with these inputs runs
+        (``common.CoreCall``), after the same host-side checks; nothing is run."""
+        from . import common
+        with common.capture_core_calls():
+            call = self(params, prompt_ids, key, prompt_lengths=prompt_lengths)
+        if not isinstance(call, common.CoreCall):
+            raise TypeError(f"{self.fn.__name__} did not call a @common.core function")
+        return call
+
+    def compile(self, params, prompt_ids, key, prompt_lengths=None):
+        """Compile, ahead of time and without running it, the program a call with these
+        arguments runs (``jax.stages.Compiled``). A later call with the same argument shapes
+        runs it without compiling: the benchmark harness's ``warmup: 0``."""
+        return self.core_call(params, prompt_ids, key, prompt_lengths).compile()
+
 
 def check_settings(method: str, settings: Dict[str, Any]) -> None:
     """``ValueError`` for an unknown method or a setting the method does not read."""

@@ -100,6 +100,7 @@ class SampleState:
     target_calls: jax.Array  # scalar int32
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) -> GenerateOutput:
     B, P = prompt_ids.shape

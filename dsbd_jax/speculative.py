@@ -362,6 +362,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
                             draft_calls=gamma)
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     common.note_trace("speculative_sample", prompt_ids=prompt_ids.shape, config=config)

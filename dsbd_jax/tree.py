@@ -262,6 +262,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
                                  emitted_logp, draft_calls=gamma)
 
 
+@common.core
 @functools.partial(jax.jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     common.note_trace("tree_speculative_sample", prompt_ids=prompt_ids.shape, config=config)

@@ -88,7 +88,8 @@ def test_shipped_configs_load():
     ("target: x\nmethods: [{method: beam}]\n", "datasets"),
     ("target: x\ndatasets: [{task: nope}]\nmethods: [{method: beam}]\n", "task"),
     ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: dsbd}]\n", "draft"),
-    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nwarmup: 0\n", "warmup"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nwarmup: -1\n", "warmup"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nwarmup: true\n", "warmup"),
     ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\ncolour: red\n", "unknown key"),
     ("target: [x\n", "not valid YAML"),
 ])

@@ -164,7 +164,8 @@ def test_interrupted_run_resumes(tmp_path, pair, gsm_file, monkeypatch):
         run(config(pair, gsm_file, batch_size=1), out, pair)
     assert path.read_bytes().startswith(written)
 
-    summary = run(cfg, out, pair)
+    # warmup may change between sessions (it only decides how compiling is kept out of timings)
+    summary = run(config(pair, gsm_file, warmup=0), out, pair)
     text = path.read_bytes()
     assert text.startswith(written)  # the records written before the kill are kept as they were
     recs = harness.read_records(path)
@@ -179,6 +180,35 @@ def test_interrupted_run_resumes(tmp_path, pair, gsm_file, monkeypatch):
     # a finished run started again does nothing but re-summarize
     again = run(cfg, out, pair)
     assert len(samples(path)) == 15 and again["complete"]
+
+
+@pytest.mark.parametrize("method, setting", [
+    ("sample", {}), ("beam", {"num_beams": 2}), ("beam_search", {"num_beams": 2}),
+    ("spec", {"gamma": 2}), ("tree", {"gamma": 2, "tree_widths": (2, 1)}),
+    ("dsbd", {"gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1})])
+def test_compile_ahead_of_time(pair, method, setting):
+    """``Decoder.compile`` compiles the program the call runs, without running it: the call that
+    follows neither traces nor compiles, and gives what the compiled program gives."""
+    from dsbd_jax.methods import build, model_params
+    harness.CompileClock.install()
+    dec = build(method, pair[2].config, pair[3].config, max_new_tokens=5, top_k=10,
+                eos_token_id=(), **setting)
+    params = model_params(dec, pair[2].params, pair[3].params)
+    ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
+    keys = harness.prompt_keys(3, [0, 1])
+    call = dec.core_call(params, ids, keys, prompt_lengths=lengths)
+    assert isinstance(call, common.CoreCall) and set(call.kwargs) == {"config"}
+    traces, clock = common.compile_count(), harness.CompileClock.total()
+    compiled = dec.compile(params, ids, keys, prompt_lengths=lengths)
+    assert harness.CompileClock.total() > clock  # it compiled ...
+    traces, clock = common.compile_count(), harness.CompileClock.total()
+    out = dec(params, ids, keys, prompt_lengths=lengths)
+    assert common.compile_count() == traces  # ... so the call neither traces
+    assert harness.CompileClock.total() == clock  # nor compiles
+    direct = compiled(*call.args)
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(direct.sequences))
+    with pytest.raises(ValueError):  # the host-side checks run before anything is captured
+        dec.core_call(params, ids, keys, prompt_lengths=np.array([9, 2]))
 
 
 def test_resume_refuses_foreign_files(tmp_path, pair, gsm_file):

@@ -15,7 +15,7 @@ Config file (YAML; see ``configs/quick_cpu.yaml``)::
     warping: {temperature: 1.0, top_k: 10, top_p: 0.8}
     eos: true                            # stop at the target's EOS (false: always max_new_tokens)
     seed: 0
-    warmup: 1                            # untimed runs (>= 1: the first compiles) per method and bucket
+    warmup: 1                            # untimed runs per method and bucket (0: compile only)
     batch_size: 4                        # prompts per call (default: 4 on CPU, 16 on GPU/TPU)
     profile: false                       # true: phase profile of each method's first prompt per bucket
     methods:                             # lists expand to their product (min_width > draft_width skipped)
@@ -32,7 +32,9 @@ problems. Each prompt has its own PRNG key (:func:`prompt_keys`), so its sample 
 its batch mates. Per (method, setting, prompt) one JSON line (``type: "sample"``) holds:
 its share of its batch's wall seconds (``seconds`` = ``batch_seconds`` / prompts in the batch;
 ``block_until_ready``; compile and warm-up runs excluded, compile seconds reported apart on the
-line that paid them) and of the prompt passes timed alone (``prefill_s``), new tokens of the
+line that paid them; with ``warmup: 0`` each method's program is compiled ahead of time for each
+bucket (``Decoder.compile``) and nothing runs untimed, and a timed call that compiled anyway is run
+and timed again) and of the prompt passes timed alone (``prefill_s``), new tokens of the
 returned best beam, target and draft forward calls of the batch and ``row_target_calls`` (the
 target passes this prompt took part in), iterations, DSBD's average accepted width and layers per
 iteration, the best beam's unwarped target log-likelihood per token, the task metric
@@ -44,7 +46,8 @@ line where no counter is readable).
 **Resuming.** Records are written batch by batch (flushed and synced). Started again with the
 same config and output folder, a run keeps what was written, skips the (method, prompt) pairs
 done, drops a last line cut off by a kill, and appends a ``type: "resume"`` line; a different
-config is refused, naming the keys that differ (:func:`resume_state`). A progress bar shows
+config is refused, naming the keys that differ (:func:`resume_state`; ``warmup`` may change, as it
+decides only how compiling is kept out of the timings). A progress bar shows
 done/total with an estimate of the time left. ``dsbd summary OUT`` summarises a run at any point.
 With ``profile: true``, the first line of each method and bucket also holds ``profile``: one extra
 untimed run of that prompt under the XLA:CPU profiler (:mod:`.profile`), with milliseconds per
@@ -143,9 +146,10 @@ def make_config(cfg: Dict[str, Any], base_dir=".", where: str = "config", **over
         raise ValueError(f"{where}: unknown warping key(s) {bad}; allowed: {sorted(_WARP_KEYS)}")
     if not isinstance(cfg["max_new_tokens"], int) or cfg["max_new_tokens"] < 1:
         raise ValueError(f"{where}: max_new_tokens must be an int >= 1, got {cfg['max_new_tokens']!r}")
-    if not isinstance(cfg["warmup"], int) or cfg["warmup"] < 1:
-        raise ValueError(f"{where}: warmup must be an int >= 1 (the first run compiles and is "
-                         f"never timed), got {cfg['warmup']!r}")
+    if isinstance(cfg["warmup"], bool) or not isinstance(cfg["warmup"], int) \
+            or cfg["warmup"] < 0:
+        raise ValueError(f"{where}: warmup must be an int >= 0 (untimed runs per method and "
+                         f"bucket; 0: compile ahead of time only), got {cfg['warmup']!r}")
     if not cfg.get("datasets"):
         raise ValueError(f"{where}: datasets: needs at least one {{task: ...}} entry")
     from ..tasks import TASKS
@@ -344,7 +348,9 @@ def prompt_keys(seed: int, indices: Sequence[int]):
         jnp.asarray(list(indices), jnp.int32))
 
 
-_RESUME_IGNORED = ("description", "models_file")  # may differ between machines or edits
+# may differ between machines or edits; ``warmup`` only decides how compilation is kept out of
+# the timings (untimed runs or ahead-of-time compiles), not what a record holds
+_RESUME_IGNORED = ("description", "models_file", "warmup")
 
 
 def _comparable(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -531,6 +537,9 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                 prof = None
                 if (lab, P) not in warmed:
                     c0 = CompileClock.total()
+                    if cfg["warmup"] == 0:  # compile ahead of time, run nothing
+                        (run.compiled if mesh is not None else run.compile)(
+                            params, pid, keys, prompt_lengths=plen)
                     for _ in range(cfg["warmup"]):
                         jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
                     compile_s = CompileClock.total() - c0
@@ -542,15 +551,18 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                         prof = {"phase_ms_per_iteration": p["per_iteration_ms"],
                                 "decode_ms_per_iteration": p["decode_per_iteration_ms"],
                                 "overhead_frac": p["overhead_frac"]}
-                c0 = CompileClock.total()
-                e0 = meter.read()
-                t0 = time.perf_counter()
-                out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
-                seconds = time.perf_counter() - t0
-                joules = meter.joules_since(e0)
-                compile_s += CompileClock.total() - c0  # non-zero only on a recompile (logged)
-                if CompileClock.total() > c0:
-                    logger.warning("%s recompiled for a batch of bucket %d", lab, P)
+                for _ in range(2):  # a call that compiled is not timed: it runs again
+                    c0 = CompileClock.total()
+                    e0 = meter.read()
+                    t0 = time.perf_counter()
+                    out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
+                    seconds = time.perf_counter() - t0
+                    joules = meter.joules_since(e0)
+                    compile_s += CompileClock.total() - c0  # non-zero only on a recompile
+                    if CompileClock.total() == c0:
+                        break
+                    logger.warning("%s compiled during a timed batch of bucket %d; timing it "
+                                   "again", lab, P)
                 pre = 0.0
                 for name, m in (("target", target), ("draft", draft)):
                     if name == "draft" and not dec.needs_draft:

@@ -184,29 +184,13 @@ def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[st
 
 
 def decoder_core(decoder, params, prompt_ids, key, prompt_lengths):
-    """The jitted core of a ``methods.Decoder`` and its arguments, as the public function would
-    call it (host checks included)."""
-    import jax.numpy as jnp
-
-    from .. import beam, common, dsbd, sampling, speculative, tree
-    cfg = decoder.config
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    ids = jnp.asarray(prompt_ids, jnp.int32)
-    B = ids.shape[0]
-    m = decoder.method
-    if m == "dsbd":
-        args = dsbd._prepare(params, prompt_ids, key, cfg, prompt_lengths)
-        return dsbd._dsbd_core, args
-    if m in ("spec", "tree"):
-        core = speculative._speculative_core if m == "spec" else tree._tree_core
-        p = {"target": params["target"], "draft": params["draft"]}
-        return core, (p, ids, lengths, common.row_keys(key, B))
-    p = sampling.target_params(params)
-    if m == "sample":
-        return sampling._sample_core, (p, ids, lengths, sampling.prepare_keys(key, B))
-    if m == "beam":
-        return beam._beam_sample_core, (p, ids, lengths, sampling.prepare_keys(key, B))
-    raise ValueError(f"profiling is not implemented for method {m!r}")
+    """The jitted core of a ``methods.Decoder`` and its arguments (static config aside), as the
+    public function calls it (host checks included): ``Decoder.core_call``."""
+    call = decoder.core_call(params, prompt_ids, key, prompt_lengths)
+    if set(call.kwargs) != {"config"}:
+        raise ValueError(f"profiling expects a core with a static config only, got "
+                         f"{sorted(call.kwargs)}")
+    return call.core, call.args
 
 
 def profile_decoder(decoder, params, prompt_ids, key, prompt_lengths=None) -> Dict[str, Any]:
