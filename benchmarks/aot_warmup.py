@@ -2,7 +2,7 @@
 ``warmup: 0``)
 
 With ``warmup: 0`` the benchmark harness compiles each method's program per bucket without
-running it (``Decoder.compile``) and times the very first call. This script checks that such a
+running it (``Decoder.compiled``) and times the very first call. This script checks that such a
 first call is not slower than the calls after it (buffer allocation, first-touch page faults):
 on the offline model pair it compiles, then times ``--calls`` calls in a row, for sampling and
 for DSBD (gamma 2, W_S 4, t 0.7, W_min 2), at batch ``--batch`` of a synthetic 40-token prompt
@@ -61,7 +61,7 @@ def main(argv=None) -> dict:
                     top_p=0.8, **setting)
         p = model_params(dec, t.params, d.params)
         t0 = time.perf_counter()
-        dec.compile(p, ids, keys, prompt_lengths=lens)
+        dec.compiled(p, ids, keys, prompt_lengths=lens)
         compile_s = time.perf_counter() - t0
         calls = []
         for _ in range(a.calls):

@@ -66,10 +66,11 @@ class Decoder:
             raise TypeError(f"{self.fn.__name__} did not call a @common.core function")
         return call
 
-    def compile(self, params, prompt_ids, key, prompt_lengths=None):
+    def compiled(self, params, prompt_ids, key, prompt_lengths=None):
         """Compile, ahead of time and without running it, the program a call with these
-        arguments runs (``jax.stages.Compiled``). A later call with the same argument shapes
-        runs it without compiling: the benchmark harness's ``warmup: 0``."""
+        arguments runs (``jax.stages.Compiled``; the same method as
+        ``sharding.ShardedDecoder.compiled``). A later call with the same argument shapes runs
+        it without compiling: the benchmark harness's ``warmup: 0``."""
         return self.core_call(params, prompt_ids, key, prompt_lengths).compile()
 
 

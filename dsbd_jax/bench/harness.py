@@ -33,7 +33,7 @@ its batch mates. Per (method, setting, prompt) one JSON line (``type: "sample"``
 its share of its batch's wall seconds (``seconds`` = ``batch_seconds`` / prompts in the batch;
 ``block_until_ready``; compile and warm-up runs excluded, compile seconds reported apart on the
 line that paid them; with ``warmup: 0`` each method's program is compiled ahead of time for each
-bucket (``Decoder.compile``) and nothing runs untimed, and a timed call that compiled anyway is run
+bucket (``Decoder.compiled``) and nothing runs untimed, and a timed call that compiled anyway is run
 and timed again) and of the prompt passes timed alone (``prefill_s``), new tokens of the
 returned best beam, target and draft forward calls of the batch and ``row_target_calls`` (the
 target passes this prompt took part in), iterations, DSBD's average accepted width and layers per
@@ -538,8 +538,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                 if (lab, P) not in warmed:
                     c0 = CompileClock.total()
                     if cfg["warmup"] == 0:  # compile ahead of time, run nothing
-                        (run.compiled if mesh is not None else run.compile)(
-                            params, pid, keys, prompt_lengths=plen)
+                        run.compiled(params, pid, keys, prompt_lengths=plen)
                     for _ in range(cfg["warmup"]):
                         jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
                     compile_s = CompileClock.total() - c0

@@ -183,23 +183,18 @@ def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[st
             "top_ops": [{"phase": p, "op": n, "s": s} for (p, n), s in top]}
 
 
-def decoder_core(decoder, params, prompt_ids, key, prompt_lengths):
-    """The jitted core of a ``methods.Decoder`` and its arguments (static config aside), as the
-    public function calls it (host checks included): ``Decoder.core_call``."""
-    call = decoder.core_call(params, prompt_ids, key, prompt_lengths)
-    if set(call.kwargs) != {"config"}:
-        raise ValueError(f"profiling expects a core with a static config only, got "
-                         f"{sorted(call.kwargs)}")
-    return call.core, call.args
-
-
 def profile_decoder(decoder, params, prompt_ids, key, prompt_lengths=None) -> Dict[str, Any]:
     """Compile and profile one decoder call (module doc). Adds ``compile_s``, ``iterations``,
     ``generated_tokens`` and per-iteration figures."""
     from ..model import forward_scope
-    core, args = decoder_core(decoder, params, prompt_ids, key, prompt_lengths)
+    # the core and arguments the public function runs (host checks included)
+    call = decoder.core_call(params, prompt_ids, key, prompt_lengths)
+    if set(call.kwargs) != {"config"}:
+        raise ValueError(f"profiling expects a core with a static config only, got "
+                         f"{sorted(call.kwargs)}")
+    args = call.args
     t0 = time.perf_counter()
-    compiled = core.lower(*args, config=decoder.config).compile()
+    compiled = call.compile()
     compile_s = time.perf_counter() - t0
     cfg = decoder.config
     draft = getattr(cfg, "draft", None) if decoder.needs_draft else None
