@@ -12,10 +12,13 @@ From the records alone (``dsbd_jax.bench.harness.summary_of``), it writes:
 2. speed ratios measured in the run: each DSBD setting against beam sampling W=4 and W=2 and
    plain sampling, single-beam DSBD against speculative sampling;
 3. paired differences: each DSBD setting minus beam W=4 / sampling / speculative on the same
-   problems, with bootstrap 95% intervals (``quality_differences``);
-4. where a batch's time goes: ms per loop iteration of a batch, and the lockstep idle share
+   problems, with bootstrap 95% intervals (``quality_differences``), per task and pooled over
+   the tasks that have a task metric (``pooled/task_metric``);
+4. the yardstick: each beam-sampling setting minus plain sampling, paired the same way, which
+   says whether the run can separate beam sampling's quality from sampling's at all;
+5. where a batch's time goes: ms per loop iteration of a batch, and the lockstep idle share
    (iterations in which a prompt had finished but its row was still computed);
-5. ``report.json`` with the same figures.
+6. ``report.json`` with the same figures.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-from dsbd_jax.bench.harness import summary_of  # noqa: E402
+from dsbd_jax.bench.harness import quality_differences, summary_of  # noqa: E402
 
 TASK_ORDER = ("humaneval/pass@1", "gsm8k/exact_match", "squad/exact_match",
               "spider/execution_accuracy")
@@ -109,11 +112,12 @@ def ratio_table(rs):
     return "\n".join(out)
 
 
-def difference_table(summary, baselines=("beam W=4", "sample", "spec g=4", "beam W=1")):
-    out = ["| DSBD setting | minus | figure | mean difference [95%] | P(DSBD better) | prompts |",
+def difference_table(diffs, baselines=("beam W=4", "sample", "spec g=4", "beam W=1"),
+                     first="DSBD setting", better="P(DSBD better)"):
+    out = [f"| {first} | minus | figure | mean difference [95%] | {better} | prompts |",
            "|---|---|---|---|---|---|"]
-    for d in summary["quality_differences"]:
-        if d["baseline"] not in baselines:
+    for d in diffs:
+        if baselines is not None and d["baseline"] not in baselines:
             continue
         scale = 100 if not d["figure"].endswith("loglik_per_token") else 1
         unit = " pts" if scale == 100 else ""
@@ -123,6 +127,18 @@ def difference_table(summary, baselines=("beam W=4", "sample", "spec g=4", "beam
                    f"{scale * d['hi']:+.{1 if scale == 100 else 3}f}] | "
                    f"{d['p_a_better']:.2f} | {d['n']} |")
     return "\n".join(out)
+
+
+def yardstick(records_path):
+    """Each beam-sampling setting against each plain-sampling setting, paired: whether the run
+    can tell beam sampling's quality from sampling's at all."""
+    from dsbd_jax.bench.harness import read_records
+    records = [r for r in read_records(records_path) if r.get("type") == "sample"]
+    labels = {}
+    for r in records:
+        labels.setdefault(r["method"], {})[r["label"]] = None  # first-seen order, no repeats
+    pairs = [(b, s) for b in labels.get("beam", {}) for s in labels.get("sample", {})]
+    return quality_differences(records, pairs)
 
 
 def batch_table(records_path):
@@ -166,6 +182,7 @@ def main():
     summary = summary_of(path)
     rs = ratios(summary)
     batch_text, batch_rows = batch_table(path)
+    yard = yardstick(path)
     status = ("complete" if summary["complete"] else
               f"PARTIAL: {summary['done']} of {summary['total']} (method, prompt) pairs done")
     text = "\n\n".join([
@@ -174,13 +191,16 @@ def main():
         "### Quality and speed per method setting\n\n" + quality_table(summary),
         "### Speed ratios (same run, same prompts)\n\n" + ratio_table(rs),
         "### Paired differences on the same problems (DSBD minus baseline)\n\n"
-        + difference_table(summary),
+        + difference_table(summary["quality_differences"]),
+        "### The yardstick: beam sampling minus sampling on the same problems\n\n"
+        + difference_table(yard, None, "beam setting", "P(beam better)"),
         "### Where a batch's time goes\n\n" + batch_text])
     out = args.out or os.path.join(folder, "report.md")
     with open(out, "w") as f:
         f.write(text + "\n")
     with open(os.path.join(os.path.dirname(out), "report.json"), "w") as f:
-        json.dump({"summary": summary, "ratios": rs, "batches": batch_rows}, f, indent=1)
+        json.dump({"summary": summary, "ratios": rs, "yardstick": yard, "batches": batch_rows}, f,
+                  indent=1)
     print(text)
     print(f"\nwrote {out}")
 

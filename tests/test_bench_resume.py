@@ -284,6 +284,46 @@ def test_paired_difference():
     assert stats.paired_difference({}, b)["n"] == 0
 
 
+def _sample_record(label, method, task, i, score, ll):
+    return {"type": "sample", "label": label, "method": method, "task": task,
+            "example_id": f"{task}/{i}", "prompt_index": (0 if task == "humaneval" else 100) + i,
+            "metric": "pass@1" if task == "humaneval" else "exact_match", "score": score,
+            "loglik_per_token": ll}
+
+
+def test_quality_differences_pooled_and_pairs():
+    """``pooled/task_metric`` pairs every task-metric prompt of two tasks together (its mean is
+    the mean over both tasks' prompts, its n their sum); explicit ``pairs`` compare two non-DSBD
+    settings; an unknown label is an error, not an empty table."""
+    from dsbd_jax.bench.harness import quality_differences
+    rng = np.random.default_rng(0)
+    recs = []
+    for task, n in (("humaneval", 30), ("gsm8k", 10)):
+        for i in range(n):
+            s = float(rng.random() < 0.5)
+            recs.append(_sample_record("dsbd A", "dsbd", task, i, 1.0, -0.1))
+            recs.append(_sample_record("beam W=4", "beam", task, i, s, -0.1))
+            recs.append(_sample_record("sample", "sample", task, i, 0.0, -0.3))
+    ds = {(d["dsbd"], d["baseline"], d["figure"]): d for d in quality_differences(recs)}
+    assert {k[:2] for k in ds} == {("dsbd A", "beam W=4"), ("dsbd A", "sample")}  # DSBD vs others
+    pooled = ds[("dsbd A", "beam W=4", "pooled/task_metric")]
+    beam = [r["score"] for r in recs if r["label"] == "beam W=4"]
+    assert pooled["n"] == 40 and pooled["mean"] == pytest.approx(1 - np.mean(beam))
+    he = ds[("dsbd A", "beam W=4", "humaneval/pass@1")]
+    assert he["n"] == 30 and pooled["hi"] - pooled["lo"] < he["hi"] - he["lo"] + 1e-9
+    assert ds[("dsbd A", "sample", "pooled/task_metric")]["mean"] == 1.0
+    # explicit pairs: the yardstick, beam minus sampling
+    yard = quality_differences(recs, [("beam W=4", "sample")])
+    assert {d["figure"] for d in yard} >= {"pooled/task_metric", "gsm8k/loglik_per_token"}
+    assert next(d for d in yard if d["figure"] == "pooled/task_metric")["mean"] == \
+        pytest.approx(np.mean(beam))
+    with pytest.raises(ValueError, match="no records for 'beam W=8'"):
+        quality_differences(recs, [("beam W=8", "sample")])
+    # one task metric only: no pooled figure (it would repeat the task's row)
+    one = [r for r in recs if r["task"] == "gsm8k"]
+    assert not any(d["figure"].startswith("pooled") for d in quality_differences(one))
+
+
 def test_quality_report_script(tmp_path, pair, gsm_file):
     """benchmarks/quality_report.py on a finished tiny run: the three tables, the run's ratios
     (tokens/s of the two rows), and report.json."""
@@ -305,3 +345,6 @@ def test_quality_report_script(tmp_path, pair, gsm_file):
     r = next(x for x in report["ratios"] if x["baseline"] == "sample")
     assert r["speedup"] == pytest.approx(rows[r["dsbd"]]["tokens_per_s"] / rows["sample"]["tokens_per_s"])
     assert "| dsbd g=2 WS=2 t=0.9 Wmin=1 | sample | gsm8k/exact_match |" in text
+    assert "### The yardstick: beam sampling minus sampling" in text
+    assert "| beam W=2 | sample | gsm8k/exact_match |" in text
+    assert report["yardstick"][0]["dsbd"] == "beam W=2"

@@ -733,36 +733,49 @@ def summarize(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def quality_differences(records: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Each DSBD setting against each other method setting on the prompts both ran: the paired
-    difference (DSBD minus baseline) of every task metric and of the log-likelihood per token
-    per task, with a bootstrap 95% interval over prompts (:func:`.stats.paired_difference`).
-    An interval above 0 says DSBD is better on these problems; one containing 0 says the run
-    cannot tell them apart."""
+def quality_differences(records: Iterable[Dict[str, Any]],
+                        pairs: Optional[Sequence[Tuple[str, str]]] = None) -> List[Dict[str, Any]]:
+    """Paired differences on the prompts both settings ran: by default each DSBD setting against
+    each other (non-DSBD) method setting; ``pairs`` names other ``(a, b)`` label pairs (``a``
+    minus ``b``; both keys of the result keep the names ``dsbd`` and ``baseline``). For every
+    task metric and the log-likelihood per token per task: the mean difference with a bootstrap
+    95% interval over prompts (:func:`.stats.paired_difference`). Where the records hold two or
+    more task metrics, ``pooled/task_metric`` pairs them over all their prompts together (each
+    score is 0 or 1 for pass@1 and exact match), which narrows the interval. An interval above 0
+    says ``a`` is better on these problems; one containing 0 says the run cannot tell them
+    apart."""
     from .stats import paired_difference
-    per: Dict[str, Dict[str, Dict[str, Dict[Any, float]]]] = {}
+    per: Dict[str, Dict[str, Dict[Any, float]]] = {}
     method_of = {}
+    metrics = set()
     for r in records:
         if r.get("type") != "sample":
             continue
         key = r.get("prompt_index", (r["task"], r["example_id"]))
         figs = per.setdefault(r["label"], {})
-        method_of[r["label"]] = (r["method"], r["setting"])
+        method_of[r["label"]] = r["method"]
         if r.get("score") is not None:
+            metrics.add(f"{r['task']}/{r['metric']}")
             figs.setdefault(f"{r['task']}/{r['metric']}", {})[key] = r["score"]
+            figs.setdefault("pooled/task_metric", {})[(r["task"], key)] = r["score"]
         if r["loglik_per_token"] is not None:
             figs.setdefault(f"{r['task']}/loglik_per_token", {})[key] = r["loglik_per_token"]
+    if len(metrics) < 2:
+        for figs in per.values():
+            figs.pop("pooled/task_metric", None)
+    if pairs is None:
+        pairs = [(a, b) for a in per if method_of[a] == "dsbd"
+                 for b in per if b != a and method_of[b] != "dsbd"]
     out = []
-    for a, fa in per.items():
-        if method_of[a][0] != "dsbd":
-            continue
-        for b, fb in per.items():
-            if b == a or method_of[b][0] == "dsbd":
-                continue
-            for fig in sorted(set(fa) & set(fb)):
-                d = paired_difference(fa[fig], fb[fig])
-                if d["n"]:
-                    out.append({"dsbd": a, "baseline": b, "figure": fig, **d})
+    for a, b in pairs:
+        if a not in per or b not in per:
+            raise ValueError(f"quality_differences: no records for {a if a not in per else b!r} "
+                             f"(labels: {sorted(per)})")
+        fa, fb = per[a], per[b]
+        for fig in sorted(set(fa) & set(fb)):
+            d = paired_difference(fa[fig], fb[fig])
+            if d["n"]:
+                out.append({"dsbd": a, "baseline": b, "figure": fig, **d})
     return out
 
 
