@@ -31,7 +31,7 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-from dsbd_jax.bench.harness import quality_differences, summary_of  # noqa: E402
+from dsbd_jax.bench.harness import quality_differences, read_records, summary_of  # noqa: E402
 
 TASK_ORDER = ("humaneval/pass@1", "gsm8k/exact_match", "squad/exact_match",
               "spider/execution_accuracy")
@@ -129,26 +129,21 @@ def difference_table(diffs, baselines=("beam W=4", "sample", "spec g=4", "beam W
     return "\n".join(out)
 
 
-def yardstick(records_path):
+def yardstick(summary, records):
     """Each beam-sampling setting against each plain-sampling setting, paired: whether the run
     can tell beam sampling's quality from sampling's at all."""
-    from dsbd_jax.bench.harness import read_records
-    records = [r for r in read_records(records_path) if r.get("type") == "sample"]
-    labels = {}
-    for r in records:
-        labels.setdefault(r["method"], {})[r["label"]] = None  # first-seen order, no repeats
-    pairs = [(b, s) for b in labels.get("beam", {}) for s in labels.get("sample", {})]
-    return quality_differences(records, pairs)
+    labels = {m: [r["label"] for r in summary["rows"] if r["method"] == m]
+              for m in ("beam", "sample")}
+    return quality_differences(records, [(b, s) for b in labels["beam"] for s in labels["sample"]])
 
 
-def batch_table(records_path):
+def batch_table(records):
     """Per method: ms per loop iteration of a batch (batch seconds minus the prompt passes, over
     the batch's target calls), tokens per iteration for the prompts, and the lockstep idle share:
     the part of the batch's iterations in which a prompt had already finished (its row still
     computed) = 1 - sum of per-prompt target calls / (batch target calls x prompts in batch)."""
-    from dsbd_jax.bench.harness import read_records
     by = {}
-    for r in read_records(records_path):
+    for r in records:
         if r.get("type") == "sample":
             by.setdefault(r["label"], {}).setdefault(r["batch"], []).append(r)
     out = ["| method | ms / batch iteration | batch iterations | lockstep idle share |",
@@ -180,9 +175,10 @@ def main():
                                                                                "records.jsonl")
     folder = os.path.dirname(path)
     summary = summary_of(path)
+    records = read_records(path)
     rs = ratios(summary)
-    batch_text, batch_rows = batch_table(path)
-    yard = yardstick(path)
+    batch_text, batch_rows = batch_table(records)
+    yard = yardstick(summary, records)
     status = ("complete" if summary["complete"] else
               f"PARTIAL: {summary['done']} of {summary['total']} (method, prompt) pairs done")
     text = "\n\n".join([

@@ -757,12 +757,12 @@ def quality_differences(records: Iterable[Dict[str, Any]],
         if r.get("score") is not None:
             metrics.add(f"{r['task']}/{r['metric']}")
             figs.setdefault(f"{r['task']}/{r['metric']}", {})[key] = r["score"]
-            figs.setdefault("pooled/task_metric", {})[(r["task"], key)] = r["score"]
         if r["loglik_per_token"] is not None:
             figs.setdefault(f"{r['task']}/loglik_per_token", {})[key] = r["loglik_per_token"]
-    if len(metrics) < 2:
+    if len(metrics) >= 2:  # one metric alone: the pooled row would repeat that task's row
         for figs in per.values():
-            figs.pop("pooled/task_metric", None)
+            figs["pooled/task_metric"] = {(m, k): v for m in sorted(metrics) if m in figs
+                                          for k, v in figs[m].items()}
     if pairs is None:
         pairs = [(a, b) for a in per if method_of[a] == "dsbd"
                  for b in per if b != a and method_of[b] != "dsbd"]
