@@ -29,10 +29,11 @@ if _ROOT not in sys.path:  # run as a script from a checkout
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from dsbd_jax import common, load_model  # noqa: E402
-from dsbd_jax.bench import harness  # noqa: E402
-from dsbd_jax.bench.timing import machine_info  # noqa: E402
-from dsbd_jax.methods import build, label, model_params  # noqa: E402
+from dsbd_jax import load_model  # noqa: E402
+from dsbd_jax.decoding import common
+from dsbd_jax.eval.plan import load_config, prompt_keys  # noqa: E402
+from dsbd_jax.eval.timing import machine_info  # noqa: E402
+from dsbd_jax.decoding.methods import build, label, model_params  # noqa: E402
 
 METHODS = [("sample", {}),
            ("dsbd", dict(gamma=2, draft_width=4, threshold=0.7, min_width=2))]
@@ -49,11 +50,11 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     if a.calls < 2:
         ap.error("--calls must be >= 2 (the first call and at least one after it)")
-    cfg = harness.load_config(a.models)
+    cfg = load_config(a.models)
     t = load_model(cfg["target"], jnp.float32, tokenizer=False, progress=False)
     d = load_model(cfg["draft"], jnp.float32, tokenizer=False, progress=False)
     ids, lens = common.pad_prompts([[1000 + i for i in range(40)]] * a.batch, pad_id=0, length=64)
-    keys = harness.prompt_keys(0, list(range(a.batch)))
+    keys = prompt_keys(0, list(range(a.batch)))
     res = {"machine": machine_info(), "new_tokens": a.new, "batch": a.batch, "bucket": 64,
            "methods": {}}
     for method, setting in METHODS:

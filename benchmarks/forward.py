@@ -33,10 +33,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsbd_jax import model as M  # noqa: E402
-from dsbd_jax.bench.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.cache import KVCache  # noqa: E402
-from dsbd_jax.config import ModelConfig  # noqa: E402
+from dsbd_jax.models import llama as M  # noqa: E402
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models.cache import KVCache  # noqa: E402
+from dsbd_jax.models.config import ModelConfig  # noqa: E402
 
 SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
 

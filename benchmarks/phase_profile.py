@@ -1,4 +1,4 @@
-"""Phase-by-phase profile of every decoder on the real model pair (``dsbd_jax.bench.profile``).
+"""Phase-by-phase profile of every decoder on the real model pair (``dsbd_jax.eval.profile``).
 
 For each method setting and prompt: one compiled run under the XLA:CPU profiler; thunk time per
 phase (prefill, target forward, draft forward, warp, log-softmax, random, verify, width, cache,
@@ -30,9 +30,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsbd_jax import methods  # noqa: E402
-from dsbd_jax.bench.profile import PHASES, profile_decoder  # noqa: E402
-from dsbd_jax.bench.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.decoding import methods  # noqa: E402
+from dsbd_jax.eval.profile import PHASES, profile_decoder  # noqa: E402
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 
 SETTINGS = {
     "sample": ("sample", {}),
@@ -73,8 +73,8 @@ def bare_forward_ms(name, cfg, params, rows, T, slots, repeats=3):
     key = (name, rows, T, slots)
     if key in _BARE:
         return _BARE[key]
-    from dsbd_jax.cache import empty_cache
-    from dsbd_jax.model import forward
+    from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.llama import forward
     cache = empty_cache(cfg, rows, slots)
     tokens = jnp.ones((rows, T), jnp.int32)
     positions = jnp.broadcast_to(slots // 2 + jnp.arange(T), (rows, T)).astype(jnp.int32)
@@ -106,8 +106,8 @@ def main(argv=None):
         ap.error("--batch must be >= 1 and divide --prompts")
 
     from dsbd_jax import load_model
-    from dsbd_jax.common import pad_prompts
-    from dsbd_jax.datasets import benchmark_prompts
+    from dsbd_jax.decoding.common import pad_prompts
+    from dsbd_jax.eval.datasets import benchmark_prompts
     target = load_model(args.target, progress=False)
     draft = load_model(args.draft, tokenizer=False, progress=False)
     texts, ids_list = benchmark_prompts(target.tokenizer, args.prompts)

@@ -3,7 +3,7 @@ finished or not.
 
     python benchmarks/quality_report.py results/quality_cpu [--out results/quality_cpu/report.md]
 
-From the records alone (``dsbd_jax.bench.harness.summary_of``), it writes:
+From the records alone (``dsbd_jax.eval.summary.summary_of``), it writes:
 
 1. the quality table: per method setting, each task metric with its Wilson 95% interval, the
    best beam's log-likelihood per token per task with its bootstrap 95% interval, mean new
@@ -31,7 +31,8 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-from dsbd_jax.bench.harness import quality_differences, read_records, summary_of  # noqa: E402
+from dsbd_jax.eval.records import read_records  # noqa: E402
+from dsbd_jax.eval.summary import quality_differences, summary_of  # noqa: E402
 
 TASK_ORDER = ("humaneval/pass@1", "gsm8k/exact_match", "squad/exact_match",
               "spider/execution_accuracy")

@@ -5,7 +5,7 @@
 
 For each ``data x model`` mesh it places a random pair in real HF format
 (``dsbd_jax.testing.make_tiny_pair``, larger than the test pair) with
-``dsbd_jax.sharding.ShardedDecoder`` and reports, per device: parameter bytes (from the placed
+``dsbd_jax.parallel.ShardedDecoder`` and reports, per device: parameter bytes (from the placed
 arrays' shards), KV-cache bytes (the per-device shapes the compiled decode loop carries), the
 compiled program's temporary bytes (``memory_analysis``), the bytes of every collective per
 loop iteration (read from the compiled HLO), and the wall time per iteration.
@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -36,7 +35,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsbd_jax import DSBDConfig, dsbd_generate, load_model  # noqa: E402
-from dsbd_jax import sharding as sh  # noqa: E402
+from dsbd_jax import parallel as sh  # noqa: E402
+from dsbd_jax.eval import hlo  # noqa: E402
+from dsbd_jax.eval.timing import compile_and_run  # noqa: E402
 from dsbd_jax.testing import make_tiny_pair  # noqa: E402
 
 
@@ -45,20 +46,13 @@ def measure(mesh_shape, target, draft, cfg, ids, lens, repeats):
     dec = sh.ShardedDecoder(dsbd_generate, cfg, mesh)
     params = dec.place({"target": target.params, "draft": draft.params})
     key = jax.random.key(0)
-    t0 = time.perf_counter()
-    jax.block_until_ready(dec(params, ids, key, prompt_lengths=lens))
-    first = time.perf_counter() - t0
-    times, iters = [], None
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(dec(params, ids, jax.random.key(i), prompt_lengths=lens))
-        times.append(time.perf_counter() - t0)
-        iters = int(out.stats["iterations"])
+    r = compile_and_run(dec, params, ids, key, prompt_lengths=lens, repeats=repeats)
+    first, times, iters = r["first_call_s"], r["runs_s"], int(r["output"].stats["iterations"])
     compiled = dec.compiled(params, ids, key, prompt_lengths=lens)
-    rep = sh.loop_collectives(compiled.as_text())
+    rep = hlo.loop_collectives(compiled.as_text())
     mem = compiled.memory_analysis()
     per_dev = dec.param_bytes_per_device(params)
-    kv = sum(int(np.prod(d)) * sh._DTYPE_BYTES[t] for t, d in rep["loop_state_shapes"]
+    kv = sum(int(np.prod(d)) * hlo.DTYPE_BYTES[t] for t, d in rep["loop_state_shapes"]
              if len(d) == 5)
     by_op = {}
     for o in rep["ops"]:

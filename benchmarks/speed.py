@@ -33,13 +33,14 @@ DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
 def jax_part(args):
-    from dsbd_jax import bench, common
-    from dsbd_jax.datasets import benchmark_prompts
-    from dsbd_jax.beam import beam_sample
-    from dsbd_jax.loading import load_model
-    from dsbd_jax.sampling import sample
-    from dsbd_jax.speculative import speculative_sample
-    from dsbd_jax.dsbd import DSBDConfig, dsbd_generate
+    from dsbd_jax import eval as bench
+    from dsbd_jax.decoding import common
+    from dsbd_jax.eval.datasets import benchmark_prompts
+    from dsbd_jax.decoding.beam import beam_sample
+    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.decoding.speculative import speculative_sample
+    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
     target = load_model(TARGET)
     draft = load_model(DRAFT)
@@ -70,8 +71,8 @@ def jax_part(args):
         pre = prefill_s["target"] + (prefill_s["draft"] if spec else 0.0)
         tok = sum(p["tokens"] for p in r["prompts"])
         sec = sum(p["seconds"] for p in r["prompts"])
-        from dsbd_jax.bench.harness import kv_cache_bytes
-        from dsbd_jax.methods import Decoder
+        from dsbd_jax.eval.run import kv_cache_bytes
+        from dsbd_jax.decoding.methods import Decoder
         r.update(prefill_s_per_prompt=pre, decode_tokens_per_s=tok / (sec - pre * len(prompts)),
                  kv_cache_bytes=kv_cache_bytes(
                      Decoder("dsbd" if fn is dsbd_generate else
@@ -83,8 +84,8 @@ def jax_part(args):
 
 def prefill_seconds(target, draft, prompts, P, repeats=3):
     """Median seconds of one prompt pass (``common.prefill``) of each model at bucket ``P``."""
-    from dsbd_jax import common
-    from dsbd_jax.bench.harness import prefill_seconds as time_prefill
+    from dsbd_jax.decoding import common
+    from dsbd_jax.eval.run import prefill_seconds as time_prefill
     ids, lens = common.pad_prompts([prompts[0]], length=P)
     out = {}
     for name, m in (("target", target), ("draft", draft)):
@@ -134,7 +135,7 @@ print("JSON" + json.dumps(rows))
 
 
 def hf_part(args, prompts):
-    from dsbd_jax.presets import ensure_gguf
+    from dsbd_jax.models.presets import ensure_gguf
     path = ensure_gguf(TARGET)
     payload = dict(dir=str(path.parent), file=path.name, widths=list(args.widths), prompts=prompts,
                    n=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p,
@@ -162,7 +163,7 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--out", default="results/speed.json")
     args = ap.parse_args()
-    from dsbd_jax import bench
+    from dsbd_jax import eval as bench
 
     t0 = time.perf_counter()
     texts, prompts, rows = jax_part(args)

@@ -25,8 +25,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsbd_jax.bench.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.warping import _top_p_keep_sorted, warp_logits  # noqa: E402
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.decoding.warping import _top_p_keep_sorted, warp_logits  # noqa: E402
 
 V = 151936
 

@@ -6,18 +6,18 @@ Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sampl
 :func:`dsbd_generate`.
 """
 
-from .beam import beam_sample, beam_search
-from .cache import KVCache, empty_cache
-from .common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
+from dsbd_jax.decoding.beam import beam_sample, beam_search
+from dsbd_jax.models.cache import KVCache, empty_cache
+from dsbd_jax.decoding.common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
                      pad_prompts)
-from .config import ModelConfig
-from .dsbd import DSBDConfig, dsbd_generate
-from .loading import LoadedModel, list_presets, load_model
-from .model import causal_mask, forward, init_params, logits
-from .sampling import sample
-from .speculative import speculative_sample
-from .tree import tree_speculative_sample
-from .warping import warp_logits
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+from dsbd_jax.models.loading import LoadedModel, list_presets, load_model
+from dsbd_jax.models.llama import causal_mask, forward, init_params, logits
+from dsbd_jax.decoding.sampling import sample
+from dsbd_jax.decoding.speculative import speculative_sample
+from dsbd_jax.decoding.tree import tree_speculative_sample
+from dsbd_jax.decoding.warping import warp_logits
 
 __version__ = "0.1.0"
 

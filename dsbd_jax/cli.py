@@ -25,8 +25,8 @@ from typing import List, Optional
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-from .methods import METHODS, NEEDS_DRAFT  # noqa: E402
-from .presets import PresetError  # noqa: E402
+from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT  # noqa: E402
+from dsbd_jax.models.presets import PresetError  # noqa: E402
 
 
 class CLIError(Exception):
@@ -51,14 +51,14 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
              "tensor parallel over 'model'; data defaults to the remaining devices); "
-             "see dsbd_jax.sharding")
+             "see dsbd_jax.parallel")
 
 
 def _mesh(text):
     """The mesh of ``--mesh`` (None when not given); bad values end as a CLI error."""
     if not text:
         return None
-    from .sharding import make_mesh, parse_mesh
+    from dsbd_jax.parallel import make_mesh, parse_mesh
     try:
         sizes = parse_mesh(text)
         return make_mesh(sizes["data"], sizes["model"])
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(name: str, args) -> dict:
-    """The method's settings (``dsbd_jax.methods``) from the CLI flags."""
+    """The method's settings (``dsbd_jax.decoding.methods``) from the CLI flags."""
     s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k or None, top_p=args.top_p, replacement=not args.no_replacement,
              eos_token_id=() if args.no_eos else None)
@@ -176,7 +176,7 @@ class ProgressBar:
 def build_decoder(name, args, target_config, draft_config, progress: bool):
     """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
     validated here, from the model configs alone, before any weights are loaded."""
-    from .methods import build
+    from dsbd_jax.decoding.methods import build
     return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
 
 
@@ -186,9 +186,9 @@ def prepare(args, methods, prompts, raw: bool = False):
     prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
     with ``configs = (target, draft or None)``; the decoders are built with ``progress``
     unless ``--no-progress``."""
-    from .common import max_prompt_length, pad_prompts
-    from .datasets import encode_chat
-    from .loading import load_tokenizer, read_config
+    from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
+    from dsbd_jax.eval.datasets import encode_chat
+    from dsbd_jax.models.loading import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     configs = (read_config(args.target), read_config(args.draft) if needs_draft else None)
     progress = not getattr(args, "no_progress", False)
@@ -204,7 +204,7 @@ def prepare(args, methods, prompts, raw: bool = False):
 def load_models(args, configs):
     """Load the target (and the draft when ``configs[1]`` is not None), with a status line and
     timing for each; the loaded configs must be the ones the decoders were checked against."""
-    from .loading import load_model
+    from dsbd_jax.models.loading import load_model
     models = []
     for role, source, config in (("target", args.target, configs[0]),
                                  ("draft", args.draft, configs[1])):
@@ -226,10 +226,10 @@ def _run_once(call, total: int, desc: str, method: str, progress: bool,
               rows: Optional[int] = None):
     """``timed(call)``, with a progress bar when ``progress`` (counting the first ``rows``
     prompts: a sharded batch may carry padding rows after them)."""
-    from .bench.timing import timed
+    from dsbd_jax.eval.timing import timed
     if not progress:
         return timed(call)
-    from .common import progress_hook
+    from dsbd_jax.decoding.common import progress_hook
     bar = ProgressBar(total, desc, method, rows=rows)
     try:
         with progress_hook(bar):
@@ -241,18 +241,18 @@ def _run_once(call, total: int, desc: str, method: str, progress: bool,
 def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
                progress: bool = False, warmup: bool = True, mesh=None):
     """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
-    ``mesh``: decode sharded over it (``sharding.ShardedDecoder``; weights placed once).
+    ``mesh``: decode sharded over it (``parallel.ShardedDecoder``; weights placed once).
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: a progress bar for each run (the decoder must be built with progress); its
     host callback costs about 0.15 ms per loop trip (measured with tiny models)."""
     import jax
-    from .bench.harness import CompileClock
-    from .methods import model_params
+    from dsbd_jax.eval.run import CompileClock
+    from dsbd_jax.decoding.methods import model_params
     params = model_params(dec, target.params, draft.params if draft else None)
     name = dec.method
     if mesh is not None:
-        from .sharding import ShardedDecoder, mesh_label
+        from dsbd_jax.parallel import ShardedDecoder, mesh_label
         dec = ShardedDecoder.of(dec, mesh)
         params = dec.place(params)
         print(f"[{name}] mesh {mesh_label(mesh)} over {mesh.devices.size} "
@@ -307,7 +307,7 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
 
 
 def cmd_demo(args) -> int:
-    from . import datasets
+    from dsbd_jax.eval import datasets
     prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
                               datasets.chat_prompts("gsm8k", 1)[0]]
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
@@ -345,7 +345,9 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench.harness import format_summary, load_config, run_bench
+    from dsbd_jax.eval.plan import load_config
+    from dsbd_jax.eval.run import run_bench
+    from dsbd_jax.eval.summary import format_summary
     mesh = _mesh(args.mesh)
     cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
                       target=args.target, draft=args.draft, batch_size=args.batch_size)
@@ -362,7 +364,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .bench.plot import plot_results
+    from dsbd_jax.eval.plot import plot_results
     path = Path(args.records)
     if path.is_dir():
         path = path / "records.jsonl"
@@ -373,7 +375,7 @@ def cmd_plot(args) -> int:
 
 def cmd_summary(args) -> int:
     import json
-    from .bench.harness import format_summary, summary_of
+    from dsbd_jax.eval.summary import format_summary, summary_of
     path = Path(args.records)
     if path.is_dir():
         path = path / "records.jsonl"
@@ -391,7 +393,7 @@ def cmd_make_tiny_pair(args) -> int:
     except ImportError:
         raise CLIError("make-tiny-pair needs torch (it builds the models with transformers): "
                        "pip install torch, or pip install 'dsbd-jax[test]'") from None
-    from .testing import make_tiny_pair
+    from dsbd_jax.testing import make_tiny_pair
     target, draft = make_tiny_pair(args.directory)
     print(f"wrote {target} and {draft}")
     print(f"try: dsbd generate --target {target} --draft {draft} --prompt hi --max-new-tokens 8")

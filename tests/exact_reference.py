@@ -7,7 +7,7 @@ What the statistical tests compare against. Semantics follow docs/algorithm.md:
 * ``exact_beam_sample_dist``: beam sampling. Step 1 starts from the prompt as the single input
   beam. At each step the joint over (current beams x V) has log-weights ``s_i + log p(v | x^i)``
   (``s_i`` = the UNWARPED cumulative target log-likelihood of beam i); the flattened joint is
-  warped with :func:`dsbd_jax.warping.warp_logits` (top-k = 10 keeps 10 (beam, token) pairs in
+  warped with :func:`dsbd_jax.decoding.warping.warp_logits` (top-k = 10 keeps 10 (beam, token) pairs in
   total) and the step's ``W`` beams are W i.i.d. draws (``replacement=True``) or W successive draws
   without replacement (``replacement=False``). Beams that emitted EOS are absorbing: they extend
   with ``pad_id`` at log-probability 0 while other beams are running; once every (live) beam
@@ -23,7 +23,7 @@ duplicates kept; decoders may order beams differently). :func:`beam_key` builds 
 one row of a decoder's ``GenerateOutput``.
 
 The warping is the library's own ``warp_logits`` applied to float32 log-weights (so boundary
-decisions of top-k/top-p are the decoders'); everything else is float64. ``tests/test_warping.py``
+decisions of top-k/top-p are the decoders'); everything else is float64. ``tests/decoding/test_warping.py``
 checks ``warp_logits`` itself against Hugging Face.
 
 Sizes: enumeration is exponential; keep V <= 8, W <= 3, n <= 3 (and prefer top-k or small V for
@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 
-from dsbd_jax import model as dmodel
-from dsbd_jax.config import ModelConfig
-from dsbd_jax.warping import warp_logits
+from dsbd_jax.models import llama as dmodel
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.decoding.warping import warp_logits
 
 Seq = Tuple[int, ...]
 
@@ -149,7 +149,7 @@ def warp_rows(logweights: np.ndarray, temperature: float, top_k: Optional[int], 
               ) -> np.ndarray:
     """Warped probabilities (float64, rows sum to 1) of float64 log-weights ``[R, N]``.
 
-    Uses ``dsbd_jax.warping.warp_logits`` on float32, then renormalises in float64.
+    Uses ``dsbd_jax.decoding.warping.warp_logits`` on float32, then renormalises in float64.
     """
     x = np.asarray(logweights, np.float64)
     R, chunk = x.shape[0], 512  # fixed row chunks: one compilation per (settings, width)

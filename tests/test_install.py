@@ -10,7 +10,6 @@ so the command fails and so does the test. The tiny model pair is made beforehan
 process (torch is in the test extra, not a runtime dependency)."""
 
 import importlib.metadata as md
-import json
 import os
 import subprocess
 import sys
@@ -88,6 +87,7 @@ def test_runtime_closure_excludes_the_extras():
 
 
 def test_generate_and_bench_with_a_plain_install(plain_install, tmp_path, torch):
+    from bench_setup import write_bench_config, write_gsm
     from dsbd_jax.testing import make_tiny_pair
 
     t, d = make_tiny_pair(tmp_path / "tiny", seed=0, noise=0.1)
@@ -95,13 +95,8 @@ def test_generate_and_bench_with_a_plain_install(plain_install, tmp_path, torch)
                       "--method", "dsbd", "--max-new-tokens", "3", "--no-eos")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "best beam" in r.stdout
-    gsm = tmp_path / "gsm.jsonl"
-    gsm.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps({
-        "name": "plain", "target": str(t), "draft": str(d),
-        "datasets": [{"task": "gsm8k", "path": str(gsm), "limit": 1}], "max_new_tokens": 3,
-        "eos": False, "methods": [{"method": "beam", "num_beams": 1}]}))
+    cfg = write_bench_config(tmp_path / "cfg.yaml", t, d, write_gsm(tmp_path / "gsm.jsonl"),
+                             [{"method": "beam", "num_beams": 1}], max_new_tokens=3, name="plain")
     r = plain_install("bench", str(cfg), "--out", str(tmp_path / "out"), "--no-progress")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "out" / "summary.json").is_file()

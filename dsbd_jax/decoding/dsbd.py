@@ -1,0 +1,440 @@
+"""Dynamic-Width Speculative Beam Decoding (Qin et al., AAAI 2025), as docs/algorithm.md fixes it.
+
+``dsbd_generate`` runs the whole generation in ONE jit: a ``lax.while_loop`` over iterations; each
+iteration, for every prompt of the batch at once:
+
+1. ``forest.build_forest``: the draft beam-samples ``gamma`` layers of ``W_S`` nodes from the input
+   beams (its beam scores start from the target log-likelihoods of the input beams), with forest
+   attention against the per-beam caches (``gamma`` draft calls).
+2. ONE target call over all ``Wc + gamma * W_S`` nodes (the input beams' pending tokens and the
+   forest) with the forest attention mask: ``p(. | node)`` for every node.
+3. ``verify.verify_forest`` (vmapped over prompts): layer-by-layer multi-candidate verification,
+   dynamic width (``width.py``), correction layer or extra layer.
+4. Commit: every output beam's caches (target and draft) = its root's rows + its accepted path
+   (``forest.commit_rows``). ``single_beam=True`` keeps one cache row per prompt: only the most
+   likely output beam is committed and it is the next iteration's single input beam (the other
+   output beams are kept as sequences, so the last iteration's output still has all of them).
+
+Widths: layer ``l`` keeps ``W_L = min(max_width, max(min_width, W~))`` beams (``width.py``);
+``threshold = 1`` is fixed width ``min_width``. The extra layer draws ``num_beams`` beams
+(``None``: the last layer's ``W_L``). So ``threshold = 1`` with ``num_beams`` None (or
+``== min_width``) is exactly beam sampling of width ``min_width`` (Theorem 3.1), and in general
+every step is a beam-sampling step of the width the rule picked for it.
+
+Output (``common.GenerateOutput``): ``sequences [B, max_width, N]`` holds the final beams in slots
+``0 .. num_beams_out - 1`` in the order of the last iteration's output layer (accepted candidates
+first, in draft order, then the correction / extra-layer draws); unused or dead slots have
+``log_likelihoods == -inf``, ``lengths == 0`` and pad tokens (``stats["num_beams_out"] [B]`` counts
+the live beams). ``log_likelihoods`` are unwarped target log-probabilities.
+
+EOS: finished beams are absorbing (pad at log-probability 0); a prompt stops when all its live
+beams are finished (docs/algorithm.md) or after exactly ``max_new_tokens`` tokens (layers beyond the
+remaining budget are never verified).
+
+Stats (ints unless noted): ``iterations`` (loop trips), ``target_calls`` / ``draft_calls`` (forward
+passes over the batch after the prefills; ``gamma`` draft calls per iteration),
+``generated_tokens [B]``, ``row_iterations [B]``, ``accepted_layers [B]`` (verified layers that
+passed) and ``mean_accepted_layers [B]`` (float, per iteration),
+``mean_layers_per_iteration [B]`` (float: tokens per iteration = accepted layers + the correction
+or extra layer), ``depth_hist [B, gamma+2]``
+(iterations whose budget allowed all ``gamma + 1`` tokens, by the depth they produced: the
+quantity of Theorem 3.2), ``step_widths [B, N]`` (beams at each generated step),
+``layer_verified / layer_passed / layer_candidates / layer_accepted / layer_width_sum [gamma]``
+(sums over prompts and iterations), ``layer_acceptance_rate [gamma]`` (passed / verified),
+``candidate_acceptance_rate [gamma]`` (accepted / candidates), ``mean_layer_width [gamma]`` (mean
+``W_L``), ``mean_accepted_width`` (accepted candidates per verified layer) (floats),
+``num_beams_out [B]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsbd_jax.decoding import common
+from dsbd_jax.models.cache import KVCache
+from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, target_mask
+from dsbd_jax.models.llama import forward
+from dsbd_jax.decoding.verify import make_randoms, verify_forest
+
+NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class DSBDConfig(DecodeConfig):
+    """DSBD settings (frozen, hashable: static under jit). On top of ``DecodeConfig``:
+
+    draft_width: ``W_S``, draft nodes per layer.
+    threshold: ``t`` in [0, 1] of the dynamic width; 1 = fixed width ``min_width``.
+    min_width: ``W_min`` (<= ``W_S``).
+    max_width: cap on the beams of any layer = beams carried between iterations = output slots
+      (default ``W_S``).
+    num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
+      default) = the last layer's width. Must be <= ``max_width``.
+    single_beam: keep one cache row per prompt (the paper's memory-saving mode).
+    """
+
+    num_beams: Optional[int] = None
+    draft_width: int = 2
+    threshold: float = 0.9
+    min_width: int = 1
+    max_width: Optional[int] = None
+    single_beam: bool = False
+
+    def __post_init__(self):
+        nb = self.num_beams
+        object.__setattr__(self, "num_beams", 1 if nb is None else nb)
+        super().__post_init__()
+        object.__setattr__(self, "num_beams", nb)
+        if self.draft is None:
+            raise ValueError("DSBD needs a draft model: set DSBDConfig.draft")
+        for name in ("draft_width", "min_width"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.draft_width < self.min_width:
+            raise ValueError(f"draft_width (W_S = {self.draft_width}) must be >= min_width "
+                             f"(W_min = {self.min_width})")
+        t = self.threshold
+        is_number = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
+        if not is_number or not 0.0 <= t <= 1.0:
+            raise ValueError(f"threshold must be a number in [0, 1], got {t!r}")
+        object.__setattr__(self, "threshold", float(t))
+        mw = self.draft_width if self.max_width is None else self.max_width
+        if not isinstance(mw, (int, np.integer)) or isinstance(mw, bool) or mw < self.min_width:
+            raise ValueError(f"max_width must be an int >= min_width ({self.min_width}), "
+                             f"got {mw!r}")
+        object.__setattr__(self, "max_width", int(mw))
+        if nb is not None and nb > self.max_width:
+            raise ValueError(f"num_beams ({nb}) must be <= max_width ({self.max_width}); raise "
+                             f"max_width to draw more beams in the extra layer")
+        if not isinstance(self.single_beam, bool):
+            raise ValueError(f"single_beam must be a bool, got {self.single_beam!r}")
+
+    @property
+    def cache_rows(self) -> int:
+        """Cache rows (input beams) per prompt: 1 in single-beam mode, else ``max_width``."""
+        return 1 if self.single_beam else self.max_width
+
+
+# ---------------------------------------------------------------------------------------------
+def num_slots(config: DSBDConfig, prompt_len: int) -> int:
+    """Cache slots per beam: prompt + max_new_tokens + gamma + 1."""
+    return prompt_len + config.max_new_tokens + config.gamma + 1
+
+
+def layout(config: DSBDConfig, prompt_len: int) -> Layout:
+    return Layout(Wc=config.cache_rows, C=config.draft_width, G=config.gamma,
+                  S=num_slots(config, prompt_len), V=config.target.vocab_size)
+
+
+@flax.struct.dataclass
+class DSBDState:
+    """Decode state between iterations (B prompts, W = max_width, N = max_new_tokens)."""
+
+    target_cache: KVCache   # [L, B, Wc * S, K, D]
+    draft_cache: KVCache    # [L, B, Wc * S + Td, K, D]
+    keys: jax.Array         # [B] row keys
+    row_iter: jax.Array     # [B]
+    generated: jax.Array    # [B] new tokens so far (same for every beam of a prompt)
+    done: jax.Array         # [B]
+    anchor: jax.Array       # [B] single-beam mode: the beam whose path is in cache row 0
+    sequences: jax.Array    # [B, W, N]
+    scores: jax.Array       # [B, W] unwarped target log-likelihoods (-inf: dead / unused)
+    finished: jax.Array     # [B, W]
+    live: jax.Array         # [B, W]
+    pending: jax.Array      # [B, W] last token (slot base), not yet run through the models
+    prev: jax.Array         # [B, W] token at slot base - 1
+    step_widths: jax.Array  # [B, N]
+    depth_hist: jax.Array   # [B, gamma + 2]
+    accepted_layers: jax.Array  # [B]
+    layer_verified: jax.Array   # [gamma]
+    layer_passed: jax.Array     # [gamma]
+    layer_width: jax.Array      # [gamma]
+    layer_candidates: jax.Array  # [gamma]
+    layer_accepted: jax.Array   # [gamma]
+    iterations: jax.Array
+    target_calls: jax.Array
+    draft_calls: jax.Array
+
+
+def _to_rows(cache: KVCache, Wc: int, extra: int = 0) -> KVCache:
+    """Prefill cache ``[L, B, S, K, D]`` -> per-prompt row ``[L, B, Wc * S + extra, K, D]`` with the
+    prompt in beam 0 (the other beams are empty at the start)."""
+    def f(x):
+        L, B, S, K, D = x.shape
+        rows = jnp.zeros((L, B, Wc, S, K, D), x.dtype).at[:, :, 0].set(x)
+        return jnp.concatenate([rows.reshape(L, B, Wc * S, K, D),
+                                jnp.zeros((L, B, extra, K, D), x.dtype)], axis=2)
+    return KVCache(f(cache.k), f(cache.v))
+
+
+def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> DSBDState:
+    """Prefill both models once per prompt; the prompt is beam 0, its last token pending."""
+    B, P = prompt_ids.shape
+    lay = layout(config, P)
+    W, N, G = config.max_width, config.max_new_tokens, config.gamma
+    tcache, _ = common.prefill(config.target, params["target"], prompt_ids, prompt_lengths, lay.S)
+    dcache, _ = common.prefill(config.draft, params["draft"], prompt_ids, prompt_lengths, lay.S)
+    rows = jnp.arange(B)
+    first = jnp.arange(W)[None, :] == 0
+    zi = jnp.zeros((B,), jnp.int32)
+    zg = jnp.zeros((G,), jnp.int32)
+    return DSBDState(
+        target_cache=_to_rows(tcache, lay.Wc), draft_cache=_to_rows(dcache, lay.Wc, lay.Td),
+        keys=common.row_keys(key, B), row_iter=zi, generated=zi, done=jnp.zeros((B,), bool), anchor=zi,
+        sequences=jnp.full((B, W, N), config.pad_id, jnp.int32),
+        scores=jnp.where(first, 0.0, NEG_INF).repeat(B, 0).astype(jnp.float32),
+        finished=jnp.zeros((B, W), bool), live=jnp.broadcast_to(first, (B, W)),
+        pending=jnp.broadcast_to(prompt_ids[rows, prompt_lengths - 1][:, None], (B, W)),
+        prev=jnp.broadcast_to(prompt_ids[rows, jnp.maximum(prompt_lengths - 2, 0)][:, None],
+                              (B, W)),
+        step_widths=jnp.zeros((B, N), jnp.int32), depth_hist=jnp.zeros((B, G + 2), jnp.int32),
+        accepted_layers=zi, layer_verified=zg, layer_passed=zg, layer_width=zg,
+        layer_candidates=zg, layer_accepted=zg, iterations=jnp.int32(0),
+        target_calls=jnp.int32(0), draft_calls=jnp.int32(0))
+
+
+def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
+    """Step 1 of an iteration: the draft forest grown from the state's input beams.
+
+    Returns ``(forest, draft buffer, layout, randoms, base slots, input-beam fields)``."""
+    B, W, N = state.sequences.shape
+    G, C, V = config.gamma, config.draft_width, config.target.vocab_size
+    Wc = config.cache_rows
+    S = state.target_cache.k.shape[2] // Wc
+    lay = Layout(Wc=Wc, C=C, G=G, S=S, V=V)
+    rand = jax.vmap(lambda k, i: make_randoms(jax.random.fold_in(k, i), G, C, W, lay.P * V,
+                                              config.replacement))(state.keys, state.row_iter)
+    base = prompt_lengths + state.generated - 1                       # slot of pending tokens
+    in_idx = (state.anchor[:, None] if config.single_beam
+              else jnp.broadcast_to(jnp.arange(W)[None], (B, W)))     # [B, Wc]
+    inputs = {k: common.take_rows(getattr(state, k), in_idx)
+              for k in ("pending", "prev", "scores", "finished", "live")}
+    forest, dbuf = build_forest(config, lay, params["draft"], state.draft_cache, base,
+                                inputs["prev"], inputs["pending"], inputs["scores"],
+                                inputs["finished"], inputs["live"], rand.draft_u, rand.draft_g)
+    return forest, dbuf, lay, rand, base, in_idx, inputs
+
+
+def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
+    """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
+    B, W, N = state.sequences.shape
+    G, C, V = config.gamma, config.draft_width, config.target.vocab_size
+    pad = config.pad_id
+    active = ~state.done
+    budget = jnp.where(active, N - state.generated, 0)
+    # 1. draft forest
+    forest, dbuf, lay, rand, base, in_idx, inputs = draft_forest(config, params, prompt_lengths,
+                                                                 state)
+    Wc, S = lay.Wc, lay.S
+    s_in, fin_in, live_in = inputs["scores"], inputs["finished"], inputs["live"]
+
+    # 2. one target pass over every node
+    depth = lay.depth()
+    positions = base[:, None] + depth[None, :]
+    mask = target_mask(lay, forest.anc, base)
+    logits, tkv = forward(config.target, params["target"], forest.node_tokens, positions, mask,
+                          state.target_cache)
+    node_fin = jnp.concatenate([fin_in, forest.finished.reshape(B, G * C)], axis=1)   # [B, T]
+    logp = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), node_fin, pad)
+    # node scores: root score + the target log-probs along the path
+    T = lay.T
+    anc = forest.anc                                                   # [B, T, G + 1]
+    anc_tok = common.take_rows(forest.node_tokens, anc)                            # [B, T, G + 1]
+    flat_lp = logp.reshape(B, T * V)
+    steps = common.take_rows(flat_lp, anc[:, :, :-1] * V + anc_tok[:, :, 1:])      # [B, T, G]
+    on_path = jnp.arange(1, G + 1)[None, :] <= depth[:, None]          # [T, G]
+    s_node = common.take_rows(s_in, anc[:, :, 0]) + jnp.sum(jnp.where(on_path[None], steps, 0.0), axis=-1)
+    # joint log-weights of every layer's parents: row l = nodes of layer l (l = 0: input beams)
+    Pp = lay.P
+    par_ids = jnp.minimum(jnp.stack([lay.layer_start(l) for l in range(G + 1)])[:, None]
+                          + jnp.arange(Pp)[None, :], T - 1)             # [G + 1, Pp]
+    joint = (common.take_rows(s_node, par_ids[None].repeat(B, 0))[..., None]
+             + common.take_rows(logp, par_ids[None].repeat(B, 0)))                  # [B, G + 1, Pp, V]
+    input_ok = jnp.zeros((B, Pp), bool).at[:, :Wc].set(live_in)
+
+    # 3. verification
+    verdict = jax.vmap(functools.partial(verify_forest, config=config))(
+        rand, joint, input_ok, forest.q, forest.flat, forest.valid, forest.finished, budget)
+    d = verdict.depth                                                  # [B]
+    slot, tok = verdict.flat // V, (verdict.flat % V).astype(jnp.int32)
+    par = jnp.minimum(lay.layer_start(jnp.maximum(d - 1, 0))[:, None] + slot, T - 1)  # [B, W]
+    path = common.take_rows(anc, par)                                             # [B, W, G + 1]
+    root = path[:, :, 0]
+    valid = verdict.valid & active[:, None]
+
+    # 4. the output beams
+    k = jnp.arange(G + 1)
+    path_tok = jnp.where(k[None, None, :] < (d - 1)[:, None, None],
+                         common.take_rows(forest.node_tokens, jnp.concatenate([path[:, :, 1:], path[:, :, :1]],
+                                                                    axis=-1)),
+                         tok[:, :, None])                              # [B, W, G + 1]
+    dest = jnp.broadcast_to(jnp.where(k[None, None, :] < d[:, None, None],
+                                      state.generated[:, None, None] + k[None, None, :], N),
+                            path_tok.shape)
+    seqs = common.take_rows(state.sequences, common.take_rows(in_idx, root))
+    seqs = jax.vmap(jax.vmap(lambda s, i, t: s.at[i].set(t, mode="drop")))(seqs, dest, path_tok)
+    seqs = jnp.where(valid[..., None], seqs, pad)
+    new_scores = jnp.where(valid, common.take_rows(s_node, par) + common.take_rows(flat_lp, par * V + tok), NEG_INF)
+    new_fin = common.take_rows(node_fin, par) | common.is_eos(tok, config.eos_token_id)
+    new_prev = common.take_rows(forest.node_tokens, par)
+    generated = state.generated + jnp.where(active, d, 0)
+
+    # 5. commit the accepted paths into the caches
+    if config.single_beam:
+        best = jnp.argmax(new_scores, axis=1).astype(jnp.int32)
+        roots = jnp.zeros((B, 1), jnp.int32)
+        cpath = common.take_rows(path, best[:, None])                            # [B, 1, G + 1]
+        anchor = jnp.where(active, best, state.anchor)
+    else:
+        roots, cpath, anchor = root, path, state.anchor
+    tcache = commit_rows(state.target_cache, tkv, roots, cpath, base, Wc, S)
+    has_prev = (base >= 1)[:, None, None]
+    dids = cpath + Wc                                                  # draft scratch ids
+    dids = jnp.where(has_prev, jnp.concatenate([cpath[:, :, :1], dids], axis=-1),
+                     jnp.concatenate([dids, dids[:, :, -1:]], axis=-1))
+    off = Wc * S
+    drows = KVCache(dbuf.k[:, :, :off], dbuf.v[:, :, :off])
+    dsrc = KVCache(dbuf.k[:, :, off:], dbuf.v[:, :, off:])
+    drows = commit_rows(drows, dsrc, roots, dids, jnp.maximum(base - 1, 0), Wc, S)
+    dcache = KVCache(jax.lax.dynamic_update_slice(dbuf.k, drows.k, (0, 0, 0, 0, 0)),
+                     jax.lax.dynamic_update_slice(dbuf.v, drows.v, (0, 0, 0, 0, 0)))
+
+    # 6. bookkeeping (finished prompts keep their state)
+    a = active[:, None]
+    upd = lambda new, old: jnp.where(a if old.ndim == 2 else a[..., None], new, old)  # noqa: E731
+    live = jnp.where(a, valid, state.live)
+    fin = upd(new_fin, state.finished)
+    done = state.done | (active & ((generated >= N) | jnp.all(~live | fin, axis=1)))
+    wdest = jnp.where(k[None, :] < d[:, None], state.generated[:, None] + k[None, :], N)
+    step_widths = jax.vmap(lambda s, i, w: s.at[i].set(w, mode="drop"))(
+        state.step_widths, wdest, verdict.widths)
+    full = active & (budget >= G + 1)
+    depth_hist = state.depth_hist + (full[:, None] & (jnp.arange(G + 2)[None, :] == d[:, None]))
+    vsum = lambda x: jnp.sum(x.astype(jnp.int32), axis=0)  # noqa: E731
+    return state.replace(
+        target_cache=tcache, draft_cache=dcache, row_iter=state.row_iter + active,
+        generated=generated, done=done, anchor=anchor,
+        sequences=upd(seqs, state.sequences), scores=upd(new_scores, state.scores),
+        finished=fin, live=live, pending=upd(tok, state.pending), prev=upd(new_prev, state.prev),
+        step_widths=step_widths, depth_hist=depth_hist,
+        accepted_layers=state.accepted_layers + jnp.sum(verdict.passed, axis=1),
+        layer_verified=state.layer_verified + vsum(verdict.verified),
+        layer_passed=state.layer_passed + vsum(verdict.passed),
+        layer_width=state.layer_width + vsum(verdict.widths[:, :G]),
+        layer_candidates=state.layer_candidates + vsum(verdict.candidates),
+        layer_accepted=state.layer_accepted + vsum(verdict.accepted),
+        iterations=state.iterations + 1, target_calls=state.target_calls + 1,
+        draft_calls=state.draft_calls + G)
+
+
+def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
+    loglik = jnp.where(state.live, state.scores, NEG_INF)
+    lengths, best = common.best_and_lengths(state.sequences, loglik, config.eos_token_id)
+    lengths = jnp.where(state.live, lengths, 0)
+    f = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ratio = lambda a, b: f(a) / jnp.maximum(f(b), 1.0)  # noqa: E731
+    stats = dict(
+        iterations=state.iterations, target_calls=state.target_calls,
+        draft_calls=state.draft_calls, generated_tokens=state.generated,
+        row_iterations=state.row_iter, accepted_layers=state.accepted_layers,
+        mean_layers_per_iteration=ratio(state.generated, state.row_iter),
+        mean_accepted_layers=ratio(state.accepted_layers, state.row_iter),
+        depth_hist=state.depth_hist, step_widths=state.step_widths,
+        layer_verified=state.layer_verified, layer_passed=state.layer_passed,
+        layer_candidates=state.layer_candidates, layer_accepted=state.layer_accepted,
+        layer_width_sum=state.layer_width,
+        layer_acceptance_rate=ratio(state.layer_passed, state.layer_verified),
+        candidate_acceptance_rate=ratio(state.layer_accepted, state.layer_candidates),
+        mean_layer_width=ratio(state.layer_width, state.layer_verified),
+        mean_accepted_width=ratio(jnp.sum(state.layer_accepted), jnp.sum(state.layer_verified)),
+        num_beams_out=jnp.sum(state.live, axis=1).astype(jnp.int32))
+    return GenerateOutput(sequences=state.sequences, lengths=lengths, log_likelihoods=loglik,
+                          best=best, stats=stats)
+
+
+@common.core
+@functools.partial(jax.jit, static_argnames=("config",))
+def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
+    common.note_trace("dsbd_generate", prompt_ids=prompt_ids.shape, config=config)
+    state = init_state(config, params, prompt_ids, prompt_lengths, keys)
+    body = common.with_progress(
+        config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
+            iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
+            accepted=jnp.sum(s.layer_accepted), verified=jnp.sum(s.layer_verified)))
+    state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+    return to_output(config, state)
+
+
+# ---------------------------------------------------------------------------------------------
+def check_inputs(params, prompt_ids, key, config, prompt_lengths) -> None:
+    """Host-side validation (concrete values, clear ``ValueError``s) before the jitted core."""
+    if not isinstance(config, DSBDConfig):
+        raise ValueError(f"config must be a DSBDConfig, got {type(config).__name__}")
+    if not isinstance(params, dict) or "target" not in params or "draft" not in params:
+        raise ValueError('params must be a dict {"target": ..., "draft": ...}')
+    for name, mc in (("target", config.target), ("draft", config.draft)):
+        try:
+            rows = params[name]["embed"]["embedding"].shape[0]
+        except (KeyError, TypeError, AttributeError):
+            rows = None
+        if rows is not None and rows != mc.vocab_size:
+            raise ValueError(f"{name} parameters have a vocabulary of {rows}, the config says "
+                             f"{mc.vocab_size}")
+    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    B, P = np.shape(prompt_ids)
+    common.check_positions({"target": config.target, "draft": config.draft}, P,
+                           config.max_new_tokens, num_slots(config, P) - P - config.max_new_tokens)
+    common.check_key(key, B)
+
+
+def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None
+                  ) -> GenerateOutput:
+    """Dynamic-width speculative beam decoding (module doc).
+
+    Args:
+      params: ``{"target": target params, "draft": draft params}``.
+      prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths``: ``[B]`` (None: all ``P``).
+      key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``);
+        iteration i of row b uses ``fold_in(row_key, i)``.
+      config: ``DSBDConfig``.
+    Returns:
+      ``GenerateOutput`` with ``sequences [B, max_width, N]`` (unused slots: ``log_likelihoods``
+      ``-inf``, see ``stats["num_beams_out"]``) and the DSBD stats of the module doc.
+    """
+    return _dsbd_core(*_prepare(params, prompt_ids, key, config, prompt_lengths), config=config)
+
+
+def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
+    """Validate (host side) and return the jitted cores' ``(params, prompt_ids, lengths, keys)``."""
+    check_inputs(params, prompt_ids, key, config, prompt_lengths)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    params = {"target": params["target"], "draft": params["draft"]}
+    # [B] row keys before the jit: a single key and a batch of keys share one compiled program
+    keys = common.row_keys(key, prompt_ids.shape[0])
+    return params, prompt_ids, lengths, keys
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
+    state = init_state(config, params, prompt_ids, prompt_lengths, keys)
+    return draft_forest(config, params, prompt_lengths, state)[0]
+
+
+def first_forest(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None):
+    """The draft forest of the first iteration, for inspection: a ``forest.Forest`` whose
+    ``tokens [B, gamma, W_S]`` are the drafted tokens of each layer, ``parent [B, gamma, W_S]``
+    the slot of each node's parent in the layer before (layer 0: the input beam), ``valid`` the
+    nodes drawn with positive probability and ``q`` the joint each layer was drawn from. Same
+    arguments as :func:`dsbd_generate` (and the same draws as its first iteration)."""
+    return _first_forest_core(*_prepare(params, prompt_ids, key, config, prompt_lengths),
+                              config=config)

@@ -1,0 +1,278 @@
+"""The draft forest of one DSBD iteration: layout, forest attention masks, drafting, commits.
+
+Per prompt there are ``Wc`` input beams (cache rows; ``max_width``, or 1 in single-beam mode),
+``C = W_S`` nodes per draft layer and ``G = gamma`` layers. Shapes below: ``B`` prompts, ``V``
+vocabulary, ``S`` cache slots per beam, ``P = max(Wc, C)`` padded parent slots.
+
+Node ids (the **target layout**, ``T = Wc + G * C`` nodes, the order of the target pass):
+``0 .. Wc-1`` are the input beams' *pending* tokens (depth 0: emitted, not yet run through the
+models), ``Wc + (l - 1) * C + j`` is node ``j`` of layer ``l`` (depth ``l``). A layer-``l`` node's
+parent *slot* is an input beam (``l = 1``) or a node of layer ``l - 1``; its flat index in the
+layer's joint is ``slot * V + token``.
+
+Caches are kept per prompt as ONE row: target ``[L, B, Wc * S, K, D]`` (beam ``r`` owns slots
+``r * S .. r * S + S - 1``; a free reshape of ``[L, B * Wc, S, K, D]``) and draft
+``[L, B, Wc * S + Td, K, D]`` whose tail of ``Td = 2 Wc + (G - 1) C`` slots is scratch for the
+forest's keys/values while drafting. Forest attention: a node sees its root beam's committed
+slots and its ancestors (and itself) among the forest nodes, nothing else; the masks are built on
+device from the ancestor table ``anc [B, T, G + 1]`` (``anc[t, k]`` = the node's ancestor at depth
+``k``; entries deeper than the node are the node itself). So each node runs once through the
+projections and MLP whatever its root.
+
+Slots: a beam with ``n`` new tokens has its pending token at slot ``base = prompt_len + n - 1``
+(position == slot). The target cache holds slots ``< base``. The draft cache holds slots
+``< base - 1``: like ``speculative.py``, each iteration's first draft call runs ``[prev, pending]``
+(``prev`` = the token at ``base - 1``), because when every layer was accepted the draft never ran
+the parent of the extra layer's token; this keeps the draft at ``gamma`` calls per iteration.
+
+Draft scratch ids: ``r`` = prev of beam ``r``; a target-layout node ``t`` (depth < G) has scratch
+id ``Wc + t``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from dsbd_jax.decoding import common
+from dsbd_jax.models.cache import KVCache
+from dsbd_jax.models.llama import forward
+from dsbd_jax.decoding.verify import draw_gumbel
+from dsbd_jax.decoding.warping import draw_from
+from dsbd_jax.decoding.warping import warp_logits
+
+NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Static sizes of one iteration's forest."""
+
+    Wc: int   # input beams (cache rows) per prompt
+    C: int    # nodes per draft layer (W_S)
+    G: int    # layers (gamma)
+    S: int    # cache slots per beam
+    V: int    # vocabulary
+
+    @property
+    def T(self) -> int:
+        return self.Wc + self.G * self.C
+
+    @property
+    def P(self) -> int:
+        return max(self.Wc, self.C)
+
+    @property
+    def Td(self) -> int:
+        return 2 * self.Wc + (self.G - 1) * self.C
+
+    def layer_start(self, l):
+        """Target id of node 0 of layer ``l`` (``l = 0``: the input beams)."""
+        return jnp.where(l == 0, 0, self.Wc + (l - 1) * self.C)
+
+    def depth(self) -> jax.Array:
+        """``[T]`` depth of every node."""
+        return jnp.concatenate([jnp.zeros((self.Wc,), jnp.int32),
+                                jnp.repeat(jnp.arange(1, self.G + 1, dtype=jnp.int32), self.C)])
+
+
+@flax.struct.dataclass
+class Forest:
+    """One iteration's draft forest (batch axis first)."""
+
+    tokens: jax.Array    # [B, G, C] int32
+    parent: jax.Array    # [B, G, C] parent slot in the previous layer
+    flat: jax.Array      # [B, G, C] parent * V + token
+    valid: jax.Array     # [B, G, C] bool: drawn with positive probability (not dead)
+    finished: jax.Array  # [B, G, C] bool: EOS on the path
+    q: jax.Array         # [B, G, P * V] the distribution each layer was drawn from (probs)
+    anc: jax.Array       # [B, T, G + 1] ancestors (target ids) by depth
+    node_tokens: jax.Array  # [B, T] token of every node (pending tokens first)
+
+
+# ---------------------------------------------------------------------------------------------
+# masks
+def visible(ids: jax.Array, ok: jax.Array, size: int) -> jax.Array:
+    """``[B, n, k]`` ids (with ``ok``) -> ``[B, n, size]`` bool: the listed entries."""
+    hit = (ids[..., None] == jnp.arange(size)) & ok[..., None]
+    return jnp.any(hit, axis=-2)
+
+
+def root_slots(root: jax.Array, filled: jax.Array, Wc: int, S: int) -> jax.Array:
+    """``[B, n]`` roots, ``[B]`` filled slots -> ``[B, n, Wc * S]``: root slots ``< filled``."""
+    beam = jnp.arange(Wc)[None, None, :, None] == root[:, :, None, None]
+    slot = jnp.arange(S)[None, None, None, :] < filled[:, None, None, None]
+    return (beam & slot).reshape(root.shape + (Wc * S,))
+
+
+def target_mask(lay: Layout, anc: jax.Array, base: jax.Array) -> jax.Array:
+    """``[B, T, Wc * S + T]``: root's slots ``< base``, then ancestors-or-self among the nodes."""
+    k = jnp.arange(lay.G + 1)
+    ok = jnp.broadcast_to(k[None, None, :] <= lay.depth()[None, :, None], anc.shape)
+    return jnp.concatenate([root_slots(anc[:, :, 0], base, lay.Wc, lay.S),
+                            visible(anc, ok, lay.T)], axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# drafting
+def _sanitize(lw: jax.Array) -> jax.Array:
+    """Warping an all ``-inf`` row (a finished prompt's junk) gives NaN: make it ``-inf``."""
+    return jnp.where(jnp.isnan(lw), NEG_INF, lw)
+
+
+def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: jax.Array,
+                finished: jax.Array, ok: jax.Array, P: int):
+    """Draw one draft layer by beam sampling on the draft's own warped joint.
+
+    Args:
+      u: ``[B, C]`` uniforms (i.i.d. draws); g: ``[B, >= n * V]`` Gumbel noise (without
+        replacement).
+      logits: ``[B, n, V]`` draft logits of the parents; dscore: ``[B, n]`` their draft beam
+        scores; finished / ok: ``[B, n]`` (finished parents are absorbing; not-ok parents have
+        weight 0).
+    Returns:
+      dict of ``[B, C]`` arrays (parent, token, flat, valid, dscore, finished) and ``q [B, P*V]``.
+    """
+    B, n, V = logits.shape
+    C = config.draft_width
+    logq = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), finished, config.pad_id)
+    joint = jnp.where(ok[..., None], dscore[..., None] + logq, NEG_INF).reshape(B, n * V)
+    # computed once: left to fusion, XLA:CPU recomputes it inside each consumer (the warp and
+    # the step log-probs), at ~8 ms each for 3 x 151,936 entries (benchmarks/phase_profile.py)
+    joint = jax.lax.optimization_barrier(joint)
+    lw = _sanitize(warp_logits(joint, config.temperature, config.top_k, config.top_p))
+    if config.replacement:
+        flat = jax.vmap(draw_from)(jnp.exp(lw), u)
+    else:
+        flat = jax.vmap(lambda x, gg: draw_gumbel(x, gg[:n * V], C))(lw, g)
+    valid = jnp.take_along_axis(lw, flat, axis=1) > NEG_INF
+    parent, token = flat // V, (flat % V).astype(jnp.int32)
+    step_lp = jnp.take_along_axis(logq.reshape(B, n * V), flat, axis=1)
+    q = jnp.pad(jnp.exp(lw), ((0, 0), (0, (P - n) * V)))
+    return dict(parent=parent, token=token, flat=flat, valid=valid,
+                dscore=jnp.take_along_axis(dscore, parent, axis=1) + step_lp,
+                finished=(jnp.take_along_axis(finished, parent, axis=1)
+                          | common.is_eos(token, config.eos_token_id)),
+                q=q)
+
+
+def _draft_forward(config, params, buffer: KVCache, tokens, positions, mask, offset,
+                   logits_at=None):
+    """Draft forward over new tokens against the whole draft buffer; writes their keys/values
+    into the buffer at slot ``offset`` (the scratch tail). Returns ``(logits, buffer)``."""
+    logits, new = forward(config.draft, params, tokens, positions, mask, buffer,
+                          logits_at=logits_at)
+
+    def put(c, x):
+        return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), (0, 0, offset, 0, 0))
+
+    return logits, KVCache(put(buffer.k, new.k), put(buffer.v, new.v))
+
+
+def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.Array,
+                 prev: jax.Array, pending: jax.Array, scores: jax.Array, finished: jax.Array,
+                 live: jax.Array, draft_u: jax.Array, draft_g: jax.Array):
+    """Run the draft: ``gamma`` forward calls, ``gamma`` layers of ``W_S`` nodes each.
+
+    Args:
+      buffer: draft cache ``[L, B, Wc * S + Td, K, D]``.
+      base: ``[B]`` slot of the pending tokens. prev, pending: ``[B, Wc]`` tokens at ``base - 1``
+        and ``base``. scores: ``[B, Wc]`` target log-likelihoods of the input beams (the draft's
+        beam scores start from them). finished, live: ``[B, Wc]``.
+      draft_u: ``[B, G, C]`` uniforms; draft_g: ``[B, G, P * V]`` Gumbel noise (or empty): the
+        draft's random numbers (``verify.Randoms``).
+    Returns:
+      ``(Forest, buffer)``; the buffer's scratch holds prev, pending and layers ``1 .. G-1``.
+    """
+    Wc, C, G, S = lay.Wc, lay.C, lay.G, lay.S
+    B = base.shape[0]
+    off = Wc * S
+    has_prev = base >= 1
+    draft_filled = jnp.maximum(base - 1, 0)
+
+    # call 0: [prev_r, pending_r] for every input beam r.
+    r = jnp.arange(Wc)
+    root0 = jnp.broadcast_to(jnp.concatenate([r, r])[None], (B, 2 * Wc))
+    eye = jnp.eye(2 * Wc, dtype=bool)
+    prev_of_pending = jnp.zeros((2 * Wc, 2 * Wc), bool).at[Wc + r, r].set(True)
+    new0 = eye[None] | (prev_of_pending[None] & has_prev[:, None, None])
+    mask0 = jnp.concatenate([root_slots(root0, draft_filled, Wc, S),
+                             jnp.zeros((B, 2 * Wc, lay.Td), bool), new0], axis=-1)
+    tokens0 = jnp.concatenate([prev, pending], axis=1)
+    pos0 = jnp.concatenate([jnp.broadcast_to(draft_filled[:, None], (B, Wc)),
+                            jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
+    logits0, buffer = _draft_forward(config, draft_params, buffer, tokens0, pos0, mask0, off,
+                                     logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
+    first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
+                        lay.P)
+
+    # ancestors of the input beams: themselves at every depth.
+    anc_in = jnp.broadcast_to(r[None, :, None], (B, Wc, G + 1))
+
+    def new_anc(parent_anc, l, parent):
+        """Ancestors of layer-l nodes: the parent's, with the node itself from depth l on."""
+        a = jnp.take_along_axis(parent_anc, parent[..., None], axis=1)        # [B, C, G+1]
+        ids = lay.layer_start(l) + jnp.arange(C)
+        return jnp.where(jnp.arange(G + 1)[None, None, :] >= l, ids[None, :, None], a)
+
+    anc1 = new_anc(anc_in, 1, first["parent"])
+
+    def step(carry, l):
+        buffer, cur, cur_anc = carry                          # cur: layer l (1 .. G-1)
+        sid = jnp.where(jnp.arange(G + 1)[None, None, :] < l, cur_anc + Wc, 0)
+        sok = jnp.broadcast_to(jnp.arange(G + 1)[None, None, :] < l, sid.shape)
+        prev_id = cur_anc[:, :, :1]                           # scratch id of the root's prev
+        ids = jnp.concatenate([sid, prev_id], axis=-1)
+        ok = jnp.concatenate([sok, jnp.broadcast_to(has_prev[:, None, None], prev_id.shape)], -1)
+        mask = jnp.concatenate([root_slots(cur_anc[:, :, 0], draft_filled, Wc, S),
+                                visible(ids, ok, lay.Td),
+                                jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
+        pos = jnp.broadcast_to((base + l)[:, None], (B, C))
+        logits, buffer = _draft_forward(config, draft_params, buffer, cur["token"], pos, mask,
+                                        off + 2 * Wc + (l - 1) * C)
+        pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
+        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"],
+                          cur["finished"], cur["valid"], lay.P)
+        nxt_anc = new_anc(cur_anc, l + 1, nxt["parent"])
+        return (buffer, nxt, nxt_anc), (nxt, nxt_anc)
+
+    layers = {k: v[:, None] for k, v in first.items()}                    # [B, 1, ...]
+    anc = jnp.concatenate([anc_in, anc1], axis=1)
+    if G > 1:
+        (buffer, _, _), (rest, rest_anc) = jax.lax.scan(step, (buffer, first, anc1),
+                                                        jnp.arange(1, G))
+        layers = {k: jnp.concatenate([v, jnp.moveaxis(rest[k], 0, 1)], axis=1)
+                  for k, v in layers.items()}                              # [B, G, ...]
+        anc = jnp.concatenate([anc, jnp.moveaxis(rest_anc, 0, 1).reshape(B, (G - 1) * C, G + 1)],
+                              axis=1)                                      # [B, T, G+1]
+    tokens = layers["token"]
+    forest = Forest(tokens=tokens, parent=layers["parent"], flat=layers["flat"],
+                    valid=layers["valid"], finished=layers["finished"], q=layers["q"], anc=anc,
+                    node_tokens=jnp.concatenate([pending, tokens.reshape(B, G * C)], axis=1))
+    return forest, buffer
+
+
+# ---------------------------------------------------------------------------------------------
+# commits
+@jax.named_scope("cache")
+def commit_rows(rows: KVCache, src: KVCache, roots: jax.Array, ids: jax.Array, start: jax.Array,
+                Wc: int, S: int) -> KVCache:
+    """New per-beam caches: row ``o`` = old row ``roots[b, o]`` with ``src`` entries ``ids[b, o]``
+    written at slots ``start[b] ..`` (the accepted path; EAGLE-style copy).
+
+    rows: ``[L, B, Wc * S, K, D]``; src: ``[L, B, Tsrc, K, D]``; roots: ``[B, Wc]``;
+    ids: ``[B, Wc, n]`` (clipped into ``src``); start: ``[B]`` (``start + n <= S``).
+    """
+    def one(c, s, root, idx, st):            # c: [L, Wc*S, K, D], s: [L, Tsrc, K, D]
+        L, _, K, D = c.shape
+        c = jnp.take(c.reshape(L, Wc, S, K, D), root, axis=1)
+        path = jnp.take(s, jnp.clip(idx, 0, s.shape[1] - 1).reshape(-1), axis=1)
+        path = path.reshape(L, Wc, idx.shape[-1], K, D).astype(c.dtype)
+        c = jax.lax.dynamic_update_slice(c, path, (0, 0, st, 0, 0))
+        return c.reshape(L, Wc * S, K, D)
+
+    f = jax.vmap(one, in_axes=(1, 1, 0, 0, 0), out_axes=1)
+    return KVCache(f(rows.k, src.k, roots, ids, start), f(rows.v, src.v, roots, ids, start))

@@ -1,0 +1,140 @@
+"""One way to name a decoding method and its settings, shared by the CLI and the benchmark harness.
+
+    dec = build("dsbd", target.config, draft.config, gamma=3, draft_width=3, threshold=0.9)
+    out = dec(both_params, prompt_ids, key, prompt_lengths=lens)
+
+Methods: ``dsbd`` (:func:`dsbd_jax.dsbd_generate`), ``beam`` (beam sampling), ``beam_search``,
+``sample`` (multinomial sampling), ``spec`` (speculative sampling), ``tree`` (token-tree
+speculative sampling). Settings are the keyword fields of :class:`~dsbd_jax.DecodeConfig` /
+:class:`~dsbd_jax.DSBDConfig` that the method reads; any other key is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional
+
+METHODS = ("dsbd", "beam", "beam_search", "sample", "spec", "tree")
+NEEDS_DRAFT = frozenset({"dsbd", "spec", "tree"})
+
+_COMMON = {"max_new_tokens", "temperature", "top_k", "top_p", "replacement", "eos_token_id",
+           "pad_token_id", "progress"}
+_ALLOWED = {
+    "dsbd": _COMMON | {"gamma", "draft_width", "threshold", "min_width", "max_width", "num_beams",
+                       "single_beam"},
+    "beam": _COMMON | {"num_beams"},
+    "beam_search": _COMMON | {"num_beams", "length_penalty", "early_stopping"},
+    "sample": _COMMON,
+    "spec": _COMMON | {"gamma"},
+    "tree": _COMMON | {"gamma", "tree_widths"},
+}
+# label order (independent of the order a config file lists settings in) and short names
+_ORDER = ("num_beams", "gamma", "draft_width", "threshold", "min_width", "max_width", "tree_widths")
+_ABBREV = {"num_beams": "W", "gamma": "g", "draft_width": "WS", "threshold": "t",
+           "min_width": "Wmin", "max_width": "Wmax", "tree_widths": "tree"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+    """A method bound to its config: ``decoder(params, prompt_ids, key, prompt_lengths=...)``.
+
+    ``params`` is the target's parameters, or ``{"target": ..., "draft": ...}`` when
+    ``needs_draft``. ``beam_search`` is deterministic and ignores ``key``.
+    """
+
+    method: str
+    fn: Callable
+    config: Any
+    takes_key: bool = True
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.method in NEEDS_DRAFT
+
+    def __call__(self, params, prompt_ids, key, prompt_lengths=None):
+        if self.takes_key:
+            return self.fn(params, prompt_ids, key, self.config, prompt_lengths=prompt_lengths)
+        return self.fn(params, prompt_ids, self.config, prompt_lengths=prompt_lengths)
+
+    def core_call(self, params, prompt_ids, key, prompt_lengths=None):
+        """The jitted core and the exact arguments a call with these inputs runs
+        (``common.CoreCall``), after the same host-side checks; nothing is run."""
+        from dsbd_jax.decoding import common
+        with common.capture_core_calls():
+            call = self(params, prompt_ids, key, prompt_lengths=prompt_lengths)
+        if not isinstance(call, common.CoreCall):
+            raise TypeError(f"{self.fn.__name__} did not call a @common.core function")
+        return call
+
+    def compiled(self, params, prompt_ids, key, prompt_lengths=None):
+        """Compile, ahead of time and without running it, the program a call with these
+        arguments runs (``jax.stages.Compiled``; the same method as
+        ``parallel.ShardedDecoder.compiled``). A later call with the same argument shapes runs
+        it without compiling: the benchmark harness's ``warmup: 0``."""
+        return self.core_call(params, prompt_ids, key, prompt_lengths).compile()
+
+
+def check_settings(method: str, settings: Dict[str, Any]) -> None:
+    """``ValueError`` for an unknown method or a setting the method does not read."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    extra = sorted(set(settings) - _ALLOWED[method])
+    if extra:
+        raise ValueError(f"method {method!r} has no setting(s) {extra}; it reads "
+                         f"{sorted(_ALLOWED[method])}")
+
+
+def build(method: str, target, draft=None, **settings) -> Decoder:
+    """The decoder for ``method`` with ``settings`` (config fields) on the given model configs."""
+    check_settings(method, settings)
+    if method in NEEDS_DRAFT and draft is None:
+        raise ValueError(f"method {method!r} needs a draft model")
+    from dsbd_jax.decoding import common
+    if "tree_widths" in settings and settings["tree_widths"] is not None:
+        settings = {**settings, "tree_widths": tuple(settings["tree_widths"])}
+    if method == "dsbd":
+        from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+        return Decoder(method, dsbd_generate, DSBDConfig(target=target, draft=draft, **settings))
+    if method == "beam":
+        from dsbd_jax.decoding.beam import beam_sample
+        return Decoder(method, beam_sample, common.DecodeConfig(target=target, **settings))
+    if method == "beam_search":
+        from dsbd_jax.decoding.beam import beam_search
+        return Decoder(method, beam_search, common.DecodeConfig(target=target, **settings),
+                       takes_key=False)
+    if method == "sample":
+        from dsbd_jax.decoding.sampling import sample
+        return Decoder(method, sample, common.DecodeConfig(target=target, **settings))
+    if method == "spec":
+        from dsbd_jax.decoding.speculative import speculative_sample
+        return Decoder(method, speculative_sample,
+                       common.DecodeConfig(target=target, draft=draft, **settings))
+    from dsbd_jax.decoding.tree import tree_speculative_sample
+    return Decoder(method, tree_speculative_sample,
+                   common.DecodeConfig(target=target, draft=draft, **settings))
+
+
+def label(method: str, setting: Dict[str, Any]) -> str:
+    """A short readable name, e.g. ``dsbd g=3 WS=3 t=0.9 Wmin=1 single-beam`` (settings in a
+    fixed order, whatever order they were given in)."""
+    parts = [method]
+    rank = lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER), k)  # noqa: E731
+    for k in sorted(setting, key=rank):
+        v = setting[k]
+        if k == "single_beam":
+            if v:
+                parts.append("single-beam")
+        elif k == "replacement":
+            if not v:
+                parts.append("no-replacement")
+        else:
+            v = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+            parts.append(f"{_ABBREV.get(k, k)}={v}")
+    return " ".join(parts)
+
+
+def model_params(decoder: Decoder, target_params, draft_params: Optional[Any] = None):
+    """The ``params`` argument a decoder takes."""
+    if decoder.needs_draft:
+        return {"target": target_params, "draft": draft_params}
+    return target_params

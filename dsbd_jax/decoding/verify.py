@@ -1,0 +1,316 @@
+"""DSBD verification of a draft forest (docs/algorithm.md, steps 3-4), one prompt at a time.
+
+Every function here is pure and works on ONE prompt (callers ``vmap`` over the batch). Joint
+distributions are flat ``[N] = [P * V]`` probability vectors over (parent slot, token); a flat index
+``x = parent * V + token``. ``P`` is the padded number of parent slots of a layer.
+
+Layer ``l`` (1..gamma):
+
+* candidates = the layer's nodes whose parent was ACCEPTED at layer ``l - 1`` (layer 1: every
+  valid input beam is a parent). Their drafting distribution restricted to the accepted parents
+  and renormalised (:func:`restrict_draft`) is the ``q`` of the rule: children of accepted parents
+  are i.i.d. draws from it (without replacement: successive draws without replacement from it).
+* ``p_beam`` (:func:`beam_distribution`): the warped joint over (accepted parents) x V with the
+  target's unwarped cumulative scores, warped exactly as beam sampling warps it.
+* width ``W_L`` (``width.layer_width``).
+* the multi-candidate rule (:func:`verify_candidates`): candidate ``x`` is accepted with probability
+  ``min(1, p'(x) / q(x))`` (:func:`accept_test`); on reject ``p' <- norm(max(p' - q, 0))``
+  (:func:`reject_update`); on accept ``p' <- p_beam``; stop at ``W_L`` accepted.
+  ``replacement=False`` (MCSD Algorithm 2): on reject also remove ``x`` from ``q`` and
+  renormalise; every verified candidate is removed from ``q`` (drafts are drawn without
+  replacement); on accept ``p'`` restarts from ``p_beam`` without every output taken so far.
+* fewer than ``W_L`` accepted -> correction layer (:func:`correct_layer`): one beam from ``p'``, the
+  rest from ``p_beam`` (without replacement: from ``p_beam`` minus the outputs taken); these
+  ``W_L`` beams are the iteration's output.
+* If every verified layer passed, the extra layer (:func:`draw_layer`) draws ``W`` beams from
+  ``p_beam^(gamma + 1)``. A layer that passes is also the output when no token budget is left
+  after it or when all its beams have finished (EOS).
+
+Dead beams (``replacement=False`` only): when fewer entries have positive probability than beams
+are wanted, the surplus draws are marked invalid (as ``beam.py`` / the exact reference do).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# the single-candidate rule and the residual are speculative sampling's, shared with the chain
+# and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
+from dsbd_jax.decoding.speculative import accept_test, safe_residual as reject_update  # noqa: F401
+from dsbd_jax.decoding.warping import draw_from, normalize, warp_logits
+from dsbd_jax.decoding.width import layer_width
+
+NEG_INF = -jnp.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# draws from given random numbers (all of an iteration's randomness is generated in one call, so
+# the compiled program holds one PRNG kernel instead of one per draw site)
+class Randoms(NamedTuple):
+    """One prompt's random numbers for one iteration (``N = P * V``; the Gumbel arrays are empty
+    with ``replacement=True``)."""
+
+    draft_u: jax.Array   # [G, C] draft draws (i.i.d.)
+    draft_g: jax.Array   # [G, N] draft draws (without replacement)
+    accept_u: jax.Array  # [G, C] acceptance tests
+    corr_u: jax.Array    # [G, 1 + W] correction layer
+    corr_g: jax.Array    # [G, N]
+    extra_u: jax.Array   # [W] extra layer
+    extra_g: jax.Array   # [N]
+
+
+@jax.named_scope("random")
+def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bool) -> Randoms:
+    """All of one prompt's random numbers for an iteration from ONE ``uniform`` call."""
+    n_g = 0 if replacement else N
+    sizes = [G * C, G * n_g, G * C, G * (1 + W), G * n_g, W, n_g]
+    u = jax.random.uniform(key, (sum(sizes),), jnp.float32)
+    parts, start = [], 0
+    for s in sizes:
+        parts.append(u[start:start + s])
+        start += s
+    gumbel = lambda x: -jnp.log(-jnp.log(jnp.maximum(x, jnp.finfo(jnp.float32).tiny)))  # noqa: E731
+    return Randoms(draft_u=parts[0].reshape(G, C), draft_g=gumbel(parts[1]).reshape(G, n_g),
+                   accept_u=parts[2].reshape(G, C), corr_u=parts[3].reshape(G, 1 + W),
+                   corr_g=gumbel(parts[4]).reshape(G, n_g), extra_u=parts[5],
+                   extra_g=gumbel(parts[6]))
+
+
+def draw_gumbel(logp: jax.Array, g: jax.Array, k: int) -> jax.Array:
+    """``k`` successive draws without replacement (Gumbel-top-k) from log-probs ``logp [N]`` with
+    Gumbel noise ``g [N]``, in draw order. Surplus draws beyond the support have probability 0."""
+    return jax.lax.top_k(logp + g, k)[1].astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules, one small function each
+def remove(dist: jax.Array, x: jax.Array) -> jax.Array:
+    """``dist`` with entry ``x`` set to 0, renormalised (without-replacement bookkeeping)."""
+    return normalize(jnp.where(one_hot(x, dist.shape[0]), 0.0, dist))
+
+
+def parent_mask(parent_ok: jax.Array, V: int) -> jax.Array:
+    """``[P] -> [P * V]``: which flat entries belong to an allowed parent."""
+    return jnp.repeat(parent_ok, V)
+
+
+def restrict_draft(q: jax.Array, parent_ok: jax.Array) -> jax.Array:
+    """The drafting distribution ``q [P * V]`` restricted to accepted parents, renormalised."""
+    V = q.shape[0] // parent_ok.shape[0]
+    return normalize(jnp.where(parent_mask(parent_ok, V), q, 0.0))
+
+
+def beam_distribution(joint: jax.Array, parent_ok: jax.Array, temperature: float, top_k,
+                      top_p: float) -> jax.Array:
+    """``p_beam``: warped joint over (allowed parents) x V as probabilities ``[P * V]``.
+
+    ``joint [P, V]``: unwarped log-weights ``s_parent + log p(v | parent)`` (absorbing EOS
+    applied). Rows of parents that are not allowed get ``-inf`` before warping.
+    """
+    lw = jnp.where(parent_ok[:, None], joint, NEG_INF).reshape(-1)
+    lw = warp_logits(lw, temperature, top_k, top_p)
+    return jnp.where(jnp.isnan(lw), 0.0, jnp.exp(lw))   # no parent at all (unused layer): zeros
+
+
+def pick(v: jax.Array, idx: jax.Array) -> jax.Array:
+    """``v[idx]`` for a 1-D ``v`` written as a one-hot reduction (``idx`` scalar or ``[k]``): under
+    ``vmap`` this stays a fused elementwise op instead of a batched gather, which compiles much
+    faster on CPU and costs O(N) like the residual updates around it."""
+    hit = jnp.arange(v.shape[0]) == jnp.asarray(idx)[..., None]
+    if v.dtype == jnp.bool_:
+        return jnp.any(hit & v, axis=-1)
+    return jnp.sum(jnp.where(hit, v, jnp.zeros((), v.dtype)), axis=-1)
+
+
+def one_hot(idx: jax.Array, n: int) -> jax.Array:
+    return jnp.arange(n) == idx
+
+
+def _log(p: jax.Array) -> jax.Array:
+    return jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), NEG_INF)
+
+
+def compact(values: jax.Array, keep: jax.Array, size: int):
+    """The kept ``values`` in order, packed to the front of a ``[size]`` array; and their count."""
+    pos = jnp.where(keep, jnp.cumsum(keep) - 1, size)
+    hit = pos[None, :] == jnp.arange(size)[:, None]                     # [size, C]
+    out = jnp.sum(jnp.where(hit, values[None, :], jnp.zeros((), values.dtype)), axis=1)
+    return out.astype(values.dtype), jnp.sum(keep).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+class CandidateResult(NamedTuple):
+    accepted: jax.Array      # [C] bool, in candidate order
+    num_accepted: jax.Array  # int32 scalar (<= width)
+    residual: jax.Array      # [N] p' after the last verified candidate
+    taken: jax.Array         # [N] bool: outputs taken (replacement=False bookkeeping)
+
+
+def verify_candidates(u: jax.Array, p_beam: jax.Array, q: jax.Array, cand: jax.Array,
+                      cand_ok: jax.Array, width: jax.Array, replacement: bool) -> CandidateResult:
+    """The multi-candidate rule over one layer's candidates, in order.
+
+    Args:
+      u: ``[C]`` uniforms. p_beam, q: ``[N]`` (``q`` already restricted, see
+      :func:`restrict_draft`). cand: ``[C]`` flat indices. cand_ok: ``[C]`` which nodes are
+      candidates (parent accepted, node not dead). width: ``W_L`` (stop when reached).
+    """
+    N = p_beam.shape[0]
+
+    def step(carry, xs):
+        p_res, q_cur, taken, n_acc = carry
+        u_c, x, ok = xs
+        live = ok & (n_acc < width)
+        acc = live & accept_test(u_c, pick(p_res, x), pick(q_cur, x))
+        rej = live & ~acc
+        p_rej = reject_update(p_res, q_cur)
+        if replacement:
+            p_acc, q_next, taken_next = p_beam, q_cur, taken
+        else:
+            taken_next = taken | (one_hot(x, N) & acc)
+            p_acc = normalize(jnp.where(taken_next, 0.0, p_beam))
+            q_next = jnp.where(live, remove(q_cur, x), q_cur)
+        p_next = jnp.where(acc, p_acc, jnp.where(rej, p_rej, p_res))
+        return (p_next, q_next, taken_next, n_acc + acc.astype(jnp.int32)), acc
+
+    init = (p_beam, q, jnp.zeros((N,), bool), jnp.zeros((), jnp.int32))
+    (p_res, _, taken, n_acc), accepted = jax.lax.scan(step, init, (u, cand, cand_ok))
+    return CandidateResult(accepted, n_acc, p_res, taken)
+
+
+def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateResult,
+                  cand: jax.Array, width: jax.Array, num_out: int, replacement: bool):
+    """Output of a layer that accepted fewer than ``width``: the accepted candidates, one draw
+    from ``p'``, then draws from ``p_beam`` up to ``width`` beams (slots ``>= width`` invalid).
+
+    ``u``: ``[1 + num_out]`` uniforms; ``g``: ``[N]`` Gumbel noise (``replacement=False`` only).
+    Returns ``(flat [num_out], valid [num_out])``.
+    """
+    acc_flat, n_acc = compact(cand, res.accepted, num_out)
+    base = p_beam if replacement else jnp.where(res.taken, 0.0, p_beam)
+    p_y = jnp.where(jnp.sum(res.residual) > 0, res.residual, base)
+    y = draw_from(p_y, u[:1])[0]
+    y_ok = pick(p_y, y) > 0
+    if replacement:
+        fill = draw_from(p_beam, u[1:])
+        fill_ok = pick(p_beam, fill) > 0
+    else:
+        avail = jnp.where(res.taken | (one_hot(y, p_beam.shape[0]) & y_ok), 0.0, p_beam)
+        fill = draw_gumbel(_log(avail), g, num_out)
+        fill_ok = pick(avail, fill) > 0
+    k = jnp.arange(num_out)
+    f = jnp.clip(k - n_acc - 1, 0, num_out - 1)
+    flat = jnp.where(k < n_acc, acc_flat, jnp.where(k == n_acc, y, pick(fill, f)))
+    valid = jnp.where(k < n_acc, True, jnp.where(k == n_acc, y_ok, pick(fill_ok, f))) & (k < width)
+    return flat, valid
+
+
+def draw_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, width: jax.Array, num_out: int,
+               replacement: bool):
+    """``width`` beams drawn from ``p_beam`` (i.i.d. or without replacement): the extra layer.
+
+    ``u``: ``[num_out]`` uniforms; ``g``: ``[N]`` Gumbel noise (``replacement=False`` only).
+    Returns ``(flat [num_out], valid [num_out])``; slots ``>= width`` and dead draws are invalid.
+    """
+    if replacement:
+        flat = draw_from(p_beam, u)
+    else:
+        flat = draw_gumbel(_log(p_beam), g, num_out)
+    return flat, (pick(p_beam, flat) > 0) & (jnp.arange(num_out) < width)
+
+
+# ---------------------------------------------------------------------------------------------
+class Verdict(NamedTuple):
+    """Result of verifying one prompt's forest.
+
+    depth:   int32, the output beams' depth d (1..gamma+1): their parents are layer d-1 nodes
+             (layer 0 = input beams); 0 if nothing was verified (no budget).
+    flat:    [Wout] flat indices (parent slot of layer d-1) * V + token.
+    valid:   [Wout] bool.
+    widths:  [gamma + 1] width of each step (W_L per verified layer, then the extra layer's W;
+             0 where not reached).
+    verified, passed: [gamma] bool per layer. candidates, accepted: [gamma] int32 (m, accepted).
+    """
+
+    depth: jax.Array
+    flat: jax.Array
+    valid: jax.Array
+    widths: jax.Array
+    verified: jax.Array
+    passed: jax.Array
+    candidates: jax.Array
+    accepted: jax.Array
+
+
+@jax.named_scope("verify")
+def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
+                  cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
+                  budget: jax.Array, config) -> Verdict:
+    """Verify one prompt's forest layer by layer (``lax.scan`` over layers).
+
+    Args:
+      rand: this prompt's random numbers for the iteration (:func:`make_randoms`).
+      joint: ``[gamma + 1, P, V]`` target joint log-weights of each layer's parents (row ``l``:
+        parents of layer ``l + 1``; row 0 = the input beams, row ``gamma`` = the extra layer's).
+      input_ok: ``[P]`` live input beams.
+      q: ``[gamma, P * V]`` the distributions the draft layers were drawn from.
+      cand: ``[gamma, C]`` drafted flat indices; cand_ok: ``[gamma, C]`` drafted nodes that are
+        not dead; cand_finished: ``[gamma, C]`` nodes that are finished (EOS).
+      budget: int32, tokens left for this prompt (layers deeper than it are not verified).
+      config: a ``DSBDConfig`` (static): warping, replacement, widths, threshold.
+    """
+    G, C = cand.shape
+    P, V = joint.shape[1], joint.shape[2]
+    W_out = config.max_width
+    rep = config.replacement
+    warp = (config.temperature, config.top_k, config.top_p)
+
+    def layer(carry, xs):
+        parent_ok, go, depth, out_flat, out_valid, last_w = carry
+        l, u_acc, u_corr, g_corr, joint_l, q_l, cand_l, ok_l, fin_l = xs          # l = 1..G
+        p_beam = beam_distribution(joint_l, parent_ok, *warp)
+        q_a = restrict_draft(q_l, parent_ok)
+        is_cand = ok_l & pick(parent_ok, cand_l // V)
+        m = jnp.sum(is_cand).astype(jnp.int32)
+        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C)
+        res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep)
+        verified = go & (l <= budget)
+        passed = res.num_accepted >= w
+        c_flat, c_valid = correct_layer(u_corr, g_corr, p_beam, res, cand_l, w, W_out, rep)
+        a_flat, _ = compact(cand_l, res.accepted, W_out)
+        a_valid = jnp.arange(W_out) < res.num_accepted
+        all_fin = jnp.all(jnp.where(res.accepted, fin_l, True))
+        stop_here = verified & (~passed | (l == budget) | all_fin)
+        flat = jnp.where(passed, a_flat, c_flat)
+        valid = jnp.where(passed, a_valid, c_valid)
+        acc_pad = jnp.zeros((P,), bool).at[:C].set(res.accepted)
+        carry = (jnp.where(verified, acc_pad, parent_ok),
+                 go & verified & ~stop_here,
+                 jnp.where(stop_here, l, depth),
+                 jnp.where(stop_here, flat, out_flat),
+                 jnp.where(stop_here, valid, out_valid),
+                 jnp.where(verified, w, last_w))
+        stats = (jnp.where(verified, w, 0), verified, verified & passed,
+                 jnp.where(verified, m, 0), jnp.where(verified, res.num_accepted, 0))
+        return carry, stats
+
+    init = (input_ok, budget >= 1, jnp.zeros((), jnp.int32), jnp.zeros((W_out,), jnp.int32),
+            jnp.zeros((W_out,), bool), jnp.zeros((), jnp.int32))
+    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g, joint[:G], q, cand,
+          cand_ok, cand_finished)
+    (parent_ok, go, depth, flat, valid, last_w), (widths, verified, passed, m, n_acc) = \
+        jax.lax.scan(layer, init, xs)
+
+    # extra layer: every layer passed and a token is left for it.
+    extra = go & (budget >= G + 1)
+    w_extra = last_w if config.num_beams is None else jnp.int32(config.num_beams)
+    p_beam = beam_distribution(joint[G], parent_ok, *warp)
+    e_flat, e_valid = draw_layer(rand.extra_u, rand.extra_g, p_beam, w_extra, W_out, rep)
+    depth = jnp.where(extra, G + 1, depth)
+    flat = jnp.where(extra, e_flat, flat)
+    valid = jnp.where(extra, e_valid, valid)
+    widths = jnp.concatenate([widths, jnp.where(extra, w_extra, 0)[None]])
+    return Verdict(depth, flat, valid, widths, verified, passed, m, n_acc)

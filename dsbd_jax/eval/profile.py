@@ -1,0 +1,210 @@
+"""Where a decoder's time goes: a profile of the real compiled decode loop, phase by phase.
+
+``profile_decoder(decoder, params, prompt_ids, key, prompt_lengths)`` compiles the decoder's
+jitted core once, runs it once untimed, then once under ``jax.profiler`` tracing. XLA:CPU records
+one event per executed thunk (a fusion, a dot, a copy, ...) with its HLO instruction name; the
+compiled program's metadata gives each instruction's ``op_name``, the path of ``jax.named_scope``
+scopes it was traced under. Each thunk's time goes to the innermost scope of :data:`PHASES`
+(``prefill`` wins over everything inside it):
+
+============== ====================================================================
+phase          scope in the library
+============== ====================================================================
+prefill        ``common.prefill`` (both models' prompt passes)
+target forward ``model.forward`` of the target (``forward_L{layers}_d{hidden}``)
+draft forward  ``model.forward`` of the draft
+warp           ``warping.warp_logits``
+log-softmax    ``jax.nn.log_softmax`` outside the warp (normalising model outputs)
+random         random numbers and draws (``verify.make_randoms``, ``beam.draw_beams``, ...)
+verify         verification rules (``verify.verify_forest``, ``speculative.verify_chain``, ...)
+width          ``width.layer_width`` (DSBD's dynamic width)
+cache          KV-cache commits and reorders (``cache.write*``, ``gather_rows``, ``commit_rows``)
+other          everything else: log-softmax, joints, masks, bookkeeping, loop control
+============== ====================================================================
+
+The two models' passes are told apart by their scope names, which hold the layer count and width:
+a draft of the target's exact shape is counted as ``target forward``.
+
+Thunks of ``while`` / ``conditional`` / ``call`` instructions contain other thunks and are not
+counted. ``overhead`` = decode time (the traced wall time minus prefill) minus the forward
+passes. XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more
+than the wall time; ``overhead_frac`` is therefore the share of the decode loop's thunk time
+spent outside the forward passes. The traced wall time includes the tracer's own cost (a few
+microseconds per thunk): compare it with ``untraced_s``.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import re
+import shutil
+import tempfile
+import time
+from typing import Any, Dict, Optional
+
+import jax
+
+PHASES = ("prefill", "target forward", "draft forward", "warp", "log-softmax", "random", "verify",
+          "width", "cache", "other")
+_SCOPES = {"warp": "warp", "random": "random", "verify": "verify", "width": "width",
+           "cache": "cache", "log_softmax": "log-softmax"}
+_CONTAINERS = {"while", "conditional", "call"}
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
+_WRAPPED = re.compile(r"^(?:vmap|jit|pjit|checkpoint|remat)\((.*)\)$")
+_OPNAME = re.compile(r'op_name="([^"]*)"')
+
+
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
+
+
+def instruction_scopes(hlo_text: str):
+    """``{instruction: (opcode, op_name)}`` from a compiled module's text. An instruction without
+    metadata of its own takes the ``op_name`` of the computation it calls (its root, else its
+    first instruction with one); a fusion that contains a matmul takes the matmul's (XLA:CPU fuses
+    e.g. the vocabulary projection with the log-softmax's max, which would otherwise get the
+    projection's time). What still has none (a dot that an XLA pass rebuilt) takes the scope of
+    its first operand that has one."""
+    out, calls, comp_op, comp_dot, comp_root, operands = {}, {}, {}, {}, {}, {}
+    current = None
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if not m:
+            c = _COMPUTATION.match(line)
+            if c and "=" not in line.split("{")[0]:
+                current = c.group(1)
+            continue
+        op = _OPNAME.search(line)
+        name = m.group(1)
+        out[name] = (m.group(2), op.group(1) if op else "")
+        if op and current is not None:
+            comp_op.setdefault(current, op.group(1))
+            if m.group(2) in ("dot", "convolution"):
+                comp_dot.setdefault(current, op.group(1))
+            if line.lstrip().startswith("ROOT"):
+                comp_root[current] = op.group(1)
+        called = _CALLS.search(line)
+        if called:
+            calls[name] = called.group(1)
+        args = line[m.end():].split(")", 1)[0]
+        operands[name] = _OPERAND.findall(args)
+    for name, (opcode, op_name) in out.items():
+        c = calls.get(name)
+        if c is None:
+            continue
+        if c in comp_dot:   # a fused matmul: its epilogue (e.g. a log-softmax max) is not the cost
+            out[name] = (opcode, comp_dot[c])
+        elif not op_name:
+            out[name] = (opcode, comp_root.get(c) or comp_op.get(c, ""))
+    for _ in range(3):  # still nothing (e.g. a dot rewritten by a pass): its operands' scope
+        for name, (opcode, op_name) in out.items():
+            if not op_name:
+                known = [out[o][1] for o in operands.get(name, ()) if out.get(o, ("", ""))[1]]
+                if known:
+                    out[name] = (opcode, known[0])
+    return out
+
+
+def phase_of(op_name: str, target_scope: str, draft_scope: Optional[str]) -> str:
+    """The phase of an instruction from its ``op_name`` scope path (module doc)."""
+    parts = op_name.split("/")
+    if "prefill" in parts:
+        return "prefill"
+    for part in reversed(parts):
+        m = _WRAPPED.match(part)  # vmap(verify) / jit(log_softmax): the scope inside
+        part = m.group(1) if m else part
+        if part == target_scope:
+            return "target forward"
+        if draft_scope is not None and part == draft_scope:
+            return "draft forward"
+        if part in _SCOPES:
+            return _SCOPES[part]
+    return "other"
+
+
+def _trace_events(trace_dir: str):
+    files = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
+    if not files:
+        raise RuntimeError(f"the profiler wrote no trace under {trace_dir}")
+    with gzip.open(files[0]) as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[str] = None
+                     ) -> Dict[str, Any]:
+    """Profile one call of an AOT-compiled function (see module doc). ``args``: its arguments."""
+    scopes = instruction_scopes(compiled.as_text())
+    jax.block_until_ready(compiled(*args))                     # untimed warm-up
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    untraced = time.perf_counter() - t0
+    trace_dir = tempfile.mkdtemp(prefix="dsbd_profile_")
+    try:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        traced = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        events = _trace_events(trace_dir)
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    per_phase = collections.Counter()
+    per_op = collections.Counter()
+    unknown = 0.0
+    for e in events:
+        name = e.get("args", {}).get("hlo_op")
+        if e.get("ph") != "X" or name is None:
+            continue
+        opcode, op_name = scopes.get(name, ("", ""))
+        if opcode in _CONTAINERS:
+            continue
+        dur = e.get("dur", 0) * 1e-6
+        if not opcode:
+            unknown += dur
+        phase = phase_of(op_name, target_scope, draft_scope)
+        per_phase[phase] += dur
+        per_op[(phase, name)] += dur
+    phases = {p: per_phase.get(p, 0.0) for p in PHASES}
+    decode = traced - phases["prefill"]
+    forwards = phases["target forward"] + phases["draft forward"]
+    loop_thunks = sum(per_phase.values()) - phases["prefill"]
+    top = sorted(per_op.items(), key=lambda kv: -kv[1])[:12]
+    return {"output": out, "untraced_s": untraced, "traced_s": traced, "phases_s": phases,
+            "thunk_sum_s": sum(per_phase.values()), "decode_s": decode,
+            "forward_s": forwards, "overhead_s": decode - forwards,
+            "overhead_frac": (loop_thunks - forwards) / loop_thunks if loop_thunks > 0
+            else float("nan"),
+            "unmatched_s": unknown,
+            "top_ops": [{"phase": p, "op": n, "s": s} for (p, n), s in top]}
+
+
+def profile_decoder(decoder, params, prompt_ids, key, prompt_lengths=None) -> Dict[str, Any]:
+    """Compile and profile one decoder call (module doc). Adds ``compile_s``, ``iterations``,
+    ``generated_tokens`` and per-iteration figures."""
+    from dsbd_jax.models.llama import forward_scope
+    # the core and arguments the public function runs (host checks included)
+    call = decoder.core_call(params, prompt_ids, key, prompt_lengths)
+    if set(call.kwargs) != {"config"}:
+        raise ValueError(f"profiling expects a core with a static config only, got "
+                         f"{sorted(call.kwargs)}")
+    args = call.args
+    t0 = time.perf_counter()
+    compiled = call.compile()
+    compile_s = time.perf_counter() - t0
+    cfg = decoder.config
+    draft = getattr(cfg, "draft", None) if decoder.needs_draft else None
+    res = profile_compiled(compiled, args, forward_scope(cfg.target),
+                           forward_scope(draft) if draft is not None else None)
+    out = res.pop("output")
+    its = int(out.stats["iterations"])
+    res.update(compile_s=compile_s, iterations=its,
+               generated_tokens=int(out.stats["generated_tokens"].max()),
+               per_iteration_ms={k: 1e3 * v / max(its, 1) for k, v in res["phases_s"].items()
+                                 if k != "prefill"},
+               decode_per_iteration_ms=1e3 * res["decode_s"] / max(its, 1))
+    return res

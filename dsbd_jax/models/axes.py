@@ -1,0 +1,83 @@
+"""Logical axis names, and the one function that states an array's layout: :func:`constrain`.
+
+Arrays made in this package name their axes (``CACHE = ("layers", "batch", "slots",
+"kv_heads", "head_dim")`` for a KV cache) and pass through ``constrain(x, names)`` where they are
+made. What that does is decided by the **caller's** context at trace time, the way Flax and
+maxtext do it, never by state of this package:
+
+- the mesh: ``with jax.set_mesh(mesh):`` (read back with ``jax.sharding.get_abstract_mesh()``);
+- the rules, logical name -> mesh axis: ``with flax.linen.logical_axis_rules((("batch",
+  "data"), ("kv_heads", "model"))):``.
+
+With both, ``constrain`` pins ``x`` to the partition the rules give, keeping an axis on its mesh
+axis only where the mesh axis divides it. Without a mesh or without rules it returns ``x``
+unchanged, so single-device programs are untouched. ``dsbd_jax.parallel.ShardedDecoder`` enters
+both contexts around its trace; nothing else needs to.
+
+The mesh is part of JAX's trace context, so a jitted decoder traced under a mesh is cached apart
+from its single-device trace. The rules are not: callers must derive them from the mesh and the
+input shapes only (as ``ShardedDecoder`` does), so that one trace never serves two layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+from jax.sharding import PartitionSpec as P
+
+#: axes of a KV cache ``[layers, batch, slots, kv_heads, head_dim]``
+CACHE: Tuple[str, ...] = ("layers", "batch", "slots", "kv_heads", "head_dim")
+
+
+def _mesh_axes(name: str):
+    """The mesh axis (or tuple of axes) the active rules give ``name``; None if unmapped."""
+    for logical, axis in nn.get_logical_axis_rules():
+        if logical == name:
+            return axis
+    return None
+
+
+def _axis_size(mesh, axis) -> int:
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return math.prod(int(mesh.shape[a]) for a in axes)
+
+
+def partition(names: Sequence[str], shape: Sequence[int]) -> Optional[P]:
+    """The ``PartitionSpec`` the caller's mesh and rules give an array with these axis names and
+    this shape (an axis stays unsplit where its mesh axis does not divide it); None when no mesh
+    or no rules are active."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not nn.get_logical_axis_rules():
+        return None
+    if len(names) != len(shape):
+        raise ValueError(f"axis names {tuple(names)} do not match shape {tuple(shape)}")
+    spec = []
+    for name, dim in zip(names, shape):
+        axis = _mesh_axes(name)
+        spec.append(axis if axis is not None and dim % _axis_size(mesh, axis) == 0 else None)
+    return P(*spec)
+
+
+def constrain(x: jax.Array, names: Sequence[str]) -> jax.Array:
+    """``x`` pinned to :func:`partition` under the caller's mesh and rules; ``x`` itself without
+    them."""
+    spec = partition(names, x.shape)
+    if spec is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def shards(name: str, size: int) -> int:
+    """Into how many pieces the caller's mesh and rules split a logical axis ``name`` of length
+    ``size`` (1 without a mesh or rules, or where the mesh axis does not divide ``size``)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    axis = _mesh_axes(name)
+    if axis is None:
+        return 1
+    n = _axis_size(mesh, axis)
+    return n if n > 1 and size % n == 0 else 1

@@ -1,0 +1,208 @@
+"""What every weight source shares: the loaded-model record, the parameter layout, the build.
+
+* :class:`LoadedModel`: config, parameter pytree, tokenizer (what :func:`load_model` returns).
+* Parameter paths <-> Hugging Face tensor names (``_PATH_TO_HF``), the parameter shapes of a
+  config, and :func:`check_no_unexpected` for tensors a checkpoint has but the model ignores.
+* :func:`assemble_params`: the parameter pytree from any tensor getter in HF layout, one
+  stacked tensor at a time (used by :mod:`dsbd_jax.models.hf` and :mod:`dsbd_jax.models.gguf`).
+* The preset cache's format: :func:`config_to_json` / :func:`config_from_json` and
+  :func:`load_saved_params`.
+
+Layout (see :func:`dsbd_jax.models.llama.init_params`): Dense kernels are ``[in, out]`` (the HF
+weight transposed) with a leading layer axis under ``params['layers']``; norms ``weight``; the
+embedding ``embed/embedding [V, d]``; ``lm_head/kernel [d, V]`` only for untied models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.llama import init_params
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A model ready for :func:`dsbd_jax.models.llama.forward`.
+
+    config:    the (hashable) :class:`ModelConfig`
+    params:    plain pytree (nested dicts) of jax arrays in ``config.dtype``
+    tokenizer: a ``transformers`` tokenizer, or ``None`` when the source has none (or it was
+               not requested)
+    source:    what was loaded (path or preset name), for messages
+    info:      extra facts about the load (presets: seconds per step, cache paths)
+    """
+
+    config: ModelConfig
+    params: Dict[str, Any]
+    tokenizer: Any = None
+    source: str = ""
+    info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# parameter paths <-> HF tensor names
+
+# our path (inside params) -> (HF name with {i} for the layer, transpose?)
+_PATH_TO_HF: Dict[Tuple[str, ...], Tuple[str, bool]] = {
+    ("embed", "embedding"): ("model.embed_tokens.weight", False),
+    ("final_norm", "weight"): ("model.norm.weight", False),
+    ("lm_head", "kernel"): ("lm_head.weight", True),
+    ("layers", "input_norm", "weight"): ("model.layers.{i}.input_layernorm.weight", False),
+    ("layers", "post_norm", "weight"): ("model.layers.{i}.post_attention_layernorm.weight", False),
+    ("layers", "mlp", "gate_proj", "kernel"): ("model.layers.{i}.mlp.gate_proj.weight", True),
+    ("layers", "mlp", "up_proj", "kernel"): ("model.layers.{i}.mlp.up_proj.weight", True),
+    ("layers", "mlp", "down_proj", "kernel"): ("model.layers.{i}.mlp.down_proj.weight", True),
+}
+for _p in ("q", "k", "v", "o"):
+    _PATH_TO_HF[("layers", "attn", f"{_p}_proj", "kernel")] = (
+        f"model.layers.{{i}}.self_attn.{_p}_proj.weight", True)
+    if _p != "o":
+        _PATH_TO_HF[("layers", "attn", f"{_p}_proj", "bias")] = (
+            f"model.layers.{{i}}.self_attn.{_p}_proj.bias", False)
+
+
+@functools.lru_cache(maxsize=32)
+def _param_shapes(config: ModelConfig):
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), "stacked"))
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+        out[tuple(k.key for k in path)] = tuple(leaf.shape)
+    return out
+
+
+def param_shapes(config: ModelConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
+    """Every parameter path of the model and its shape (from ``init_params``, nothing allocated)."""
+    return dict(_param_shapes(config))
+
+
+def expected_tensor_names(config: ModelConfig):
+    """The HF tensor names the model's parameters are built from."""
+    names = set()
+    for path in param_shapes(config):
+        hf_name, _ = _PATH_TO_HF[path]
+        layers = range(config.num_layers) if path[0] == "layers" else [None]
+        names.update(hf_name.format(i=i) for i in layers)
+    return names
+
+
+def check_no_unexpected(present, config: ModelConfig, where: str) -> None:
+    """Refuse checkpoints with tensors the model would silently ignore (e.g. an o_proj bias)."""
+    extra = set(present) - expected_tensor_names(config)
+    extra = {n for n in extra if not n.endswith("rotary_emb.inv_freq")
+             and not (n == "lm_head.weight" and config.tie_word_embeddings)}
+    if extra:
+        shown = ", ".join(sorted(extra)[:6]) + (" ..." if len(extra) > 6 else "")
+        raise ValueError(f"{where} has {len(extra)} tensor(s) this model does not use "
+                         f"(unsupported variant?): {shown}")
+
+
+def _set_path(tree: dict, path: Tuple[str, ...], value) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def path_name(path: Tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+def _progress(iterable, total, desc, enabled):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, file=sys.stderr, unit="tensor", leave=False)
+
+
+def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.ndarray],
+                    dtype, save_dir: Optional[Path] = None, progress: bool = False,
+                    desc: str = "converting") -> Dict[str, Any]:
+    """Build the parameter pytree from a tensor getter.
+
+    ``get(hf_name, layer)`` returns the tensor ``hf_name`` (``{i}`` replaced by ``layer``) in HF
+    layout as a numpy array. Each stacked parameter is assembled on the host, optionally saved
+    as float32 ``<save_dir>/<path>.npy``, converted to ``dtype``, put on the device and
+    dropped from the host before the next one.
+    """
+    dtype = jnp.dtype(dtype)
+    shapes = param_shapes(config)
+    params: Dict[str, Any] = {}
+    for path in _progress(list(shapes), len(shapes), desc, progress):
+        if path not in _PATH_TO_HF:
+            raise RuntimeError(f"no checkpoint mapping for parameter {path_name(path)}")
+        hf_name, transpose = _PATH_TO_HF[path]
+        shape = shapes[path]
+        host_dtype = np.float32 if save_dir is not None else dtype
+        stacked = path[0] == "layers"
+        host = np.empty(shape, host_dtype)
+        for layer in range(config.num_layers) if stacked else [None]:
+            w = get(hf_name, layer)
+            if transpose:
+                w = w.T
+            want = shape[1:] if stacked else shape
+            if tuple(w.shape) != tuple(want):
+                name = hf_name.format(i=layer)
+                raise ValueError(f"tensor {name} has shape {tuple(w.shape)} (after layout change), "
+                                 f"expected {tuple(want)} for {path_name(path)} from the config")
+            if stacked:
+                host[layer] = w
+            else:
+                host[...] = w
+            del w
+        if save_dir is not None:
+            np.save(save_dir / f"{path_name(path)}.npy", host)
+        _set_path(params, path, _to_device(host, dtype))
+        del host
+    return params
+
+
+def _to_device(host: np.ndarray, dtype) -> jax.Array:
+    """Copy to the device; a dtype change happens there (XLA converts far faster than numpy)."""
+    x = jnp.asarray(host)
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# config (de)serialisation for caches
+
+def config_to_json(config: ModelConfig) -> Dict[str, Any]:
+    d = dataclasses.asdict(config)
+    d.pop("dtype")
+    if d["rope_scaling"] is not None:
+        d["rope_scaling"] = [list(kv) for kv in d["rope_scaling"]]
+    if d["eos_token_id"] is not None:
+        d["eos_token_id"] = list(d["eos_token_id"])
+    return d
+
+
+def config_from_json(d: Dict[str, Any], dtype: str = "float32") -> ModelConfig:
+    d = dict(d)
+    if d.get("rope_scaling") is not None:
+        d["rope_scaling"] = tuple(
+            (k, tuple(v) if isinstance(v, list) else v) for k, v in d["rope_scaling"])
+    if d.get("eos_token_id") is not None:
+        d["eos_token_id"] = tuple(d["eos_token_id"])
+    return ModelConfig(dtype=dtype, **d)
+
+
+def load_saved_params(directory: Path, config: ModelConfig, dtype) -> Dict[str, Any]:
+    """Parameters written by ``assemble_params(save_dir=...)`` (memory-mapped, one at a time)."""
+    shapes = param_shapes(config)
+    params: Dict[str, Any] = {}
+    for path, shape in shapes.items():
+        host = np.load(directory / f"{path_name(path)}.npy", mmap_mode="r")
+        if tuple(host.shape) != shape:
+            raise ValueError(f"cached {path_name(path)} has shape {host.shape}, expected {shape}; "
+                             f"delete {directory} to rebuild it")
+        _set_path(params, path, _to_device(host, jnp.dtype(dtype)))
+        del host
+    return params

@@ -1,0 +1,261 @@
+"""Reading llama.cpp GGUF files: model config from the metadata, tensors in Hugging Face layout.
+
+Supported architectures: ``llama`` (Llama 2/3, SmolLM) and ``qwen2``. Any tensor type that
+``gguf.quants.dequantize`` handles (F32, F16, BF16, Q4_0 .. Q8_0, K-quants, ...) is read as
+float32. llama.cpp's converter stores the rows of the q and k projections of ``llama`` models
+permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permute``);
+:func:`unpermute_rows` undoes that so the weights match the HF (rotate-half) layout.
+``qwen2`` files are written without the permutation.
+
+:func:`load_gguf` builds a :class:`LoadedModel` from a file (through
+:func:`dsbd_jax.models.checkpoint.assemble_params`); :func:`gguf_config` and
+:func:`tokenizer_from_gguf` read its config and tokenizer without the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import jax.numpy as jnp
+import numpy as np
+
+from dsbd_jax.models.checkpoint import LoadedModel, assemble_params, check_no_unexpected
+from dsbd_jax.models.config import ModelConfig
+
+logger = logging.getLogger("dsbd_jax")
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+# HF tensor name (with {i} for the layer) -> GGUF tensor name.
+_HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.{i}.input_layernorm.weight": "blk.{i}.attn_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
+    "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
+    "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
+    "model.layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.self_attn.q_proj.bias": "blk.{i}.attn_q.bias",
+    "model.layers.{i}.self_attn.k_proj.bias": "blk.{i}.attn_k.bias",
+    "model.layers.{i}.self_attn.v_proj.bias": "blk.{i}.attn_v.bias",
+    "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+}
+
+
+def is_gguf_file(path) -> bool:
+    """True if ``path`` is a file starting with the GGUF magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, TypeError):
+        return False
+
+
+def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k permutation (HF rotate-half layout -> interleaved), rows = heads * dim."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of :func:`permute_rows`: GGUF llama q/k rows (weight or bias) -> HF layout."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value
+
+
+class GGUFSource:
+    """A GGUF file opened for reading (memory-mapped; tensors are dequantised on request)."""
+
+    def __init__(self, path):
+        import gguf  # imported lazily: only GGUF users pay for it
+
+        self.path = os.fspath(path)
+        self.reader = gguf.GGUFReader(self.path)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.architecture = _field(self.reader, "general.architecture")
+        if self.architecture not in SUPPORTED_GGUF_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported GGUF architecture {self.architecture!r} in {self.path}; supported: "
+                f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
+        self._config: Optional[ModelConfig] = None
+
+    def close(self):
+        self.tensors = {}
+        self.reader = None
+
+    # -- metadata ------------------------------------------------------------------------------
+    def meta(self, key, default=None):
+        return _field(self.reader, f"{self.architecture}.{key}", default)
+
+    def has_tokenizer(self) -> bool:
+        return "tokenizer.ggml.tokens" in self.reader.fields
+
+    def config(self, dtype: str = "float32") -> ModelConfig:
+        """The :class:`ModelConfig` described by the file's metadata and tensor shapes."""
+        arch = self.architecture
+        required = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
+        missing = [k for k in required if self.meta(k) is None]
+        if missing:
+            raise ValueError(f"GGUF file {self.path} lacks metadata {[f'{arch}.{k}' for k in missing]}")
+        hidden = int(self.meta("embedding_length"))
+        heads = int(self.meta("attention.head_count"))
+        kv_heads = int(self.meta("attention.head_count_kv", heads))
+        head_dim = int(self.meta("attention.key_length", hidden // heads))
+        value_dim = int(self.meta("attention.value_length", head_dim))
+        if value_dim != head_dim:
+            raise ValueError(f"GGUF key_length {head_dim} != value_length {value_dim} is not supported")
+        rope_dim = self.meta("rope.dimension_count")
+        if rope_dim is not None and int(rope_dim) != head_dim:
+            raise ValueError(
+                f"partial rotary embedding (rope.dimension_count={rope_dim}, head_dim={head_dim}) "
+                "is not supported")
+        if "token_embd.weight" not in self.tensors:
+            raise ValueError(f"GGUF file {self.path} has no token_embd.weight tensor")
+        vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml order: [hidden, vocab]
+        rope_scaling = None
+        scaling_type = self.meta("rope.scaling.type")
+        if "rope_freqs.weight" in self.tensors:
+            raise ValueError("GGUF rope_freqs (llama3-style rope scaling factors) is not supported; "
+                             "load the Hugging Face checkpoint instead")
+        if scaling_type not in (None, "none"):
+            if scaling_type != "linear":
+                raise ValueError(f"unsupported GGUF rope.scaling.type {scaling_type!r}; supported: "
+                                 "none, linear")
+            rope_scaling = ModelConfig.freeze_rope_scaling(
+                {"rope_type": "linear", "factor": float(self.meta("rope.scaling.factor"))})
+        bias = "blk.0.attn_q.bias" in self.tensors
+        if arch == "qwen2" and not bias:
+            raise ValueError(f"qwen2 GGUF file {self.path} has no attention biases")
+        eos = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                    "tokenizer.ggml.eom_token_id"):
+            v = _field(self.reader, key)
+            if v is not None and int(v) not in eos and int(v) < vocab:
+                eos.append(int(v))
+        bos = _field(self.reader, "tokenizer.ggml.bos_token_id")
+        pad = _field(self.reader, "tokenizer.ggml.padding_token_id")
+        return ModelConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(self.meta("feed_forward_length")),
+            num_layers=int(self.meta("block_count")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(self.meta("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(self.meta("rope.freq_base", 10000.0)),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings="output.weight" not in self.tensors,
+            attention_bias=bias,
+            max_position_embeddings=int(self.meta("context_length", 4096)),
+            dtype=dtype,
+            architecture=arch,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_id=tuple(eos) or None,
+            pad_token_id=None if pad is None else int(pad),
+        )
+
+    # -- tensors -------------------------------------------------------------------------------
+    def get(self, hf_name: str, layer: Optional[int] = None) -> np.ndarray:
+        """Tensor ``hf_name`` (HF naming/layout, ``{i}`` = layer) as float32 numpy."""
+        from gguf.quants import dequantize
+
+        if hf_name not in _HF_TO_GGUF:
+            raise KeyError(f"no GGUF name for {hf_name}")
+        name = _HF_TO_GGUF[hf_name].format(i=layer)
+        if name not in self.tensors:
+            raise ValueError(f"GGUF file {self.path} lacks tensor {name!r} (for {hf_name})")
+        t = self.tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape))  # numpy order: [rows, ..., ne0]
+        data = t.data.reshape(-1, t.data.shape[-1]) if t.data.ndim > 1 else t.data[None]
+        w = np.empty((data.shape[0], shape[-1]), np.float32)
+        step = max(1, (4 << 20) // max(1, shape[-1]))  # ~16 MB of float32 per chunk
+        for r in range(0, data.shape[0], step):  # row chunks bound dequantize's temporaries
+            w[r:r + step] = dequantize(data[r:r + step], t.tensor_type)
+        w = w.reshape(shape)
+        if self.architecture == "llama":
+            cfg = self._config or self.config()
+            self._config = cfg
+            if ".attn_q." in name:
+                w = unpermute_rows(w, cfg.num_heads)
+            elif ".attn_k." in name:
+                w = unpermute_rows(w, cfg.num_kv_heads)
+        return w
+
+    def hf_names(self):
+        """The file's tensor names in HF naming (unknown names are kept as they are)."""
+        inverse = {}
+        for hf, gg in _HF_TO_GGUF.items():
+            prefix, _, suffix = gg.partition("{i}")
+            inverse[(prefix, suffix)] = hf
+        out = []
+        for name in self.tensors:
+            if name.startswith("blk."):
+                _, layer, rest = name.split(".", 2)
+                hf = inverse.get(("blk.", "." + rest))
+                out.append(hf.format(i=layer) if hf else name)
+            else:
+                out.append(inverse.get((name, ""), name))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# loading a GGUF file
+
+def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
+              progress: bool = False, save_dir: Optional[Path] = None) -> LoadedModel:
+    """Load a GGUF file (see the module docstring).
+
+    ``tokenizer``: ``"auto"`` builds the ``transformers`` tokenizer from the file's
+    ``tokenizer.ggml.*`` metadata when present (slow for large vocabularies), ``False`` skips it.
+    ``save_dir``: also write the float32 parameters there (used by the preset cache).
+    """
+    path = Path(path)
+    src = GGUFSource(path)
+    try:
+        config = src.config(jnp.dtype(dtype).name)
+        has_tok = src.has_tokenizer()
+        check_no_unexpected(src.hf_names(), config, f"GGUF file {path}")
+        logger.info("dequantising %s (%s, %d layers)", path.name, src.architecture,
+                    config.num_layers)
+        params = assemble_params(config, src.get, dtype, save_dir=save_dir, progress=progress,
+                                 desc=f"dequantising {path.name}")
+    finally:
+        src.close()
+    tok = None
+    if tokenizer is True or (tokenizer == "auto" and has_tok):
+        tok = tokenizer_from_gguf(path)
+    return LoadedModel(config, params, tok, str(path))
+
+
+def gguf_config(path, dtype_name: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file, from its metadata (no tensor is read)."""
+    src = GGUFSource(Path(path))
+    try:
+        return src.config(dtype_name)
+    finally:
+        src.close()
+
+
+def tokenizer_from_gguf(path):
+    """``transformers`` tokenizer built from a GGUF file's metadata (needs the file's folder)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    logger.info("building tokenizer from %s", path.name)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

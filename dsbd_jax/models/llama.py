@@ -1,0 +1,345 @@
+"""Flax implementation of the Llama family (Llama 2/3, Qwen2, SmolLM).
+
+The forward pass takes, besides token ids, **explicit positions** and an **explicit boolean
+attention mask over [cached keys ; new keys]**, and a fixed-shape KV cache that it only reads.
+It returns the keys/values of the new tokens instead of writing them, so the caller decides what
+to commit (a prefill writes all of them, a speculative verifier copies only the accepted path).
+With this one entry point the decoders run prefill, one-token decode and a whole draft
+tree/forest of tokens in one call.
+
+Shapes (B = batch rows, T = new tokens, S = cached slots, L = layers, K = kv heads, D = head dim):
+  tokens    [B, T] int32
+  positions [B, T] int32           RoPE position of each new token
+  mask      [B, T, S + T] bool     True = query t may attend to that key
+  cache     KVCache(k, v)          each [L, B, S, K, D] (keys stored after RoPE)
+  returns   logits [B, T, V] float32 and KVCache of the new tokens, each [L, B, T, K, D]
+
+Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
+
+* ``"stacked"``: the transformer blocks' weights share a leading layer axis under
+  ``params["layers"]`` and run with ``nn.scan``; compile time does not grow with depth (what pays
+  on GPU/TPU).
+* ``"per_layer"``: block ``i`` has its own arrays under ``params["layers_{i}"]`` and the layer loop
+  is unrolled. On XLA:CPU a stacked layer's weight slice is copied before its matmul (the
+  forward streams weights at about a third of the bandwidth), so this is the CPU default.
+
+:func:`default_layout` picks by backend; :func:`convert_layout` converts a tree between them
+(the logits are the same, see ``tests/models/test_model_parity.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dsbd_jax.models.cache import KVCache, empty_cache
+from dsbd_jax.models.config import ModelConfig
+
+_NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse RoPE frequencies ``[head_dim // 2]`` (float64 numpy), scaling applied (HF rules)."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    scaling = config.rope_scaling_dict()
+    rope_type = scaling.get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling["low_freq_factor"])
+        high = float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen = old_len / low
+        high_wavelen = old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(config: ModelConfig, positions: jax.Array):
+    """cos/sin tables ``[B, T, head_dim]`` (float32) for explicit integer positions ``[B, T]``."""
+    inv_freq = jnp.asarray(rope_inv_freq(config), dtype=jnp.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """HF convention (rotate_half). x: [B, T, H, D]; cos/sin: [B, T, D]."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return weight * x32.astype(self.dtype)
+
+
+def _dense(features, use_bias, dtype, name):
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, name=name,
+                    kernel_init=nn.initializers.normal(0.02))
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, cache_k, cache_v, cos, sin, mask):
+        cfg = self.config
+        dt = cfg.jnp_dtype
+        B, T, _ = x.shape
+        H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q = _dense(H * D, cfg.attention_bias, dt, "q_proj")(x).reshape(B, T, H, D)
+        k = _dense(K * D, cfg.attention_bias, dt, "k_proj")(x).reshape(B, T, K, D)
+        v = _dense(K * D, cfg.attention_bias, dt, "v_proj")(x).reshape(B, T, K, D)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        keys = jnp.concatenate([cache_k.astype(dt), k], axis=1)  # [B, S+T, K, D]
+        values = jnp.concatenate([cache_v.astype(dt), v], axis=1)
+        q = q.reshape(B, T, K, H // K, D)  # query head h uses kv head h // groups (HF repeat_kv)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
+                            preferred_element_type=jnp.float32) / math.sqrt(D)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * D)
+        out = _dense(cfg.hidden_size, False, dt, "o_proj")(out)
+        return out, k, v
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        dt = cfg.jnp_dtype
+        gate = _dense(cfg.intermediate_size, False, dt, "gate_proj")(x)
+        up = _dense(cfg.intermediate_size, False, dt, "up_proj")(x)
+        return _dense(cfg.hidden_size, False, dt, "down_proj")(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, h, layer_cache, cos, sin, mask):
+        cfg = self.config
+        cache_k, cache_v = layer_cache
+        attn_out, k, v = Attention(cfg, name="attn")(
+            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(h),
+            cache_k, cache_v, cos, sin, mask)
+        h = h + attn_out
+        h = h + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="post_norm")(h))
+        return h, (k, v)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen2 / SmolLM decoder with a read-only fixed-shape KV cache (see module doc)."""
+
+    config: ModelConfig
+    layout: str = "stacked"
+
+    @nn.compact
+    def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None):
+        cfg = self.config
+        dt = cfg.jnp_dtype
+        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
+                         embedding_init=nn.initializers.normal(0.02))
+        h = embed(tokens)
+        cos, sin = rope_cos_sin(cfg, positions)
+        if self.layout == "stacked":
+            Stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                            length=cfg.num_layers)
+            h, (new_k, new_v) = Stack(cfg, name="layers")(h, (cache.k, cache.v), cos, sin, mask)
+        else:
+            ks, vs = [], []
+            for i in range(cfg.num_layers):
+                h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
+                    h, (cache.k[i], cache.v[i]), cos, sin, mask)
+                ks.append(k)
+                vs.append(v)
+            new_k, new_v = jnp.stack(ks), jnp.stack(vs)
+        h = RMSNorm(cfg.rms_norm_eps, dt, name="final_norm")(h)
+        if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
+            h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
+        if cfg.tie_word_embeddings:
+            logits = embed.attend(h)
+        else:
+            logits = _dense(cfg.vocab_size, False, dt, "lm_head")(h)
+        return logits.astype(jnp.float32), KVCache(new_k, new_v)
+
+
+def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optional[KVCache] = None,
+            logits_at=None) -> Tuple[jax.Array, KVCache]:
+    """Pure forward pass. See the module docstring for shapes.
+
+    Args:
+      params: the model's parameter pytree (``load_model(...).params``).
+      cache: cached keys/values ``[L, B, S, K, D]``; ``None`` means no cache (S = 0).
+      logits_at: optional ``[B, n]`` int indices into the T new tokens; logits are then
+        ``[B, n, V]`` (saves the vocabulary projection for a prefill that needs the last row only).
+    Returns:
+      ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``.
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    B, T = tokens.shape
+    if cache is None:
+        cache = empty_cache(config, B, 0)
+    expected = (B, T, cache.k.shape[2] + T)
+    if tuple(mask.shape) != expected:
+        raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
+    if tuple(positions.shape) != (B, T):
+        raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
+    with jax.named_scope(forward_scope(config)):
+        return LlamaForCausalLM(config, params_layout(params)).apply(
+            {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at)
+
+
+def forward_scope(config: ModelConfig) -> str:
+    """The ``jax.named_scope`` of a model's forward passes in compiled programs (the profiler of
+    ``benchmarks/phase_profile.py`` tells the target's passes from the draft's by it)."""
+    return f"forward_L{config.num_layers}_d{config.hidden_size}"
+
+
+# ---------------------------------------------------------------------------------------------
+# weight layouts
+LAYOUTS = ("stacked", "per_layer")
+
+
+def default_layout(backend: Optional[str] = None) -> str:
+    """``"per_layer"`` on CPU, ``"stacked"`` elsewhere (GPU/TPU: compile time stays flat in depth).
+
+    ``backend`` defaults to ``jax.default_backend()``. Measured on a 2-core CPU with a
+    Qwen2.5-1.5B-shaped model: see ``benchmarks/forward.py``.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    return "per_layer" if backend == "cpu" else "stacked"
+
+
+def check_layout(layout: Optional[str]) -> str:
+    """``layout`` if valid, :func:`default_layout` for ``None``; ``ValueError`` otherwise."""
+    if layout is None:
+        return default_layout()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} (or None: by backend), got {layout!r}")
+    return layout
+
+
+def params_layout(params) -> str:
+    """Which layout a parameter tree has (``"stacked"`` if it has ``layers``, else
+    ``"per_layer"`` if it has ``layers_0``); ``ValueError`` for anything else."""
+    if "layers" in params:
+        return "stacked"
+    if "layers_0" in params:
+        return "per_layer"
+    raise ValueError("params have neither 'layers' (stacked layout) nor 'layers_0' (per-layer "
+                     f"layout); top-level keys: {sorted(params)}")
+
+
+def num_layers_of(params) -> int:
+    if params_layout(params) == "stacked":
+        return int(jax.tree.leaves(params["layers"])[0].shape[0])
+    return sum(1 for k in params if k.startswith("layers_"))
+
+
+def convert_layout(params, layout: str):
+    """The same parameters in ``layout`` (a no-op if they already have it). Converting stacked
+    to per-layer slices each leaf (a copy); per-layer to stacked stacks them (a copy)."""
+    layout = check_layout(layout)
+    have = params_layout(params)
+    if have == layout:
+        return params
+    rest = {k: v for k, v in params.items() if k != "layers" and not k.startswith("layers_")}
+    if layout == "per_layer":
+        L = num_layers_of(params)
+        layers = {f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], params["layers"])
+                  for i in range(L)}
+    else:
+        L = num_layers_of(params)
+        layers = {"layers": jax.tree.map(lambda *xs: jnp.stack(xs),
+                                         *[params[f"layers_{i}"] for i in range(L)])}
+    return {**rest, **layers}
+
+
+def unstack_layers_(params: dict) -> dict:
+    """Stacked -> per-layer IN PLACE, one leaf at a time (the loaders use it: besides the model
+    the device holds at most one stacked weight twice). Returns ``params``."""
+    if params_layout(params) != "stacked":
+        return params
+    stacked = params.pop("layers")
+    L = num_layers_of({"layers": stacked})
+    out = [dict() for _ in range(L)]
+
+    def walk(tree, dsts):
+        for name in list(tree):
+            leaf = tree.pop(name)
+            if isinstance(leaf, dict):
+                walk(leaf, [d.setdefault(name, {}) for d in dsts])
+            else:
+                for i, d in enumerate(dsts):
+                    d[name] = leaf[i]
+            del leaf
+    walk(stacked, out)
+    params.update({f"layers_{i}": out[i] for i in range(L)})
+    return params
+
+
+def init_params(config: ModelConfig, key: jax.Array, layout: Optional[str] = None):
+    """Random parameters (normal(0.02) weights, unit norms) for tests and examples, in ``layout``
+    (default: :func:`default_layout`). The values do not depend on the layout."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    mask = jnp.ones((1, 1, 1), bool)
+    variables = LlamaForCausalLM(config, "stacked").init(key, tokens, tokens, mask,
+                                                         empty_cache(config, 1, 0))
+    return convert_layout(variables["params"], check_layout(layout))
+
+
+def causal_mask(lengths: jax.Array, T: int) -> jax.Array:
+    """``[B, T, T]`` causal mask for right-padded rows of the given lengths (no cache).
+
+    A padding query (t >= length) attends to itself only, so every row of the softmax is
+    non-empty; its outputs are never used.
+    """
+    t = jnp.arange(T)
+    causal = t[None, :, None] >= t[None, None, :]
+    valid_key = t[None, None, :] < lengths[:, None, None]
+    own = t[:, None] == t[None, :]
+    return (causal & valid_key) | own[None]
+
+
+def logits(config: ModelConfig, params, token_ids) -> jax.Array:
+    """Plain causal forward: float32 logits ``[batch, seq, vocab]`` for ``token_ids [batch, seq]``."""
+    return _logits(config, params, jnp.asarray(token_ids, jnp.int32))
+
+
+def _logits_fn(config, params, token_ids):
+    B, T = token_ids.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    out, _ = forward(config, params, token_ids, positions, mask)
+    return out
+
+
+_logits = jax.jit(_logits_fn, static_argnums=0)

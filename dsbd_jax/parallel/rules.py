@@ -1,0 +1,273 @@
+"""Sharding rules (logical axis -> mesh axis), decided per model config, for both weight layouts
+(``"layers"`` with a leading layer axis, or ``"layers_0" .. "layers_{L-1}"`` without):
+
+==============================  ==============================  ===============================
+parameter (path suffix)         logical axes                    mesh axes
+==============================  ==============================  ===============================
+embed/embedding [V, d]          (vocab, embed)                  (model, -)
+lm_head/kernel [d, V]           (embed, vocab)                  (-, model)
+attn/q_proj/kernel [d, H*D]     (embed, q_heads)                (-, model)
+attn/{k,v}_proj/kernel [d, K*D] (embed, kv_heads)               (-, model)
+attn/*_proj/bias                (q_heads) / (kv_heads)          (model)
+attn/o_proj/kernel [H*D, d]     (q_heads, embed)                (model, -)
+mlp/{gate,up}_proj/kernel       (embed, mlp)                    (-, model)
+mlp/down_proj/kernel [F, d]     (mlp, embed)                    (model, -)
+*norm/weight [d]                (norm)                          (-)
+KV cache [L, B, S, K, D]        (layers, batch, slots, kv, hd)  (-, data, -, model, -)
+prompts [B, P], lengths, keys   (batch, ...)                    (data, ...)
+==============================  ==============================  ===============================
+
+Stacked leaves (under ``"layers"``) get a replicated leading layer axis. Weights are replicated
+over ``data`` (no FSDP): every data shard holds one model-sharded copy. The draft model follows
+the same rules with its own head counts.
+
+Heads: query head ``h`` uses KV head ``h // (H / K)`` (grouped-query attention), so the model axis
+splits attention by **KV-head groups**: with ``m`` model shards, shard ``i`` holds KV heads
+``i*K/m .. (i+1)*K/m - 1`` and exactly the query heads that use them (a contiguous block of
+``q_proj``'s output columns, as HF orders them). Attention then runs locally and only
+``o_proj``'s partial sums are all-reduced (Megatron-style); the MLP likewise (``gate/up``
+column-split, ``down`` row-split, one all-reduce).
+
+Indivisible dimensions:
+
+- ``m`` does not divide ``K`` (e.g. 2 KV heads, model axis 4): :class:`ShardedDecoder` repeats
+  every KV head ``r = lcm(K, m) / K`` times (:func:`expand_kv_heads`: ``k_proj``/``v_proj``
+  columns, and so the KV cache, hold ``K*r`` heads, ``K*r/m`` per shard), provided ``K*r``
+  divides ``H``. Query head ``h`` then uses a copy of its own KV head, so the model computes the
+  same function (vLLM and Megatron do the same). This costs ``r`` times the K/V projection
+  weights in total but no more KV cache per device than replicating, and every shard attends
+  locally. Without it XLA's propagation keeps the cache split over part of the model axis and
+  all-gathers it every step (we measured that; the tests guard against it).
+- Otherwise (``K*r`` does not divide ``H``; ``V`` or ``F`` not divisible by ``m``) that logical
+  axis is **replicated** over the model axis and the reason is recorded in
+  ``ShardingRules.notes`` and logged at INFO. ``strict=True`` raises a ``ValueError`` naming the
+  dimension instead.
+- A prompt batch that does not divide the data axis is padded by :class:`ShardedDecoder` with
+  copies of its last prompt (``uneven_batch="pad"``), or run replicated over the data axis
+  (``"replicate"``), or refused (``"error"``); see :class:`ShardedDecoder`.
+
+KV caches ``[L, B, S, K, D]`` name their axes where they are made (``dsbd_jax.models.axes.CACHE``);
+:meth:`ShardingRules.logical_rules` maps those names to mesh axes (``batch`` -> ``data`` when the
+prompt batch is split, ``kv_heads`` -> ``model``), and :class:`dsbd_jax.parallel.ShardedDecoder`
+traces under them, so the decode loop carries the caches as ``P(None, data, None, model, None)``
+(each axis where it divides).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.parallel.mesh import DATA, MODEL, mesh_shape
+
+logger = logging.getLogger("dsbd_jax")
+
+# logical axes of each parameter, by path suffix, WITHOUT the stacked layer axis
+LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("attn", "q_proj", "kernel"): ("embed", "q_heads"),
+    ("attn", "q_proj", "bias"): ("q_heads",),
+    ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "k_proj", "bias"): ("kv_heads",),
+    ("attn", "v_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "v_proj", "bias"): ("kv_heads",),
+    ("attn", "o_proj", "kernel"): ("q_heads", "embed"),
+    ("mlp", "gate_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "up_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "down_proj", "kernel"): ("mlp", "embed"),
+    ("input_norm", "weight"): ("norm",),
+    ("post_norm", "weight"): ("norm",),
+    ("final_norm", "weight"): ("norm",),
+}
+
+
+def path_keys(path) -> Tuple[str, ...]:
+    out = []
+    for p in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(p, attr):
+                out.append(str(getattr(p, attr)))
+                break
+        else:
+            out.append(str(p))
+    return tuple(out)
+
+
+def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
+    """Logical axes of the parameter at ``path`` (a tuple of keys). Leaves under ``"layers"``
+    (stacked layout) get a leading ``"layers"`` axis; ``"layers_<i>"`` leaves (per-layer layout)
+    do not. ``ValueError`` for a parameter no rule covers or a rank that does not match."""
+    path = tuple(path)
+    axes = None
+    for n in range(len(path), 0, -1):
+        if path[-n:] in LOGICAL_AXES:
+            axes = LOGICAL_AXES[path[-n:]]
+            break
+    if axes is None:
+        raise ValueError(f"no sharding rule for parameter {'/'.join(path)} (shape rank {ndim}); "
+                         f"add its path suffix to dsbd_jax.parallel.rules.LOGICAL_AXES")
+    if "layers" in path:
+        axes = ("layers",) + axes
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {'/'.join(path)} has rank {ndim}, its rule {axes} has "
+                         f"{len(axes)} axes (stacked leaves live under 'layers', per-layer ones "
+                         f"under 'layers_<i>')")
+    return axes
+
+
+@dataclasses.dataclass
+class ShardingRules:
+    """Logical-axis -> mesh-axis rules for one mesh (module doc). ``strict``: raise instead of
+    replicating a dimension the model axis does not divide. ``notes`` collects the
+    replications decided so far (one line each, naming the model and the dimension)."""
+
+    mesh: Mesh
+    strict: bool = False
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def data_size(self) -> int:
+        return mesh_shape(self.mesh)[0]
+
+    @property
+    def model_size(self) -> int:
+        return mesh_shape(self.mesh)[1]
+
+    def _split(self, what: str, size: int, name: str) -> Optional[str]:
+        m = self.model_size
+        if size % m == 0:
+            return MODEL
+        replicated = {"num_kv_heads": "k_proj/v_proj and the KV-cache heads are",
+                      "num_heads": "q_proj/o_proj (all of attention) are",
+                      "vocab_size": "the embedding and lm_head are",
+                      "intermediate_size": "the MLP is"}[what]
+        msg = (f"{name}: {what} = {size} does not divide the model axis ({m}); "
+               f"{replicated} replicated over the model axis")
+        if self.strict:
+            raise ValueError(msg.split(";")[0] + f"; use a model axis that divides it "
+                             f"(or strict=False to replicate)")
+        if msg not in self.notes:
+            self.notes.append(msg)
+            logger.info("sharding: %s", msg)
+        return None
+
+    def axis_map(self, config: ModelConfig, name: str = "model") -> Dict[str, Optional[str]]:
+        """The mesh axis of every logical axis for a model with this config."""
+        m = self.model_size
+        if config.num_kv_heads % m == 0:
+            q_heads = kv_heads = MODEL
+        else:
+            # KV heads replicated; query heads still split when they divide (each shard computes
+            # all K/V heads, attends with its own query heads); else all of attention replicated
+            kv_heads = self._split("num_kv_heads", config.num_kv_heads, name)
+            q_heads = self._split("num_heads", config.num_heads, name)
+        return {"vocab": self._split("vocab_size", config.vocab_size, name),
+                "embed": None, "norm": None, "layers": None,
+                "q_heads": q_heads, "kv_heads": kv_heads,
+                "mlp": self._split("intermediate_size", config.intermediate_size, name)}
+
+    def kv_repeat(self, config: ModelConfig) -> int:
+        """Copies of each KV head that make the KV heads divide the model axis: ``lcm(K, m) / K``
+        when ``lcm(K, m)`` divides the query heads ``H`` (1 when ``m`` divides ``K``, or when no
+        repetition works: then the KV heads are replicated)."""
+        m, K, H = self.model_size, config.num_kv_heads, config.num_heads
+        if K % m == 0:
+            return 1
+        Kp = math.lcm(K, m)
+        return Kp // K if H % Kp == 0 else 1
+
+    # parameters
+    def param_specs(self, config: ModelConfig, params, name: str = "model"):
+        """A pytree of ``PartitionSpec`` matching ``params`` (either weight layout)."""
+        amap = self.axis_map(config, name)
+
+        def spec(path, leaf):
+            axes = logical_axes(path_keys(path), np.ndim(leaf))
+            return P(*(amap[a] for a in axes))
+        return jax.tree_util.tree_map_with_path(spec, params)
+
+    def param_shardings(self, config: ModelConfig, params, name: str = "model"):
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s),
+                            self.param_specs(config, params, name))
+
+    # KV cache and batch
+    def cache_spec(self, config: ModelConfig, name: str = "model") -> P:
+        """``[L, B, S, K, D]``: batch over data, KV heads over model where they divide."""
+        return P(None, DATA, None, self.axis_map(config, name)["kv_heads"], None)
+
+    def logical_rules(self, batch_split: bool = True) -> Tuple[Tuple[str, Optional[str]], ...]:
+        """Logical-axis rules for the arrays the decoders make (``dsbd_jax.models.axes``; enter
+        them with ``flax.linen.logical_axis_rules`` under ``jax.set_mesh(self.mesh)``): the batch
+        over ``data`` when the prompt batch is split over it, KV heads over ``model``; an axis the
+        mesh axis does not divide stays whole."""
+        return (("batch", DATA if batch_split else None), ("kv_heads", MODEL))
+
+    def batch_sharding(self, ndim: int) -> NamedSharding:
+        """Leading (batch) axis over ``data``, the rest replicated."""
+        return NamedSharding(self.mesh, P(DATA, *([None] * (ndim - 1))))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+
+def expand_kv_heads(params, config: ModelConfig, repeat: int):
+    """``params`` with every KV head repeated ``repeat`` times (``k_proj``/``v_proj`` kernel and
+    bias columns, head-major as HF orders them: ``[.., K*D] -> [.., K*repeat*D]``, copy ``j`` of
+    head ``k`` at ``k*repeat + j``). With ``num_kv_heads * repeat`` KV heads, query head ``h``
+    uses head ``h // (H / (K*repeat))``, a copy of its original KV head ``h // (H / K)``: the model
+    computes the same function. Works on both weight layouts."""
+    if repeat == 1:
+        return params
+    K, D = config.num_kv_heads, config.head_dim
+
+    def f(path, x):
+        keys = path_keys(path)
+        if len(keys) >= 2 and keys[-2] in ("k_proj", "v_proj"):
+            y = jnp.reshape(x, x.shape[:-1] + (K, D))
+            return jnp.reshape(jnp.repeat(y, repeat, axis=-2), x.shape[:-1] + (K * repeat * D,))
+        return x
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def model_configs(config) -> Dict[str, ModelConfig]:
+    """``{"target": cfg}`` or ``{"target": cfg, "draft": cfg}`` from a decode config or a model
+    config."""
+    if isinstance(config, ModelConfig):
+        return {"target": config}
+    out = {"target": config.target}
+    if getattr(config, "draft", None) is not None:
+        out["draft"] = config.draft
+    return out
+
+
+def split_params(params, configs: Mapping[str, ModelConfig]):
+    """(is_pair, {name: tree}) for a target tree or a ``{"target": .., "draft": ..}`` dict."""
+    if isinstance(params, Mapping) and "target" in params:
+        return True, {k: params[k] for k in configs if k in params}
+    return False, {"target": params}
+
+
+def param_shardings(params, config, rules: ShardingRules):
+    """NamedShardings for ``params`` (a target tree or ``{"target": .., "draft": ..}``) given a
+    decode config (or a ModelConfig for a single tree)."""
+    configs = model_configs(config)
+    pair, trees = split_params(params, configs)
+    out = {k: rules.param_shardings(configs[k], t, k) for k, t in trees.items()}
+    return out if pair else out["target"]
+
+
+def shard_params(params, config, mesh_or_rules):
+    """``device_put`` the parameters with their shardings (do this once; reuse the result)."""
+    rules = (mesh_or_rules if isinstance(mesh_or_rules, ShardingRules)
+             else ShardingRules(mesh_or_rules))
+    return jax.device_put(params, param_shardings(params, config, rules))

