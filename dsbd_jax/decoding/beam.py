@@ -125,13 +125,14 @@ class BeamState:
     target_calls: jax.Array  # scalar int32
 
 
-@common.core
+@common.core("beam_sample")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    common.note_trace("beam_sample", batch=B, prompt=P, beams=W, new=N)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("beam_sample", config, params, prompt_ids,
+                                                              prompt_lengths)
     pad = config.pad_id
     keys = row_keys(key, B)
     cache, logits = common.prefill(config.target, params, prompt_ids, prompt_lengths, P + N)
@@ -178,8 +179,9 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_token_id)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
-    return GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
-                          best=best, stats=stats)
+    out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
+                         best=best, stats=stats)
+    return common.mark_invalid(out, invalid, pad)
 
 
 def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None
@@ -221,14 +223,15 @@ class SearchState:
     target_calls: jax.Array
 
 
-@common.core
+@common.core("beam_search")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: DecodeConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    common.note_trace("beam_search", batch=B, prompt=P, beams=W, new=N)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("beam_search", config, params, prompt_ids,
+                                                              prompt_lengths)
     pad = config.pad_id
     lp_exp = length_penalty  # scalar arrays: other settings reuse the compiled program
     n_eos = len(config.eos_token_id or ())
@@ -308,8 +311,9 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1),
                  scores=s.done_scores)
-    return GenerateOutput(sequences=s.done_seqs, lengths=lengths, log_likelihoods=s.done_logprobs,
-                          best=jnp.zeros((B,), jnp.int32), stats=stats)
+    out = GenerateOutput(sequences=s.done_seqs, lengths=lengths, log_likelihoods=s.done_logprobs,
+                         best=jnp.zeros((B,), jnp.int32), stats=stats)
+    return common.mark_invalid(out, invalid, pad)
 
 
 def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:

@@ -14,8 +14,8 @@ distributions keep fixed shapes. ``lengths`` counts new tokens up to and includi
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import functools
 import logging
 from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
@@ -23,27 +23,25 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import forward
 
-logger = logging.getLogger("dsbd_jax")
-
 # ---------------------------------------------------------------------------------------------
-# compile counting: a jitted function's Python body runs once per compilation (trace).
-_TRACES: Dict[str, int] = collections.Counter()
+# compile counting: ``note_trace`` runs when a core's Python body is traced (once per new shapes
+# or config); ``compile_count`` counts real XLA compilations, read from jax.monitoring's backend
+# compile events (see ``dsbd_jax/decoding/compiles.py``).
+from dsbd_jax.decoding.compiles import compile_count, core_name, note_core_call  # noqa: E402,F401
+
+logger = logging.getLogger("dsbd_jax")
 
 
 def note_trace(name: str, **shapes) -> None:
-    """Record (and log at INFO) that ``name`` is being traced, i.e. compiled for new shapes."""
-    _TRACES[name] += 1
-    logger.info("compiling %s (#%d) for %s", name, _TRACES[name], shapes)
-
-
-def compile_count(name: Optional[str] = None):
-    """How many times a decoder was traced/compiled in this process (all of them if no name)."""
-    return dict(_TRACES) if name is None else _TRACES.get(name, 0)
+    """Log (DEBUG) that decoder ``name`` is being traced for ``shapes``; the INFO line comes
+    with the compilation itself (``compiles.py``)."""
+    logger.debug("tracing %s for %s", name, shapes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,24 +72,28 @@ class _Core:
     """A jitted decoder core: runs as the ``jax.jit`` function it wraps (whose attributes,
     e.g. ``lower`` and ``clear_cache``, it forwards), or is captured as a ``CoreCall``."""
 
-    def __init__(self, jitted):
+    def __init__(self, jitted, name: str):
         self._jitted = jitted
         self.__wrapped__ = jitted
         self.__name__ = getattr(jitted, "__name__", "core")
         self.__doc__ = getattr(jitted, "__doc__", None)
+        self.decoder = name
+        core_name(self.__name__, name)
 
     def __call__(self, *args, **kwargs):
         if _CAPTURING:
             return CoreCall(self._jitted, args, kwargs)
+        note_core_call(self.decoder, args)
         return self._jitted(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._jitted, name)
 
 
-def core(jitted) -> _Core:
-    """Mark a ``jax.jit`` function as a public decoder's core (see ``capture_core_calls``)."""
-    return _Core(jitted)
+def core(name: str) -> Callable[[Callable], _Core]:
+    """Decorator: mark a ``jax.jit`` function as the core of the public decoder ``name`` (see
+    ``capture_core_calls``; its compilations count as ``compile_count(name)``)."""
+    return lambda jitted: _Core(jitted, name)
 
 
 @contextlib.contextmanager
@@ -160,6 +162,11 @@ class GenerateOutput:
     best:            [B] int32 index of the beam with the highest log-likelihood
     stats:           dict of arrays: ``target_calls``, ``draft_calls``, ``iterations`` (scalars
                      for the whole batch), ``generated_tokens`` ([B]) and method-specific ones.
+
+    invalid:         [B] bool, True for a prompt that failed a value check inside a jit (ids
+                     outside the vocabulary, length outside ``[1, P]``): its beams are empty
+                     (sequences pad, lengths 0, log-likelihoods -inf, best 0,
+                     ``generated_tokens`` 0). A direct call raises instead (see README).
     """
 
     sequences: jax.Array
@@ -167,6 +174,7 @@ class GenerateOutput:
     log_likelihoods: jax.Array
     best: jax.Array
     stats: Dict[str, jax.Array]
+    invalid: Optional[jax.Array] = None
 
 
 def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> int:
@@ -222,6 +230,12 @@ def prompt_lengths_or_full(prompt_ids, prompt_lengths) -> jax.Array:
     return jnp.asarray(prompt_lengths, jnp.int32)
 
 
+# The value checks' messages: raised on the host by a direct call, and by ``checkify`` (same
+# text) inside a user's jit (``guard_prompts``).
+LENGTHS_MSG = "prompt_lengths must be in [1, {}], got range [{}, {}]"
+IDS_MSG = "prompt token ids must be in [0, {}), got range [{}, {}]"
+
+
 def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
     """Host-side check (call outside jit, where the values are concrete)."""
     if prompt_ids.ndim != 2:
@@ -232,7 +246,7 @@ def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
     if lens.shape != (prompt_ids.shape[0],):
         raise ValueError(f"prompt_lengths must have shape [{prompt_ids.shape[0]}], got {lens.shape}")
     if lens.min() < 1 or lens.max() > prompt_ids.shape[1]:
-        raise ValueError(f"prompt_lengths must be in [1, {prompt_ids.shape[1]}], got {lens.tolist()}")
+        raise ValueError(LENGTHS_MSG.format(prompt_ids.shape[1], lens.min(), lens.max()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,8 +441,7 @@ def check_prompt_batch(prompt_ids, prompt_lengths, vocab_size: int) -> None:
     else:
         used = ids[np.arange(ids.shape[1])[None, :] < np.asarray(prompt_lengths)[:, None]]
     if used.size and (used.min() < 0 or used.max() >= vocab_size):
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size}), got range "
-                         f"[{used.min()}, {used.max()}]")
+        raise ValueError(IDS_MSG.format(vocab_size, used.min(), used.max()))
 
 
 def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int = 0) -> None:
@@ -441,6 +454,89 @@ def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int
             raise ValueError(f"prompt too long: {prompt_len} padded prompt + {max_new_tokens} new"
                              f"{extra} positions exceed the {name}'s max_position_embeddings "
                              f"({mc.max_position_embeddings})")
+
+
+# ---------------------------------------------------------------------------------------------
+# checks inside the jitted cores (they also run under a user's own jit, where the host checks
+# above see tracers and cannot look at values)
+@functools.lru_cache(maxsize=64)
+def _expected_shapes(config: ModelConfig, layout: str):
+    from dsbd_jax.models.llama import init_params
+    tree = jax.eval_shape(lambda: init_params(config, jax.random.key(0), layout))
+    return {jax.tree_util.keystr(p): tuple(x.shape)
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def check_params(name: str, config: ModelConfig, params) -> None:
+    """Trace-time check (shapes are static): ``ValueError`` in one line naming the model
+    (``"target"`` / ``"draft"``) and the first leaf whose path or shape differs from what
+    ``config`` needs."""
+    from dsbd_jax.models.llama import params_layout
+    try:
+        layout = params_layout(params)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"{name} parameters are not a Llama parameter tree (no 'layers' or "
+                         f"'layers_0')") from None
+    want = _expected_shapes(config, layout)
+    got = {jax.tree_util.keystr(p): tuple(np.shape(x))
+           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    for path, shape in want.items():
+        if path not in got:
+            raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
+                             f"missing (expected shape {shape})")
+        if got[path] != shape:
+            raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "
+                             f"shape {shape}, got {got[path]}")
+    extra = sorted(set(got) - set(want))
+    if extra:
+        raise ValueError(f"{name} parameters do not match config.{name}: unexpected leaf {extra[0]}")
+
+
+def guard_inputs(name: str, config, params, prompt_ids, prompt_lengths):
+    """First lines of every jitted core. Checks the parameters against the config at trace time
+    (``check_params``, per model) and the prompt values in the program (``guard_prompts``).
+    Returns ``(invalid [B], prompt_ids, prompt_lengths)``, the prompts made harmless."""
+    note_trace(name, batch=prompt_ids.shape[0], prompt=prompt_ids.shape[1])
+    if isinstance(params, dict) and "draft" in params:
+        check_params("target", config.target, params["target"])
+        check_params("draft", config.draft, params["draft"])
+    else:
+        check_params("target", config.target, params)
+    return guard_prompts(prompt_ids, prompt_lengths, config.target.vocab_size)
+
+
+def guard_prompts(prompt_ids, prompt_lengths, vocab_size: int):
+    """In-program value checks of a prompt batch: ``checkify.debug_check`` with the host checks'
+    messages (active only under ``checkify.checkify``), and ``invalid [B]`` for the output.
+    Invalid rows are replaced by a one-token prompt of id 0 so they run harmlessly (their output
+    is blanked by ``mark_invalid``); valid rows are passed through unchanged."""
+    B, P = prompt_ids.shape
+    len_bad = (prompt_lengths < 1) | (prompt_lengths > P)
+    used = jnp.arange(P)[None, :] < prompt_lengths[:, None]
+    ids_bad = jnp.any(used & ((prompt_ids < 0) | (prompt_ids >= vocab_size)), axis=1)
+    checkify.debug_check(~jnp.any(len_bad), LENGTHS_MSG.format(P, "{}", "{}"),
+                         jnp.min(prompt_lengths), jnp.max(prompt_lengths))
+    checkify.debug_check(~jnp.any(ids_bad), IDS_MSG.format(vocab_size, "{}", "{}"),
+                         jnp.min(jnp.where(used, prompt_ids, vocab_size - 1)),
+                         jnp.max(jnp.where(used, prompt_ids, 0)))
+    invalid = len_bad | ids_bad
+    prompt_ids = jnp.where(invalid[:, None], 0, prompt_ids)
+    prompt_lengths = jnp.where(invalid, 1, prompt_lengths)
+    return invalid, prompt_ids, prompt_lengths
+
+
+def mark_invalid(out: GenerateOutput, invalid: jax.Array, pad_id: int) -> GenerateOutput:
+    """``out`` with ``invalid`` set and the invalid prompts' beams emptied (``GenerateOutput``)."""
+    row = lambda x: invalid.reshape((-1,) + (1,) * (x.ndim - 1))  # noqa: E731
+    stats = dict(out.stats)
+    for k in ("generated_tokens", "num_beams_out"):
+        if k in stats:
+            stats[k] = jnp.where(invalid, 0, stats[k])
+    return out.replace(
+        sequences=jnp.where(row(out.sequences), pad_id, out.sequences),
+        lengths=jnp.where(row(out.lengths), 0, out.lengths),
+        log_likelihoods=jnp.where(row(out.log_likelihoods), -jnp.inf, out.log_likelihoods),
+        best=jnp.where(invalid, 0, out.best), stats=stats, invalid=invalid)
 
 
 def take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:

@@ -361,17 +361,18 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
                           best=best, stats=stats)
 
 
-@common.core
+@common.core("dsbd_generate")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
-    common.note_trace("dsbd_generate", prompt_ids=prompt_ids.shape, config=config)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("dsbd_generate", config, params, prompt_ids,
+                                                              prompt_lengths)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     body = common.with_progress(
         config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
             iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
             accepted=jnp.sum(s.layer_accepted), verified=jnp.sum(s.layer_verified)))
     state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-    return to_output(config, state)
+    return common.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -100,13 +100,14 @@ class SampleState:
     target_calls: jax.Array  # scalar int32
 
 
-@common.core
+@common.core("sample")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) -> GenerateOutput:
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    common.note_trace("sample", batch=B, prompt=P, beams=W, new=N)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("sample", config, params, prompt_ids,
+                                                              prompt_lengths)
     pad = config.pad_id
     greedy = is_greedy(config)
     keys = row_keys(key, B)
@@ -154,8 +155,9 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
     lengths, best = common.best_and_lengths(sequences, ll, config.eos_token_id)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
-    return GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,
-                          stats=stats)
+    out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,
+                         stats=stats)
+    return common.mark_invalid(out, invalid, pad)
 
 
 def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:

@@ -362,13 +362,14 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
                             draft_calls=gamma)
 
 
-@common.core
+@common.core("speculative_sample")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
-    common.note_trace("speculative_sample", prompt_ids=prompt_ids.shape, config=config)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("speculative_sample", config, params, prompt_ids,
+                                                              prompt_lengths)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     state = decode_loop(config, state, functools.partial(chain_iteration, config, params))
-    return to_output(config, state)
+    return common.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
 def speculative_sample(params, prompt_ids, key, config: DecodeConfig,

@@ -262,14 +262,15 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
                                  emitted_logp, draft_calls=gamma)
 
 
-@common.core
+@common.core("tree_speculative_sample")
 @functools.partial(jax.jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
-    common.note_trace("tree_speculative_sample", prompt_ids=prompt_ids.shape, config=config)
+    invalid, prompt_ids, prompt_lengths = common.guard_inputs("tree_speculative_sample", config, params, prompt_ids,
+                                                              prompt_lengths)
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
                             draft_extra_slots=draft_extra_slots(config))
     state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))
-    return spec.to_output(config, state)
+    return common.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
 
 
 def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,
