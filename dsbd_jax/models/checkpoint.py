@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -113,6 +114,16 @@ def _set_path(tree: dict, path: Tuple[str, ...], value) -> None:
 
 def path_name(path: Tuple[str, ...]) -> str:
     return ".".join(path)
+
+
+def notice(message: str, enabled: bool) -> None:
+    """A load step the user should see without any logging set-up: one line on stderr when
+    ``enabled`` (the loaders' ``progress``; through ``tqdm.write`` so bars stay intact), and
+    always at INFO on the ``dsbd_jax`` logger."""
+    logging.getLogger("dsbd_jax").info(message)
+    if enabled:
+        from tqdm.auto import tqdm
+        tqdm.write(f"dsbd_jax: {message}", file=sys.stderr)
 
 
 def _progress(iterable, total, desc, enabled):

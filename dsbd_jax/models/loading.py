@@ -26,12 +26,13 @@ The modules below this one import in one direction only: ``checkpoint`` <- ``hf`
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Optional, Tuple, Union
 
 import jax.numpy as jnp
 
-from dsbd_jax.models.checkpoint import LoadedModel
+from dsbd_jax.models.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
                                    tokenizer_from_gguf)
@@ -110,7 +111,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
         GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
         turns it off), else ``True``.
-      progress: show tqdm progress bars (stderr) for the long steps.
+      progress: show tqdm progress bars and one line per step on stderr (no logging set-up
+        needed): a first preset load says it converts, every load where from and how long.
       layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
         :func:`dsbd_jax.models.llama.default_layout`); :func:`dsbd_jax.models.llama.convert_layout` converts.
     """
@@ -128,6 +130,11 @@ def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params) 
     if kind == "preset":
         return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                            progress=progress, cache_params=cache_params)
+    t0 = time.perf_counter()
     if kind == "hf":
-        return load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
-    return load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)
+        model = load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
+    else:
+        model = load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)
+    notice(f"loaded {'checkpoint' if kind == 'hf' else 'GGUF'} {where} in "
+           f"{time.perf_counter() - t0:.1f} s", progress)
+    return model

@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 
 from dsbd_jax.models.checkpoint import (LoadedModel, config_from_json, config_to_json,
-                                         load_saved_params)
+                                         load_saved_params, notice)
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import gguf_config, load_gguf
 
@@ -254,8 +254,8 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     elif not _params_ready(directory):
         with _lock(directory):
             if not _params_ready(directory):
-                logger.info("converting %s to float parameters (first load; cached in %s)",
-                            name, directory / _PARAMS_DIR)
+                notice(f"converting {name} to float parameters (first load; cached in "
+                       f"{directory / _PARAMS_DIR})", progress)
                 t1 = time.perf_counter()
                 tmp = directory / f"{_PARAMS_DIR}.partial-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -275,16 +275,18 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     if params is None:
         t1 = time.perf_counter()
         config = _load_cached_config(directory, dtype_name)
-        logger.info("loading cached parameters of %s", name)
+        notice(f"loading {name} from cached parameters in {directory / _PARAMS_DIR}", progress)
         params = load_saved_params(directory / _PARAMS_DIR, config, dtype)
         info["cached_load_s"] = time.perf_counter() - t1
     tok = None
     if tokenizer:
         t1 = time.perf_counter()
-        tok = preset_tokenizer(name, cache_dir)
+        tok = preset_tokenizer(name, cache_dir, progress)
         info["tokenizer_s"] = time.perf_counter() - t1
     info["total_s"] = time.perf_counter() - t0
-    logger.info("loaded preset %s (%s) in %.1fs", name, dtype_name, info["total_s"])
+    how = ("first load, now cached" if info["built_cache"] else
+           f"from {directory / _PARAMS_DIR}" if "cached_load_s" in info else "from the GGUF")
+    notice(f"loaded preset {name} ({dtype_name}) in {info['total_s']:.1f} s ({how})", progress)
     return LoadedModel(config, params, tok, name, info)
 
 
@@ -298,7 +300,7 @@ def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> Mod
     return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
 
 
-def preset_tokenizer(name: str, cache_dir=None):
+def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
     """The preset's ``transformers`` tokenizer (built from the GGUF once, then cached)."""
     from transformers import AutoTokenizer
 
@@ -308,7 +310,7 @@ def preset_tokenizer(name: str, cache_dir=None):
         gguf_path = ensure_gguf(name, cache_dir, verify=False)
         with _lock(directory):
             if not (tok_dir / "tokenizer_config.json").exists():
-                logger.info("building the tokenizer of %s from its GGUF (first load)", name)
+                notice(f"building the tokenizer of {name} from its GGUF (first load)", progress)
                 tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_path.name)
                 tmp = directory / f"tokenizer.partial-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
