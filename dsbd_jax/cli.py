@@ -143,29 +143,24 @@ ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accep
 
 class ProgressBar:
     """A tqdm bar over new tokens, fed by ``common.progress_hook`` once per decoder loop trip:
-    iterations, tokens/s since the first trip, target calls and the draft acceptance figure:
+    iterations, target calls and the draft acceptance figure (no rate: a run has one tokens/s
+    figure, :func:`tokens_per_second`, printed when it ends):
     for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
     layers end with a correction draw, at most the width), for speculative and tree sampling
     ``accept rate`` = accepted draft tokens per verified draft token."""
 
     def __init__(self, total: int, desc: str, method: str = "", rows: Optional[int] = None):
         from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True)
+        self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} tok [{elapsed}{postfix}]")
         self.accept_label = ACCEPT_LABELS.get(method, "accepted")
-        self.t0 = None
-        self.n0 = 0
         self.rows = rows  # prompts to count (a sharded batch may carry padding rows after them)
 
     def __call__(self, v) -> None:
         n = int(v["generated"][:self.rows].sum())
-        now = time.perf_counter()
-        if self.t0 is None:
-            self.t0, self.n0 = now, n
         post = {"iter": int(v["iterations"]), "target calls": int(v["target_calls"])}
         if "accepted" in v:
             post[self.accept_label] = f"{int(v['accepted']) / max(int(v['verified']), 1):.2f}"
-        if now > self.t0:
-            post["tok/s"] = f"{(n - self.n0) / (now - self.t0):.2f}"
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(n - self.bar.n)
 
@@ -274,6 +269,16 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     return out, comp, max(wall - comp, 1e-9)
 
 
+def tokens_per_second(out, seconds: float):
+    """The one tokens/s figure of a run (README, "tokens/s"): new tokens of the best beam of
+    each prompt (up to and including EOS), summed over the prompts, over the seconds of the
+    timed decode (compilation excluded). Returns ``(tokens, tokens / seconds)``."""
+    import numpy as np
+    lens, best = np.asarray(out.lengths), np.asarray(out.best)
+    tokens = int(lens[np.arange(len(best)), best].sum())
+    return tokens, tokens / max(seconds, 1e-9)
+
+
 def _print_outputs(tokenizer, name, out, prompts, run_s):
     """Every live beam of every prompt with its log-likelihood (best first); returns the number
     of new tokens in the best beams."""
@@ -282,8 +287,8 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
     lens = np.asarray(out.lengths)
     ll = np.asarray(out.log_likelihoods)
     best = np.asarray(out.best)
-    gen = int(lens[np.arange(len(best)), best].sum())
-    print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {gen / run_s:.2f} tokens/s "
+    gen, rate = tokens_per_second(out, run_s)
+    print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {rate:.2f} tokens/s "
           f"(best beam of each prompt)")
     stats = {k: np.asarray(v) for k, v in out.stats.items()}
     short = {k: (v.round(3).tolist() if v.size <= 8 else f"[{v.size} values]") for k, v in stats.items()}
@@ -321,13 +326,14 @@ def cmd_demo(args) -> int:
         print(f"[{name}] compile {comp:.1f} s")
         results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
     import numpy as np
-    (gb, tb, ob), (gd, td, od) = results["beam"], results["dsbd"]
+    (_, tb, ob), (_, td, od) = results["beam"], results["dsbd"]
     def ll_per_tok(o):
         b = np.asarray(o.best)
         i = np.arange(len(b))
         return float(np.mean(np.asarray(o.log_likelihoods)[i, b] / np.maximum(np.asarray(o.lengths)[i, b], 1)))
-    print(f"\nspeed: DSBD {gd / td:.2f} tokens/s vs beam sampling (W={args.beams}) {gb / tb:.2f} tokens/s"
-          f" -> {(gd / td) / (gb / tb):.2f}x; mean log-lik/token: DSBD {ll_per_tok(od):.3f}, "
+    rd, rb = tokens_per_second(od, td)[1], tokens_per_second(ob, tb)[1]
+    print(f"\nspeed: DSBD {rd:.2f} tokens/s vs beam sampling (W={args.beams}) {rb:.2f} tokens/s"
+          f" -> {rd / rb:.2f}x; mean log-lik/token: DSBD {ll_per_tok(od):.3f}, "
           f"beam {ll_per_tok(ob):.3f}")
     return 0
 

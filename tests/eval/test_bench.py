@@ -244,6 +244,8 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     assert code == 0, err
     assert "best beam" in out and "log-lik" in out and "tokens/s" in out
     assert "accepted/layer" in err and "5/5" in err  # the progress bar (stderr)
+    # one tokens/s figure per run (README): in the summary line only, not in the bar
+    assert out.count("tokens/s") == 1 and "tok/s" not in err and "tokens/s" not in err
     assert "loading target" in err and "loaded draft" in err  # status lines with timing
     cfg = write_config(tmp_path, pair, gsm_file, [{"method": "beam", "num_beams": [1, 2]}])
     code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
