@@ -29,8 +29,8 @@ from dsbd_jax.decoding import common, methods  # noqa: E402
 
 REFERENCE = Path(__file__).parent / "data" / "guard_reference.npz"
 V, P = 8, 8
-IDS = np.array([[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 1, 0, 0, 0]], np.int32)
-LENS = np.array([3, 5], np.int32)
+IDS = np.array([[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 1, 2, 3, 4]], np.int32)
+LENS = np.array([3, 8], np.int32)   # row 1 full length
 SETTINGS = {"dsbd": dict(gamma=2, draft_width=2, max_width=2), "beam": dict(num_beams=2),
             "beam_search": dict(num_beams=2), "sample": {}, "spec": dict(gamma=2),
             "tree": dict(gamma=2)}
