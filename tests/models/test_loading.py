@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import re
 import shutil
 
 import numpy as np
@@ -504,3 +505,18 @@ def test_real_preset_packages_are_described():
     assert presets.get_preset("qwen2.5-coder-0.5b-instruct").size == 491_400_064
     with pytest.raises(ValueError, match="available"):
         presets.get_preset("nope")
+
+
+def test_preset_load_is_visible_without_logging(fake_preset, capfd):
+    """Issue 22: with the default ``progress=True`` and no logging set-up, a first preset load
+    says on stderr that it converts (and where it caches), and a cached load says where from
+    and how long it took."""
+    preset, t, cache = fake_preset
+    load_model("fake-tiny", tokenizer=False)
+    err = capfd.readouterr().err
+    assert "dsbd_jax: converting fake-tiny" in err and str(cache / "fake-tiny") in err
+    assert "loaded preset fake-tiny (float32) in" in err and "(first load, now cached)" in err
+    load_model("fake-tiny", tokenizer=False)
+    err = capfd.readouterr().err
+    assert "converting" not in err
+    assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1\)", err), err
