@@ -27,7 +27,7 @@ from jax.experimental import checkify
 
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.llama import forward
+from dsbd_jax.models.llama import forward, init_params, params_layout
 
 # ---------------------------------------------------------------------------------------------
 # compile counting: ``note_trace`` runs when a core's Python body is traced (once per new shapes
@@ -162,7 +162,6 @@ class GenerateOutput:
     best:            [B] int32 index of the beam with the highest log-likelihood
     stats:           dict of arrays: ``target_calls``, ``draft_calls``, ``iterations`` (scalars
                      for the whole batch), ``generated_tokens`` ([B]) and method-specific ones.
-
     invalid:         [B] bool, True for a prompt that failed a value check inside a jit (ids
                      outside the vocabulary, length outside ``[1, P]``): its beams are empty
                      (sequences pad, lengths 0, log-likelihoods -inf, best 0,
@@ -461,7 +460,6 @@ def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int
 # above see tracers and cannot look at values)
 @functools.lru_cache(maxsize=64)
 def _expected_shapes(config: ModelConfig, layout: str):
-    from dsbd_jax.models.llama import init_params
     tree = jax.eval_shape(lambda: init_params(config, jax.random.key(0), layout))
     return {jax.tree_util.keystr(p): tuple(x.shape)
             for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -471,7 +469,6 @@ def check_params(name: str, config: ModelConfig, params) -> None:
     """Trace-time check (shapes are static): ``ValueError`` in one line naming the model
     (``"target"`` / ``"draft"``) and the first leaf whose path or shape differs from what
     ``config`` needs."""
-    from dsbd_jax.models.llama import params_layout
     try:
         layout = params_layout(params)
     except (ValueError, TypeError, AttributeError):
