@@ -6,9 +6,11 @@ jax reports every backend compilation through ``jax.monitoring`` (the duration e
 
 * ``fun_name`` is the name of a decoder's jitted core (``@common.core("dsbd_generate")`` on
   ``_dsbd_core``): the decoder was called directly and jax compiled its core; or
-* the core was called with traced arguments (inside someone else's ``jax.jit``, e.g. the user's
-  ``jax.jit(functools.partial(dsbd_generate, config=cfg))`` or ``ShardedDecoder``) since the
-  last compilation in this thread: that enclosing program's compilation is the decoder's.
+* the core was called with traced arguments inside someone else's ``jax.jit`` (the user's
+  ``jax.jit(functools.partial(dsbd_generate, config=cfg))``, ``ShardedDecoder``'s): when that
+  outermost trace ends (jax's ``/jax/core/compile/jaxpr_trace_duration`` event, which fires for
+  top-level traces only, names the function), the decoders traced in it wait for that
+  function's compilation, which then counts as theirs.
 
 A user's jit and a plain call on the same shapes are two programs and count twice. A hit of
 jax's persistent compilation cache still passes through the backend-compile event and counts.
@@ -28,10 +30,13 @@ from jax import monitoring
 logger = logging.getLogger("dsbd_jax")
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 
 _COUNTS: Dict[str, int] = collections.Counter()
 _CORES: Dict[str, str] = {}          # jitted core's function name -> decoder name
-_THREAD = threading.local()          # .pending {decoder: shapes}, .last {decoder: shapes}
+# per thread: .pending {decoder: shapes} traced in the current outer trace, .awaiting
+# {outer function name: pending} until it compiles, .last {decoder: shapes} of direct calls
+_THREAD = threading.local()
 
 
 def compile_count(name: Optional[str] = None) -> Union[int, Dict[str, int]]:
@@ -66,18 +71,24 @@ def note_core_call(decoder: str, args) -> None:
 
 
 def _on_duration(event: str, duration: float, **kwargs) -> None:
-    if event != BACKEND_COMPILE_EVENT:
+    if event not in (BACKEND_COMPILE_EVENT, TRACE_EVENT):
         return
-    fun = str(kwargs.get("fun_name", ""))   # "jit(_dsbd_core)" in jax 0.10
+    fun = str(kwargs.get("fun_name", ""))   # "jit(_dsbd_core)" when compiling, in jax 0.10
     if fun.startswith("jit(") and fun.endswith(")"):
         fun = fun[4:-1]
+    if not hasattr(_THREAD, "awaiting"):
+        _THREAD.awaiting = {}
+    if event == TRACE_EVENT:              # an outermost trace ended
+        if fun not in _CORES and getattr(_THREAD, "pending", None):
+            _THREAD.awaiting.setdefault(fun, {}).update(_THREAD.pending)
+        _THREAD.pending = {}
+        return
     if fun in _CORES:
         name = _CORES[fun]
         found = {name: getattr(_THREAD, "last", {}).get(name, "?")}
         where = ""
     else:
-        found = getattr(_THREAD, "pending", {})
-        _THREAD.pending = {}
+        found = _THREAD.awaiting.pop(fun, {})
         where = f", inside {fun}"
     for name, shapes in found.items():
         _COUNTS[name] += 1
