@@ -69,7 +69,9 @@ def _family(arch: str, hf: Dict[str, Any]) -> Dict[str, Any]:
     if arch == "MistralForCausalLM" and hf.get("sliding_window") is not None:
         out["sliding_window"] = int(hf["sliding_window"])
     if gemma:
-        cap = hf.get("attn_logit_softcapping")
+        # transformers' Gemma 3 attention never applies attn_logit_softcapping (and the released
+        # configs set it to null): follow the reference
+        cap = hf.get("attn_logit_softcapping") if arch == "Gemma2ForCausalLM" else None
         final = hf.get("final_logit_softcapping")
         out.update(norm_style="gemma", sandwich_norms=True, embed_scale=True,
                    query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
