@@ -9,7 +9,9 @@ and the draft forest in a scratch tail, so the slots' positions differ from the 
 must be beam sampling of the target and the token tree must be sampling, by chi-square against
 enumeration (the reference runs plain causal passes, slot = position). Broken on purpose
 (key_positions dropped from DSBD's target pass, so beam r's row reads positions r * S + s):
-the DSBD case fails (reported in the issue's notes).
+the DSBD case fails (p = 7e-39); the draft's scratch positions dropped (forest / tree): the
+draft's distributions change, which exactness cannot see (the draft only proposes), so
+``test_scratch_positions_change_the_draft`` checks them directly.
 """
 
 from __future__ import annotations
@@ -78,13 +80,15 @@ def test_gemma_style_dsbd_is_exact_beam_sampling():
 
 
 def test_gemma_style_token_tree_is_exact_sampling():
+    """gamma = 4: the draft's depth-3 queries must NOT see their depth-1 ancestors in the
+    scratch slots (outside the window of 2), which only their passed positions tell."""
     tc, tp, dc, dp = pair(GEMMA_STYLE)
-    cfg = DecodeConfig(target=tc, draft=dc, max_new_tokens=3, gamma=2, tree_widths=(2, 2),
+    cfg = DecodeConfig(target=tc, draft=dc, max_new_tokens=4, gamma=4, tree_widths=(2, 1, 1, 1),
                        pad_token_id=0)
     out = tree.tree_speculative_sample({"target": tp, "draft": dp},
                                        np.tile(np.asarray([PROMPT], np.int32), (ROWS, 1)),
                                        jax.random.key(2), cfg)
-    exact = ref.exact_sample_dist(ref.make_lp_fn(tc, tp), PROMPT, 3)
+    exact = ref.exact_sample_dist(ref.make_lp_fn(tc, tp), PROMPT, 4)
     res = ref.chi_square_test([tuple(s) for s in np.asarray(out.sequences[:, 0]).tolist()], exact)
     print(f"gemma-style token tree: {res}")
     assert res.pvalue > P_MIN, res
@@ -110,3 +114,24 @@ def test_dsbd_and_beam_sampling_run_on_each_family(family):
             want = sum(lp(tuple(prompts[r]) + tuple(int(t) for t in s[:j]))[s[j]]
                        for j in range(len(s)))
             np.testing.assert_allclose(lls[r, 0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_scratch_positions_change_the_draft():
+    """Draft == target (Gemma-style, window 2): every proposal is accepted only when the draft's
+    passes over its scratch slots (DSBD's forest tail, the token tree's) compute the target's
+    numbers, which needs the scratch positions (gamma = 4: depth-3 queries must not see their
+    depth-1 ancestors). Dropping ``key_positions`` in ``forest._draft_forward`` or in the tree's
+    draft call makes both acceptance checks below fail (tried on purpose)."""
+    tc, tp, _, _ = pair(GEMMA_STYLE, vocab=11)
+    params = {"target": tp, "draft": tp}
+    prompts = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    cfg = DecodeConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4,
+                       tree_widths=(2, 1, 1, 1))
+    out = tree.tree_speculative_sample(params, prompts, jax.random.key(0), cfg)
+    assert float(out.stats["acceptance_rate"]) == 1.0
+    dcfg = DSBDConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4, draft_width=2,
+                      min_width=2, threshold=1.0)
+    st = dsbd_generate(params, prompts, jax.random.PRNGKey(0), dcfg).stats
+    st = {k: np.asarray(v) for k, v in st.items()}
+    assert st["layer_verified"].sum() > 0
+    np.testing.assert_array_equal(st["layer_passed"], st["layer_verified"])
