@@ -124,7 +124,7 @@ def test_scratch_positions_change_the_draft():
     draft call makes both acceptance checks below fail (tried on purpose)."""
     tc, tp, _, _ = pair(GEMMA_STYLE, vocab=11)
     params = {"target": tp, "draft": tp}
-    prompts = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    prompts = np.random.default_rng(0).integers(0, 11, (64, 4)).astype(np.int32)
     cfg = DecodeConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4,
                        tree_widths=(2, 1, 1, 1))
     out = tree.tree_speculative_sample(params, prompts, jax.random.key(0), cfg)
