@@ -7,6 +7,7 @@ one line; the CLI takes ids for ``--target`` / ``--draft``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
