@@ -72,7 +72,7 @@ def _run(code, *args):
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct",
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-0.5b-instruct",
                                   "qwen2.5-coder-1.5b-instruct"])
 def test_logits_match_transformers_gguf(name, tmp_path):
     _run(_JAX_SIDE, name, str(tmp_path), json.dumps(PROMPT))
