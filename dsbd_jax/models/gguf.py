@@ -175,7 +175,7 @@ class GGUFSource:
                 layer_types=tuple("sliding_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN
                                   else "full_attention" for i in range(n)),
                 rope_local_theta=GEMMA3_LOCAL_ROPE_THETA)
-            if hidden // heads != head_dim:  # llama.cpp: 27B scales by hidden / heads
+            if n == 62:  # llama.cpp: the 27B (62 layers) scales by hidden / heads, not head_dim
                 family["query_pre_attn_scalar"] = float(hidden // heads)
         bos = _field(self.reader, "tokenizer.ggml.bos_token_id")
         pad = _field(self.reader, "tokenizer.ggml.padding_token_id")
