@@ -224,3 +224,18 @@ def test_unsupported_options_fail_in_one_line():
         with pytest.raises(ValueError, match=word) as err:
             config_from_hf({**base, **extra})
         assert "\n" not in str(err.value)
+
+
+def test_bfloat16_load_close(case, torch):
+    """bfloat16 weights and compute vs transformers in float32: close at the logit scale (the
+    same bound as test_model_parity's; a wrong weight or norm would be O(100%))."""
+    name, model, _, path = case
+    m = load_model(path, jnp.bfloat16, progress=False)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m.params))
+    ids = np.random.default_rng(2).integers(0, V, size=(2, 13))
+    want = torch_logits(torch, model, ids)
+    got = np.asarray(jax_logits(m.config, m.params, ids))
+    scale = float(np.max(np.abs(want)))
+    diff = _max_diff(got, want)
+    assert diff <= 0.04 * scale, f"{name}: bf16 max abs diff {diff:.3g} (logit scale {scale:.3g})"
+    assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
