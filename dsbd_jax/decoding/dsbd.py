@@ -60,7 +60,7 @@ import numpy as np
 from dsbd_jax.decoding import common
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, target_mask
+from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
 from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.verify import make_randoms, verify_forest
 
@@ -242,7 +242,7 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     positions = base[:, None] + depth[None, :]
     mask = target_mask(lay, forest.anc, base)
     logits, tkv = forward(config.target, params["target"], forest.node_tokens, positions, mask,
-                          state.target_cache)
+                          state.target_cache, key_positions=row_positions(lay, B))
     node_fin = jnp.concatenate([fin_in, forest.finished.reshape(B, G * C)], axis=1)   # [B, T]
     logp = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), node_fin, pad)
     # node scores: root score + the target log-probs along the path

@@ -160,16 +160,36 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
 
 
 def _draft_forward(config, params, buffer: KVCache, tokens, positions, mask, offset,
-                   logits_at=None):
+                   key_positions, logits_at=None):
     """Draft forward over new tokens against the whole draft buffer; writes their keys/values
-    into the buffer at slot ``offset`` (the scratch tail). Returns ``(logits, buffer)``."""
+    into the buffer at slot ``offset`` (the scratch tail). ``key_positions [B, slots]``: the
+    buffer's RoPE positions (:func:`buffer_positions`). Returns ``(logits, buffer)``."""
     logits, new = forward(config.draft, params, tokens, positions, mask, buffer,
-                          logits_at=logits_at)
+                          logits_at=logits_at, key_positions=key_positions)
 
     def put(c, x):
         return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), (0, 0, offset, 0, 0))
 
     return logits, KVCache(put(buffer.k, new.k), put(buffer.v, new.v))
+
+
+def row_positions(lay: Layout, batch: int) -> jax.Array:
+    """``[B, Wc * S]``: the RoPE position of every slot of a row cache (beam ``r``'s slot
+    ``r * S + s`` holds position ``s``); sliding-window models read them."""
+    return jnp.broadcast_to(jnp.arange(lay.Wc * lay.S, dtype=jnp.int32) % lay.S,
+                            (batch, lay.Wc * lay.S))
+
+
+def buffer_positions(lay: Layout, base: jax.Array) -> jax.Array:
+    """``[B, Wc * S + Td]``: positions of the draft buffer's slots: the rows, then the scratch
+    tail as :func:`build_forest` fills it (``prev`` at ``base - 1``, ``pending`` at ``base``,
+    layer ``l``'s ``C`` nodes at ``base + l``)."""
+    B = base.shape[0]
+    Wc, C, G = lay.Wc, lay.C, lay.G
+    scratch = jnp.concatenate([jnp.broadcast_to(jnp.maximum(base - 1, 0)[:, None], (B, Wc)),
+                               jnp.broadcast_to(base[:, None], (B, Wc)),
+                               base[:, None] + 1 + jnp.arange((G - 1) * C)[None] // C], axis=1)
+    return jnp.concatenate([row_positions(lay, B), scratch.astype(jnp.int32)], axis=1)
 
 
 def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.Array,
@@ -204,8 +224,9 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
     tokens0 = jnp.concatenate([prev, pending], axis=1)
     pos0 = jnp.concatenate([jnp.broadcast_to(draft_filled[:, None], (B, Wc)),
                             jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
+    key_pos = buffer_positions(lay, base)
     logits0, buffer = _draft_forward(config, draft_params, buffer, tokens0, pos0, mask0, off,
-                                     logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
+                                     key_pos, logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
     first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
                         lay.P)
 
@@ -232,7 +253,7 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
                                 jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
         pos = jnp.broadcast_to((base + l)[:, None], (B, C))
         logits, buffer = _draft_forward(config, draft_params, buffer, cur["token"], pos, mask,
-                                        off + 2 * Wc + (l - 1) * C)
+                                        off + 2 * Wc + (l - 1) * C, key_pos)
         pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
         nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"],
                           cur["finished"], cur["valid"], lay.P)

@@ -207,6 +207,11 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
     # 1. draft the tree level by level.
     root_logits, dcache = spec.draft_root_call(config, params["draft"], state)
     S = dcache.num_slots - num_scratch
+    # RoPE positions of the draft cache's slots (sliding-window models read them): slot s of
+    # the main part holds position s, scratch slot S + j - 1 holds node j (depth depths_np[j])
+    key_pos = jnp.concatenate([jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S)),
+                               state.length[:, None] + jnp.asarray(depths_np[1:offsets[gamma]],
+                                                                   jnp.int32)[None]], axis=1)
     logq_levels = [spec.warp(config, root_logits)[:, None, :]]           # [B, 1, V]
     node_tokens = [state.pending[:, None]]
     for l in range(1, gamma + 1):
@@ -224,7 +229,8 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
                                 jnp.broadcast_to(jnp.eye(n_l, dtype=bool)[None], (B, n_l, n_l))],
                                axis=-1)
         positions = jnp.broadcast_to(state.length[:, None] + l, (B, n_l))
-        logits, new_kv = forward(config.draft, params["draft"], kids, positions, mask, dcache)
+        logits, new_kv = forward(config.draft, params["draft"], kids, positions, mask, dcache,
+                                 key_positions=key_pos)
         dcache = kvc.write(dcache, new_kv, jnp.full((B,), S + lo - 1, jnp.int32))
         logq_levels.append(spec.warp(config, logits))
     tokens = jnp.concatenate(node_tokens, axis=1)                         # [B, T]

@@ -63,6 +63,17 @@ _PATH_TO_HF: Dict[Tuple[str, ...], Tuple[str, bool]] = {
     ("layers", "mlp", "up_proj", "kernel"): ("model.layers.{i}.mlp.up_proj.weight", True),
     ("layers", "mlp", "down_proj", "kernel"): ("model.layers.{i}.mlp.down_proj.weight", True),
 }
+for _n in ("q", "k"):
+    _PATH_TO_HF[("layers", "attn", f"{_n}_norm", "weight")] = (
+        f"model.layers.{{i}}.self_attn.{_n}_norm.weight", False)
+# Gemma 2/3 (sandwich_norms): post_attention_layernorm normalises the attention OUTPUT there
+_SANDWICH_TO_HF = {
+    ("layers", "attn_out_norm", "weight"): ("model.layers.{i}.post_attention_layernorm.weight",
+                                            False),
+    ("layers", "post_norm", "weight"): ("model.layers.{i}.pre_feedforward_layernorm.weight", False),
+    ("layers", "mlp_out_norm", "weight"): ("model.layers.{i}.post_feedforward_layernorm.weight",
+                                           False),
+}
 for _p in ("q", "k", "v", "o"):
     _PATH_TO_HF[("layers", "attn", f"{_p}_proj", "kernel")] = (
         f"model.layers.{{i}}.self_attn.{_p}_proj.weight", True)
@@ -80,6 +91,15 @@ def _param_shapes(config: ModelConfig):
     return out
 
 
+def hf_tensor(config: ModelConfig, path: Tuple[str, ...]) -> Tuple[str, bool]:
+    """``(HF name with {i}, transpose?)`` of the parameter at ``path`` for this config."""
+    if config.sandwich_norms and path in _SANDWICH_TO_HF:
+        return _SANDWICH_TO_HF[path]
+    if path not in _PATH_TO_HF:
+        raise RuntimeError(f"no checkpoint mapping for parameter {path_name(path)}")
+    return _PATH_TO_HF[path]
+
+
 def param_shapes(config: ModelConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
     """Every parameter path of the model and its shape (from ``init_params``, nothing allocated)."""
     return dict(_param_shapes(config))
@@ -89,7 +109,7 @@ def expected_tensor_names(config: ModelConfig):
     """The HF tensor names the model's parameters are built from."""
     names = set()
     for path in param_shapes(config):
-        hf_name, _ = _PATH_TO_HF[path]
+        hf_name, _ = hf_tensor(config, path)
         layers = range(config.num_layers) if path[0] == "layers" else [None]
         names.update(hf_name.format(i=i) for i in layers)
     return names
@@ -148,9 +168,7 @@ def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.
     shapes = param_shapes(config)
     params: Dict[str, Any] = {}
     for path in _progress(list(shapes), len(shapes), desc, progress):
-        if path not in _PATH_TO_HF:
-            raise RuntimeError(f"no checkpoint mapping for parameter {path_name(path)}")
-        hf_name, transpose = _PATH_TO_HF[path]
+        hf_name, transpose = hf_tensor(config, path)
         shape = shapes[path]
         host_dtype = np.float32 if save_dir is not None else dtype
         stacked = path[0] == "layers"
@@ -192,6 +210,8 @@ def config_to_json(config: ModelConfig) -> Dict[str, Any]:
         d["rope_scaling"] = [list(kv) for kv in d["rope_scaling"]]
     if d["eos_token_id"] is not None:
         d["eos_token_id"] = list(d["eos_token_id"])
+    if d["layer_types"] is not None:
+        d["layer_types"] = list(d["layer_types"])
     return d
 
 
@@ -202,6 +222,8 @@ def config_from_json(d: Dict[str, Any], dtype: str = "float32") -> ModelConfig:
             (k, tuple(v) if isinstance(v, list) else v) for k, v in d["rope_scaling"])
     if d.get("eos_token_id") is not None:
         d["eos_token_id"] = tuple(d["eos_token_id"])
+    if d.get("layer_types") is not None:
+        d["layer_types"] = tuple(d["layer_types"])
     return ModelConfig(dtype=dtype, **d)
 
 

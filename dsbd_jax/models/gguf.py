@@ -1,6 +1,8 @@
 """Reading llama.cpp GGUF files: model config from the metadata, tensors in Hugging Face layout.
 
-Supported architectures: ``llama`` (Llama 2/3, SmolLM) and ``qwen2``. Any tensor type that
+Supported architectures: ``llama`` (Llama 2/3, SmolLM), ``qwen2`` and ``gemma3`` (text; the
+local/global layer pattern and the local RoPE base are what llama.cpp hard-codes, and the
+norm weights are stored plus one, which :meth:`GGUFSource.get` takes off). Any tensor type that
 ``gguf.quants.dequantize`` handles (F32, F16, BF16, Q4_0 .. Q8_0, K-quants, ...) is read as
 float32. llama.cpp's converter stores the rows of the q and k projections of ``llama`` models
 permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permute``);
@@ -27,7 +29,7 @@ from dsbd_jax.models.config import ModelConfig
 
 logger = logging.getLogger("dsbd_jax")
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 # HF tensor name (with {i} for the layer) -> GGUF tensor name.
 _HF_TO_GGUF = {
@@ -47,6 +49,20 @@ _HF_TO_GGUF = {
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
 }
+
+
+# Gemma 3: sandwich norms and q/k norms under their own names (llama.cpp's gemma3 graph)
+_GEMMA3_TO_GGUF = {
+    **{k: v for k, v in _HF_TO_GGUF.items() if "post_attention_layernorm" not in k},
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.post_attention_norm.weight",
+    "model.layers.{i}.pre_feedforward_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.post_feedforward_layernorm.weight": "blk.{i}.post_ffw_norm.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "blk.{i}.attn_q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "blk.{i}.attn_k_norm.weight",
+}
+# what llama.cpp's gemma3 graph hard-codes (not in the file's metadata)
+GEMMA3_SLIDING_PATTERN = 6      # every 6th layer is global
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
 
 
 def is_gguf_file(path) -> bool:
@@ -93,6 +109,7 @@ class GGUFSource:
                 f"unsupported GGUF architecture {self.architecture!r} in {self.path}; supported: "
                 f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
         self._config: Optional[ModelConfig] = None
+        self.names = _GEMMA3_TO_GGUF if self.architecture == "gemma3" else _HF_TO_GGUF
 
     def close(self):
         self.tensors = {}
@@ -147,6 +164,19 @@ class GGUFSource:
             v = _field(self.reader, key)
             if v is not None and int(v) not in eos and int(v) < vocab:
                 eos.append(int(v))
+        family = {}
+        if arch == "gemma3":
+            n = int(self.meta("block_count"))
+            window = self.meta("attention.sliding_window")
+            family = dict(
+                qk_norm=True, norm_style="gemma", sandwich_norms=True, hidden_act="gelu_tanh",
+                embed_scale=True, query_pre_attn_scalar=float(head_dim),
+                sliding_window=None if window is None else int(window),
+                layer_types=tuple("sliding_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN
+                                  else "full_attention" for i in range(n)),
+                rope_local_theta=GEMMA3_LOCAL_ROPE_THETA)
+            if n == 62:  # llama.cpp: the 27B (62 layers) scales by hidden / heads, not head_dim
+                family["query_pre_attn_scalar"] = float(hidden // heads)
         bos = _field(self.reader, "tokenizer.ggml.bos_token_id")
         pad = _field(self.reader, "tokenizer.ggml.padding_token_id")
         return ModelConfig(
@@ -168,6 +198,7 @@ class GGUFSource:
             bos_token_id=None if bos is None else int(bos),
             eos_token_id=tuple(eos) or None,
             pad_token_id=None if pad is None else int(pad),
+            **family,
         )
 
     # -- tensors -------------------------------------------------------------------------------
@@ -175,9 +206,9 @@ class GGUFSource:
         """Tensor ``hf_name`` (HF naming/layout, ``{i}`` = layer) as float32 numpy."""
         from gguf.quants import dequantize
 
-        if hf_name not in _HF_TO_GGUF:
+        if hf_name not in self.names:
             raise KeyError(f"no GGUF name for {hf_name}")
-        name = _HF_TO_GGUF[hf_name].format(i=layer)
+        name = self.names[hf_name].format(i=layer)
         if name not in self.tensors:
             raise ValueError(f"GGUF file {self.path} lacks tensor {name!r} (for {hf_name})")
         t = self.tensors[name]
@@ -188,6 +219,8 @@ class GGUFSource:
         for r in range(0, data.shape[0], step):  # row chunks bound dequantize's temporaries
             w[r:r + step] = dequantize(data[r:r + step], t.tensor_type)
         w = w.reshape(shape)
+        if self.architecture == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's (1 + w) norms as 1 + w
         if self.architecture == "llama":
             cfg = self._config or self.config()
             self._config = cfg
@@ -200,7 +233,7 @@ class GGUFSource:
     def hf_names(self):
         """The file's tensor names in HF naming (unknown names are kept as they are)."""
         inverse = {}
-        for hf, gg in _HF_TO_GGUF.items():
+        for hf, gg in self.names.items():
             prefix, _, suffix = gg.partition("{i}")
             inverse[(prefix, suffix)] = hf
         out = []

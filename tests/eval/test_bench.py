@@ -69,6 +69,10 @@ def test_shipped_configs_load():
     for f in ("llama31_8b_1b", "llama2_13b_68m"):
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
+    from dsbd_jax.models.hub import is_hub_id
+    for f in ("qwen3_8b_0.6b", "gemma3_1b_270m"):  # by hub id (issue 19)
+        cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
+        assert is_hub_id(cfg["target"]) and is_hub_id(cfg["draft"])
 
 
 @pytest.mark.parametrize("text, match", [

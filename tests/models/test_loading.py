@@ -151,8 +151,8 @@ def test_config_mapping_new_and_legacy_keys():
     (dict(hidden_act="gelu"), ["hidden_act", "gelu"]),
     (dict(attention_bias=True), ["attention_bias", "o_proj"]),
     (dict(partial_rotary_factor=0.5), ["partial_rotary_factor"]),
-    (dict(architectures=["MistralForCausalLM"]), ["MistralForCausalLM", "LlamaForCausalLM",
-                                                   "Qwen2ForCausalLM"]),
+    (dict(architectures=["PhiForCausalLM"]), ["PhiForCausalLM", "LlamaForCausalLM",
+                                              "Qwen3ForCausalLM", "Gemma3ForCausalLM"]),
     (dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True), ["use_sliding_window"]),
 ])
 def test_unsupported_config_errors(change, words):
