@@ -38,6 +38,7 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import PRESETS, load_preset, preset_config, preset_tokenizer
+from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 
 __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
            "read_config"]
@@ -99,7 +100,8 @@ def load_tokenizer(source):
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
                progress: bool = True, cache_params: Optional[bool] = None,
-               layout: Optional[str] = None) -> LoadedModel:
+               layout: Optional[str] = None, head_rows: Optional[int] = None,
+               vocab_table: Optional[Union[str, os.PathLike]] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file or a preset name.
 
     Args:
@@ -113,12 +115,28 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       progress: show tqdm progress bars (stderr) for the long steps.
       layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
         :func:`dsbd_jax.models.llama.default_layout`); :func:`dsbd_jax.models.llama.convert_layout` converts.
+      head_rows: truncate the vocabulary head to the ``head_rows`` most frequent tokens of
+        ``vocab_table`` (plus the EOS ids), for use as a draft (:mod:`dsbd_jax.models.vocab`);
+        ``None``: the full head. ``info["head_rows"]`` and ``info["vocab_table"]`` record it.
+      vocab_table: a frequency table (``dsbd vocab build``); default: the one beside the model
+        (:func:`dsbd_jax.models.vocab.find_table`).
     """
     layout = check_layout(layout)
+    if vocab_table is not None and head_rows is None:
+        raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                         progress=progress, cache_params=cache_params)
     if layout == "per_layer":
         unstack_layers_(model.params)
+    if head_rows is not None:
+        table = Path(vocab_table) if vocab_table is not None else find_table(source, cache_dir)
+        counts, _ = load_table(table)
+        if counts.shape[0] != model.config.vocab_size:
+            raise ValueError(f"{table} counts {counts.shape[0]} tokens, the model has "
+                             f"{model.config.vocab_size}")
+        rows = top_rows(counts, head_rows, keep=model.config.eos_token_id or ())
+        model.params = truncate_head(model.params, model.config, rows)
+        model.info.update(head_rows=int(head_rows), vocab_table=str(table))
     return model
 
 
