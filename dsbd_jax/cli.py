@@ -8,6 +8,7 @@
     dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
     dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
     dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
+    dsbd distill configs/distill_qwen.yaml       # distil the draft towards the target (resumable)
 
 ``generate`` shows a progress bar per decoder iteration (tokens, tokens/s and, for DSBD, the
 accepted draft candidates per verified layer) and prints every beam with its target
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("table")
     vs.add_argument("--n", type=int, action="append", default=None,
                     help="head sizes to report (default 16384, 32768, 65536)")
+    dis = sub.add_parser("distill", help="distil the draft towards the target (resumable)")
+    dis.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen.yaml")
+    dis.add_argument("--no-progress", action="store_true")
+    dis.add_argument("--stop-after", type=int, default=None,
+                     help="stop after N steps of this call (checkpointed; run again to go on)")
     tiny = sub.add_parser("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "
@@ -489,6 +495,18 @@ def cmd_vocab(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    from dsbd_jax.training.recipe import load_recipe, run_recipe
+    recipe = load_recipe(args.config)  # checked before any weights are loaded
+    res = run_recipe(args.config, progress=not args.no_progress, stop_after=args.stop_after)
+    acc = res["heldout_acceptance"]
+    print(f"step {res['step']} of {recipe['distill'].steps}; held-out acceptance "
+          f"{acc[0][1]:.4f} (step {acc[0][0]}) -> {acc[-1][1]:.4f} (step {acc[-1][0]})")
+    if res["step"] == recipe["distill"].steps:
+        print(f"wrote {Path(recipe['run_dir']) / 'model'} (load_model or --draft reads it)")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
@@ -510,6 +528,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_make_tiny_pair(args)
         if args.command == "vocab":
             return cmd_vocab(args)
+        if args.command == "distill":
+            return cmd_distill(args)
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
