@@ -89,11 +89,11 @@ def run_batched(fn, params, cfg, prompts, B, seed):
         seconds += time.perf_counter() - t0
         best = np.asarray(out.best)
         tokens += int(np.asarray(out.lengths)[np.arange(B), best].sum())
-        calls += int(np.asarray(out.stats["target_calls"]))
+        calls += int(np.asarray(out.stats["target_calls"])) * B  # every row, every call
         for k, v in out.stats.items():
             v = np.asarray(v)
             if v.size == 1 and np.issubdtype(v.dtype, np.floating):
-                stats.setdefault(k, []).append(float(v))
+                stats.setdefault(k, []).append(float(v.reshape(())))
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
             "tokens_per_target_call": tokens / max(calls, 1),
             **{k: float(np.mean(v)) for k, v in stats.items()}}

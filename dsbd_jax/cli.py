@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--mesh", default=None, help=MESH_HELP)
+    gen.add_argument("--draft-head-rows", type=int, default=None,
+                     help="truncate the draft's vocabulary head to the N most frequent tokens "
+                          "(its frequency table: --draft-vocab-table, else the one beside it)")
+    gen.add_argument("--draft-vocab-table", default=None, help="a table from `dsbd vocab build`")
     _add_settings(gen)
     bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
@@ -246,7 +250,14 @@ def load_models(args, configs):
             continue
         _status(f"loading {role} {source} ...")
         t0 = time.perf_counter()
-        m = load_model(source, tokenizer=False)
+        head = {}
+        if role == "draft" and getattr(args, "draft_head_rows", None) is not None:
+            head = dict(head_rows=args.draft_head_rows, vocab_table=args.draft_vocab_table)
+        elif role == "draft" and getattr(args, "draft_vocab_table", None) is not None:
+            raise CLIError("--draft-vocab-table needs --draft-head-rows N")
+        m = load_model(source, tokenizer=False, **head)
+        if head:
+            _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})")
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")

@@ -105,3 +105,33 @@ def test_sharding_rules_cover_the_truncated_head():
         specs = ShardingRules(make_mesh(1, 1)).param_specs(cfg, cut)
         leaf = "kernel" if not tie else "embedding"
         assert specs["vocab_head"][leaf] == jax.sharding.PartitionSpec(None, None)
+
+
+def test_sharded_decoder_takes_a_truncated_draft():
+    """A truncated draft through ShardedDecoder (a (1, 1) mesh): the single-device result."""
+    import jax
+    from exact_reference import toy_model
+    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.speculative import speculative_sample
+    from dsbd_jax.parallel import ShardedDecoder, make_mesh
+    tc, tp = toy_model(6, seed=1)
+    dc, dp = toy_model(6, seed=2)
+    params = {"target": tp, "draft": mv.truncate_head(dp, dc, [0, 2, 3])}
+    cfg = DecodeConfig(target=tc, draft=dc, gamma=2, max_new_tokens=4, eos_token_id=())
+    ids = np.array([[1, 2, 3], [3, 2, 1]], np.int32)
+    dec = ShardedDecoder(speculative_sample, cfg, make_mesh(1, 1))
+    out = dec(dec.place(params), ids, jax.random.key(3))
+    ref = speculative_sample(params, ids, jax.random.key(3), cfg)
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
+
+
+def test_generate_with_a_truncated_draft(bench_pair, tmp_path, capsys):
+    """``dsbd generate --draft-head-rows N``: the draft's head cut to N rows of its table."""
+    t, d, _, draft = bench_pair
+    table = mv.save_table(tmp_path / "t.npz", np.arange(draft.config.vocab_size))
+    args = ["generate", "--target", str(t), "--draft", str(d), "--prompt", "hi", "--method",
+            "spec", "--max-new-tokens", "4", "--no-progress", "--raw"]
+    assert main(args + ["--draft-head-rows", "6", "--draft-vocab-table", str(table)]) == 0
+    assert "draft head truncated to 6 rows" in capsys.readouterr().err
+    assert main(args + ["--draft-vocab-table", str(table)]) == 2
+    assert "needs --draft-head-rows" in capsys.readouterr().err
