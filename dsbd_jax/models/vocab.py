@@ -121,8 +121,8 @@ def top_rows(counts, n: int, keep: Sequence[int] = ()) -> np.ndarray:
     if len(keep) > n:
         raise ValueError(f"{len(keep)} ids to keep do not fit in {n} rows")
     order = np.lexsort((np.arange(V), -counts))  # by count descending, then id ascending
-    chosen = [int(i) for i in order if int(i) not in set(keep)][:n - len(keep)]
-    return np.sort(np.asarray(chosen + keep, np.int32))
+    order = order[~np.isin(order, keep)][:n - len(keep)]
+    return np.sort(np.concatenate([order, np.asarray(keep, np.int64)]).astype(np.int32))
 
 
 def save_table(path, counts, meta: Optional[dict] = None) -> Path:
