@@ -514,7 +514,8 @@ def cmd_distill(args) -> int:
     print(f"step {res['step']} of {recipe['distill'].steps}; held-out acceptance "
           f"{acc[0][1]:.4f} (step {acc[0][0]}) -> {acc[-1][1]:.4f} (step {acc[-1][0]})")
     if res["step"] == recipe["distill"].steps:
-        print(f"wrote {Path(recipe['run_dir']) / 'model'} (load_model or --draft reads it)")
+        print(f"wrote {Path(recipe['run_dir']) / 'model'}; load_model({res['name']!r}) and "
+              f"--draft {res['name']} read it")
     return 0
 
 

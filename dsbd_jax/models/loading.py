@@ -37,7 +37,8 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.llama import check_layout, unstack_layers_
-from dsbd_jax.models.presets import PRESETS, load_preset, preset_config, preset_tokenizer
+from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
+                                     preset_tokenizer)
 from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 
 __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
@@ -49,6 +50,14 @@ def list_presets():
     return sorted(PRESETS)
 
 
+def local_model_dir(name: str, cache_dir=None) -> Optional[Path]:
+    """Where a model saved under a name lives (``CACHE/models/NAME``, e.g. a distilled draft
+    registered by ``dsbd distill``); ``None`` for a name that is a path."""
+    if not name or "/" in name or os.sep in name or name in (".", ".."):
+        return None
+    return cache_root(cache_dir) / "models" / name
+
+
 def _resolve(source) -> Tuple[str, Any]:
     """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)``; ``ValueError`` for
     anything else."""
@@ -57,6 +66,9 @@ def _resolve(source) -> Tuple[str, Any]:
         raise TypeError(f"source must be a path or preset name, got {type(source).__name__}")
     if name in PRESETS:
         return "preset", name
+    local = local_model_dir(name)
+    if local is not None and local.is_dir():
+        return "hf", local
     path = Path(name).expanduser()
     if path.is_dir():
         return "hf", path

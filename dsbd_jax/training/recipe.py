@@ -11,7 +11,9 @@
 
 Prompts: ``task`` slices of the offline datasets are sent as the benchmarks send them (chat
 template); a ``file`` holds one prompt per line. The result is ``RUN/model`` (``load_model`` reads
-it; ``dsbd generate --draft RUN/model``).
+it; ``dsbd generate --draft RUN/model``), also registered under a preset-like name, ``save_as``
+(default ``<draft>-<name>``, e.g. ``qwen2.5-coder-0.5b-instruct-distill_qwen``): a link
+``CACHE/models/NAME`` that ``load_model(NAME)`` and ``--draft NAME`` resolve.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any, Dict, List
 import yaml
 
 from dsbd_jax.eval.datasets import chat_prompts, encode_chat
+from dsbd_jax.models.loading import list_presets, local_model_dir
 from dsbd_jax.training.distill import DistillConfig, distill
 
 KEYS = ("name", "models", "target", "draft", "dtype", "run_dir", "train_prompts",
-        "heldout_prompts", "distill", "raw")
+        "heldout_prompts", "distill", "raw", "save_as")
 
 
 def load_recipe(path) -> Dict[str, Any]:
@@ -53,7 +56,21 @@ def load_recipe(path) -> Dict[str, Any]:
     r.setdefault("name", path.stem)
     r.setdefault("run_dir", f"runs/{r['name']}")
     r.setdefault("dtype", "float32")
+    r.setdefault("save_as", f"{r['draft']}-{r['name']}" if "/" not in str(r["draft"]) else r["name"])
+    if local_model_dir(str(r["save_as"])) is None or r["save_as"] in list_presets():
+        raise ValueError(f"{path}: save_as must be a plain name that is not a preset, got "
+                         f"{r['save_as']!r}")
     return r
+
+
+def register(name: str, model_dir) -> Path:
+    """Make ``load_model(name)`` load ``model_dir`` (a link at ``CACHE/models/NAME``)."""
+    link = local_model_dir(name)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(model_dir).resolve(), target_is_directory=True)
+    return link
 
 
 def prompt_texts(specs: List[Dict[str, Any]]) -> List[str]:
@@ -84,6 +101,10 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     raw = bool(r.get("raw", False))
     train = encode_chat(tok, prompt_texts(r["train_prompts"]), raw)
     held = encode_chat(tok, prompt_texts(r["heldout_prompts"]), raw)
-    return distill((target.config, target.params), (draft.config, draft.params), train, held,
-                   r["distill"], r["run_dir"], eos_token_id=target.config.eos_token_id,
-                   tokenizer=tok, progress=progress, stop_after=stop_after)
+    res = distill((target.config, target.params), (draft.config, draft.params), train, held,
+                  r["distill"], r["run_dir"], eos_token_id=target.config.eos_token_id,
+                  tokenizer=tok, progress=progress, stop_after=stop_after)
+    if res["step"] == r["distill"].steps:
+        res["name"] = r["save_as"]
+        res["link"] = register(r["save_as"], Path(r["run_dir"]) / "model")
+    return res

@@ -133,12 +133,20 @@ def test_truncated_draft_is_exact(name):
     assert res.pvalue > P_EXACT, res
 
 
-@pytest.mark.parametrize("single_beam", [False, True])
-def test_truncated_draft_dsbd_is_exact_beam_sampling(single_beam):
-    """DSBD at fixed width 2 (beam sampling W=2), and single-beam DSBD at width 1 (sampling),
-    with the target's most likely first tokens outside the draft's subset."""
-    cfg = (_dsbd_cfg(single_beam=True, min_width=1, max_width=1) if single_beam
-           else _dsbd_cfg())
+DSBD_CASES = {
+    "replacement": dict(),
+    "no_replacement": dict(replacement=False, top_k=None, top_p=0.9),
+    "single_beam": dict(single_beam=True, min_width=1, max_width=1),
+}
+
+
+@pytest.mark.parametrize("case", list(DSBD_CASES))
+def test_truncated_draft_dsbd_is_exact_beam_sampling(case):
+    """DSBD at fixed width 2 (beam sampling W=2) with and without replacement, and single-beam
+    DSBD at width 1 (sampling), with the target's most likely first tokens outside the draft's
+    subset."""
+    cfg = _dsbd_cfg(**DSBD_CASES[case])
+    single_beam = cfg.single_beam
     W = cfg.min_width
     excluded = left_out(2)
     params = truncated_pair("far", subset_without(excluded, 6))
@@ -149,10 +157,10 @@ def test_truncated_draft_dsbd_is_exact_beam_sampling(single_beam):
     seqs, ll = np.asarray(out.sequences), np.asarray(out.log_likelihoods)
     samples = collections.Counter(ref.beam_key(s, l) for s, l in zip(seqs, ll))
     exact = ref.exact_beam_sample_dist(target_lp(), PROMPT, [W] * cfg.max_new_tokens,
-                                       replacement=True, eos_ids=(4,), pad_id=0, top_k=8,
-                                       temperature=1.3)
+                                       replacement=cfg.replacement, eos_ids=(4,), pad_id=0,
+                                       top_k=cfg.top_k, top_p=cfg.top_p, temperature=1.3)
     res = ref.chi_square_test(samples, exact)
-    print(f"dsbd single_beam={single_beam}, truncated draft without {excluded}: "
+    print(f"dsbd {case} (single_beam={single_beam}), truncated draft without {excluded}: "
           f"p={res.pvalue:.3g} (chi2={res.statistic:.1f}, dof={res.dof}), "
           f"layer acceptance={rate:.3f}")
     firsts = collections.Counter(int(seqs[i, b, 0]) for i in range(len(seqs)) for b in range(W)

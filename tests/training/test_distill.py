@@ -149,11 +149,12 @@ def test_distilled_draft_keeps_speculative_sampling_exact(tmp_path):
     assert r.pvalue > 1e-3, r
 
 
-def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys):
+def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys, monkeypatch):
     """``dsbd distill CONFIG`` on the tiny HF pair: checked config, a stop and a resume, the
     exported draft readable by ``load_model``; one-line errors for bad recipes."""
     from dsbd_jax import load_model
     from dsbd_jax.cli import main
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
     t, d, _, _ = bench_pair
     (tmp_path / "p.txt").write_text("hello there\nabc abc\nwhat is 2+2\nbye\n")
     (tmp_path / "h.txt").write_text("hi\n")
@@ -166,8 +167,8 @@ def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys):
     assert main(["distill", str(cfg), "--no-progress", "--stop-after", "2"]) == 0
     assert "step 2 of 4" in capsys.readouterr().out
     assert main(["distill", str(cfg), "--no-progress"]) == 0
-    assert "step 4 of 4" in capsys.readouterr().out
-    m = load_model(tmp_path / "run" / "model", progress=False)
+    assert "load_model('tiny')" in capsys.readouterr().out
+    m = load_model("tiny", progress=False)  # the preset-like name save_as (default: name)
     assert m.tokenizer is not None and m.config.vocab_size == load_model(d).config.vocab_size
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"target: {t}\ndraft: {d}\ntrain_prompts: [{{file: x}}]\n"
