@@ -6,6 +6,9 @@
     dsbd plot results/quick_cpu/records.jsonl
     dsbd summary results/quick_cpu               # the summary of a run, finished or not
     dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
+    dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
+    dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
+    dsbd distill configs/distill_qwen.yaml       # distil the draft towards the target (resumable)
 
 ``generate`` shows a progress bar per decoder iteration (tokens, tokens/s and, for DSBD, the
 accepted draft candidates per verified layer) and prints every beam with its target
@@ -85,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--mesh", default=None, help=MESH_HELP)
+    gen.add_argument("--draft-head-rows", type=int, default=None,
+                     help="truncate the draft's vocabulary head to the N most frequent tokens "
+                          "(its frequency table: --draft-vocab-table, else the one beside it)")
+    gen.add_argument("--draft-vocab-table", default=None, help="a table from `dsbd vocab build`")
     _add_settings(gen)
     bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
@@ -109,6 +116,36 @@ def build_parser() -> argparse.ArgumentParser:
                                           "(rewrites its summary.json)")
     summ.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
     summ.add_argument("--markdown", action="store_true", help="a Markdown table")
+    voc = sub.add_parser("vocab", help="token-frequency tables for truncated draft heads")
+    vsub = voc.add_subparsers(dest="vocab_command", required=True)
+    vb = vsub.add_parser("build", help="count tokens of a corpus or of a model's generations")
+    vb.add_argument("--model", default=DEFAULT_DRAFT,
+                    help="the model the table is for: its tokenizer and vocabulary, and the "
+                         "default place of the table (beside it)")
+    vb.add_argument("--text", action="append", default=[],
+                    help="a corpus file: .jsonl (every string) or plain text (repeatable)")
+    vb.add_argument("--task", action="append", default=[],
+                    help="training-side text of a task slice NAME:START:STOP, e.g. gsm8k:40: "
+                         "(repeatable)")
+    vb.add_argument("--generate-with", default=None,
+                    help="also count the tokens this model (the draft or the target) samples "
+                         "after the prompts of --prompts / --prompt-task")
+    vb.add_argument("--prompts", default=None, help="prompts file, one prompt per line")
+    vb.add_argument("--prompt-task", action="append", default=[],
+                    help="chat prompts of a task slice NAME:START:STOP (repeatable)")
+    vb.add_argument("--max-new-tokens", type=int, default=128)
+    vb.add_argument("--seed", type=int, default=0)
+    vb.add_argument("--out", default=None, help="table path (default: beside the model, see "
+                    "dsbd_jax.models.vocab.table_path)")
+    vs = vsub.add_parser("show", help="a table's size and its coverage at several N")
+    vs.add_argument("table")
+    vs.add_argument("--n", type=int, action="append", default=None,
+                    help="head sizes to report (default 16384, 32768, 65536)")
+    dis = sub.add_parser("distill", help="distil the draft towards the target (resumable)")
+    dis.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen.yaml")
+    dis.add_argument("--no-progress", action="store_true")
+    dis.add_argument("--stop-after", type=int, default=None,
+                     help="stop after N steps of this call (checkpointed; run again to go on)")
     tiny = sub.add_parser("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "
@@ -209,7 +246,14 @@ def load_models(args, configs):
             continue
         _status(f"loading {role} {source} ...")
         t0 = time.perf_counter()
-        m = load_model(source, tokenizer=False)
+        head = {}
+        if role == "draft" and getattr(args, "draft_head_rows", None) is not None:
+            head = dict(head_rows=args.draft_head_rows, vocab_table=args.draft_vocab_table)
+        elif role == "draft" and getattr(args, "draft_vocab_table", None) is not None:
+            raise CLIError("--draft-vocab-table needs --draft-head-rows N")
+        m = load_model(source, tokenizer=False, **head)
+        if head:
+            _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})")
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")
@@ -407,6 +451,81 @@ def cmd_make_tiny_pair(args) -> int:
     return 0
 
 
+def cmd_vocab(args) -> int:
+    import numpy as np
+
+    from dsbd_jax.models import vocab as mv
+    if args.vocab_command == "show":
+        counts, meta = mv.load_table(args.table)
+        total = int(counts.sum())
+        print(f"{args.table}: V = {counts.shape[0]}, {total} tokens counted, "
+              f"{int((counts > 0).sum())} distinct; sources: {meta.get('sources', '?')}")
+        ordered = np.sort(counts)[::-1]
+        for n in args.n or (16384, 32768, 65536):
+            n = min(n, counts.shape[0])
+            share = ordered[:n].sum() / max(total, 1)
+            print(f"  N = {n:6d}: {100 * share:.2f}% of the counted tokens")
+        return 0
+    from dsbd_jax.eval import vocab as ev
+    from dsbd_jax.eval.datasets import chat_prompts, encode_chat
+    from dsbd_jax.models.loading import load_tokenizer, read_config
+    if not (args.text or args.task or args.generate_with):
+        raise CLIError("vocab build needs a source: --text, --task or --generate-with")
+    if args.generate_with and not (args.prompts or args.prompt_task):
+        raise CLIError("--generate-with needs prompts: --prompts FILE or --prompt-task SLICE")
+    for spec in args.task + args.prompt_task:
+        ev.parse_slice(spec)
+    config = read_config(args.model)
+    V = config.vocab_size
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise CLIError(f"{args.model} has no tokenizer")
+    counts = np.zeros(V, np.int64)
+    sources = []
+    for path in args.text:
+        counts += ev.text_counts(tokenizer, ev.file_texts(path), V)
+        sources.append(f"text:{path}")
+    for spec in args.task:
+        counts += ev.text_counts(tokenizer, ev.task_texts(spec), V)
+        sources.append(f"task:{spec}")
+    if args.generate_with:
+        gen_config = read_config(args.generate_with)
+        if gen_config.vocab_size != V:
+            raise CLIError(f"{args.generate_with} has {gen_config.vocab_size} tokens, "
+                           f"{args.model} has {V}")
+        texts = []
+        if args.prompts:
+            texts += [t for t in Path(args.prompts).read_text(encoding="utf-8").splitlines()
+                      if t.strip()]
+        for spec in args.prompt_task:
+            name, start, stop = ev.parse_slice(spec)
+            texts += chat_prompts(name, None if stop == -1 else stop)[start:]
+        from dsbd_jax.models.loading import load_model
+        _status(f"loading {args.generate_with} ...")
+        model = load_model(args.generate_with, tokenizer=False)
+        counts += ev.generation_counts(model.config, model.params, encode_chat(tokenizer, texts),
+                                       V, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                       eos_token_id=model.config.eos_token_id)
+        sources.append(f"generations:{args.generate_with}:{len(texts)} prompts")
+    out = Path(args.out) if args.out else mv.table_path(args.model)
+    mv.save_table(out, counts, {"model": str(args.model), "sources": sources})
+    print(f"wrote {out} ({int(counts.sum())} tokens, {int((counts > 0).sum())} distinct)")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    from dsbd_jax.training.recipe import load_recipe, run_recipe
+    recipe = load_recipe(args.config)  # checked before any weights are loaded
+    res = run_recipe(args.config, progress=not args.no_progress, stop_after=args.stop_after)
+    acc = res["heldout_acceptance"]
+    print(f"step {res['step']} of {recipe['distill'].steps}; held-out acceptance "
+          f"{acc[0][1]:.4f} (step {acc[0][0]}) -> {acc[-1][1]:.4f} (step {acc[-1][0]})")
+    if res["step"] == recipe["distill"].steps:
+        print(f"wrote {Path(recipe['run_dir']) / 'model'}; load_model({res['name']!r}) and "
+              f"--draft {res['name']} read it")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
@@ -426,6 +545,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_summary(args)
         if args.command == "make-tiny-pair":
             return cmd_make_tiny_pair(args)
+        if args.command == "vocab":
+            return cmd_vocab(args)
+        if args.command == "distill":
+            return cmd_distill(args)
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

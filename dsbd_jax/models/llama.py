@@ -41,6 +41,7 @@ import numpy as np
 
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.vocab import split_head, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
 
@@ -205,7 +206,7 @@ class LlamaForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None,
-                 key_positions=None):
+                 key_positions=None, head=None):
         cfg = self.config
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
@@ -242,6 +243,8 @@ class LlamaForCausalLM(nn.Module):
         h = _norm(cfg, "final_norm")(h)
         if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
             h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
+        if head is not None:  # truncated head (dsbd_jax.models.vocab): N rows, the rest -inf
+            return truncated_logits(h, head, cfg.vocab_size), KVCache(new_k, new_v)
         if cfg.tie_word_embeddings:
             logits = embed.attend(h)
         else:
@@ -261,6 +264,8 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
       key_positions: ``[B, S]`` RoPE positions of the cached slots, read only by models with a
         sliding window (``config.sliding_window``); ``None``: slot ``s`` holds position ``s``.
         Decoders whose caches hold rows or scratch at other positions pass them.
+      A ``params["vocab_head"]`` (:func:`dsbd_jax.models.vocab.truncate_head`) replaces the
+      vocabulary projection by its ``N`` rows; the other ``V - N`` logits are ``-inf``.
     Returns:
       ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``.
     """
@@ -273,10 +278,11 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
+    params, head = split_head(params)
     with jax.named_scope(forward_scope(config)):
         return LlamaForCausalLM(config, params_layout(params)).apply(
             {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at,
-            None if key_positions is None else jnp.asarray(key_positions, jnp.int32))
+            None if key_positions is None else jnp.asarray(key_positions, jnp.int32), head)
 
 
 def forward_scope(config: ModelConfig) -> str:

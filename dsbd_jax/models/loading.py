@@ -42,7 +42,9 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.hub import is_hub_id, snapshot
 from dsbd_jax.models.llama import check_layout, unstack_layers_
-from dsbd_jax.models.presets import PRESETS, load_preset, preset_config, preset_tokenizer
+from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
+                                     preset_tokenizer)
+from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 
 __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
            "read_config"]
@@ -53,15 +55,27 @@ def list_presets():
     return sorted(PRESETS)
 
 
+def local_model_dir(name: str, cache_dir=None) -> Optional[Path]:
+    """Where a model saved under a name lives (``CACHE/models/NAME``, e.g. a distilled draft
+    registered by ``dsbd distill``); ``None`` for a name that is a path."""
+    if not name or "/" in name or os.sep in name or name in (".", ".."):
+        return None
+    return cache_root(cache_dir) / "models" / name
+
+
 def _resolve(source, revision: Optional[str] = None) -> Tuple[str, Any]:
     """``("preset", name)``, ``("hf", directory)`` or ``("gguf", path)`` (a hub id becomes its
-    local snapshot directory); ``ValueError`` for anything else."""
+    local snapshot directory, a saved name its directory under ``CACHE/models``); ``ValueError``
+    for anything else."""
     name = os.fspath(source) if isinstance(source, os.PathLike) else source
     if not isinstance(name, str):
         raise TypeError(f"source must be a path, preset name or hub id, "
                         f"got {type(source).__name__}")
     if name in PRESETS:
         return "preset", name
+    local = local_model_dir(name)
+    if local is not None and local.is_dir():
+        return "hf", local
     path = Path(name).expanduser()
     if path.is_dir():
         return "hf", path
@@ -108,7 +122,9 @@ def load_tokenizer(source, revision: Optional[str] = None):
 def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
                progress: bool = True, cache_params: Optional[bool] = None,
-               layout: Optional[str] = None, revision: Optional[str] = None) -> LoadedModel:
+               layout: Optional[str] = None, revision: Optional[str] = None,
+               head_rows: Optional[int] = None,
+               vocab_table: Optional[Union[str, os.PathLike]] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -125,12 +141,28 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         needed): a first preset load says it converts, every load where from and how long.
       layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
         :func:`dsbd_jax.models.llama.default_layout`); :func:`dsbd_jax.models.llama.convert_layout` converts.
+      head_rows: truncate the vocabulary head to the ``head_rows`` most frequent tokens of
+        ``vocab_table`` (plus the EOS ids), for use as a draft (:mod:`dsbd_jax.models.vocab`);
+        ``None``: the full head. ``info["head_rows"]`` and ``info["vocab_table"]`` record it.
+      vocab_table: a frequency table (``dsbd vocab build``); default: the one beside the model
+        (:func:`dsbd_jax.models.vocab.find_table`).
     """
     layout = check_layout(layout)
+    if vocab_table is not None and head_rows is None:
+        raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                         progress=progress, cache_params=cache_params, revision=revision)
     if layout == "per_layer":
         unstack_layers_(model.params)
+    if head_rows is not None:
+        table = Path(vocab_table) if vocab_table is not None else find_table(source, cache_dir)
+        counts, _ = load_table(table)
+        if counts.shape[0] != model.config.vocab_size:
+            raise ValueError(f"{table} counts {counts.shape[0]} tokens, the model has "
+                             f"{model.config.vocab_size}")
+        rows = top_rows(counts, head_rows, keep=model.config.eos_token_id or ())
+        model.params = truncate_head(model.params, model.config, rows)
+        model.info.update(head_rows=int(head_rows), vocab_table=str(table))
     return model
 
 

@@ -6,6 +6,9 @@ parameter (path suffix)         logical axes                    mesh axes
 ==============================  ==============================  ===============================
 embed/embedding [V, d]          (vocab, embed)                  (model, -)
 lm_head/kernel [d, V]           (embed, vocab)                  (-, model)
+vocab_head/rows [N]             (head_rows)                     (-)
+vocab_head/kernel [d, N]        (embed, head_rows)              (-, -)
+vocab_head/embedding [N, d]     (head_rows, embed)              (-, -)
 attn/q_proj/kernel [d, H*D]     (embed, q_heads)                (-, model)
 attn/{k,v}_proj/kernel [d, K*D] (embed, kv_heads)               (-, model)
 attn/*_proj/bias                (q_heads) / (kv_heads)          (model)
@@ -19,7 +22,9 @@ prompts [B, P], lengths, keys   (batch, ...)                    (data, ...)
 
 Stacked leaves (under ``"layers"``) get a replicated leading layer axis. Weights are replicated
 over ``data`` (no FSDP): every data shard holds one model-sharded copy. The draft model follows
-the same rules with its own head counts.
+the same rules with its own head counts. A truncated draft head (``vocab_head``,
+:mod:`dsbd_jax.models.vocab`) is replicated: its ``N`` rows are a fraction of the vocabulary and
+the scatter back to ``V`` then needs no communication.
 
 Heads: query head ``h`` uses KV head ``h // (H / K)`` (grouped-query attention), so the model axis
 splits attention by **KV-head groups**: with ``m`` model shards, shard ``i`` holds KV heads
@@ -75,6 +80,9 @@ logger = logging.getLogger("dsbd_jax")
 LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("embed", "embedding"): ("vocab", "embed"),
     ("lm_head", "kernel"): ("embed", "vocab"),
+    ("vocab_head", "rows"): ("head_rows",),
+    ("vocab_head", "kernel"): ("embed", "head_rows"),
+    ("vocab_head", "embedding"): ("head_rows", "embed"),
     ("attn", "q_proj", "kernel"): ("embed", "q_heads"),
     ("attn", "q_proj", "bias"): ("q_heads",),
     ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),
@@ -176,7 +184,7 @@ class ShardingRules:
             kv_heads = self._split("num_kv_heads", config.num_kv_heads, name)
             q_heads = self._split("num_heads", config.num_heads, name)
         return {"vocab": self._split("vocab_size", config.vocab_size, name),
-                "embed": None, "norm": None, "layers": None,
+                "embed": None, "norm": None, "layers": None, "head_rows": None,
                 "q_heads": q_heads, "kv_heads": kv_heads,
                 "mlp": self._split("intermediate_size", config.intermediate_size, name)}
 

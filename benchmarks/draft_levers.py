@@ -1,0 +1,236 @@
+"""Issue 20, item 3: the two draft levers measured on the offline pair, in one run.
+
+Drafts: ``base`` (the 0.5B draft), ``trunc_<N>`` (head truncated to N rows of the frequency
+table, default N in 16384 / 32768 / 65536), ``distilled`` (``--distilled RUN/model``, from
+``dsbd distill configs/distill_qwen.yaml``) and ``both`` (distilled + truncated to
+``--both-rows``). For every draft, same prompts:
+
+* ``acceptance``: mean over positions of ``sum_x min(p(x), q(x))`` under the decoding's warping,
+  on continuations the target sampled once for all drafts (the target's warped top-k stored);
+* ``draft_pass_ms`` / ``target_pass_ms``: one decode-step forward (``[B, 1]`` tokens over a
+  cache of ``P + max_new_tokens`` slots), median of ``--repeats``; ``draft_pass_ratio`` is the
+  draft's time over the base draft's;
+* per method at batch 1 and ``--batch`` (the quality config's 4): tok/s, tokens per target call
+  (tokens per iteration), the decoders' own acceptance statistics: speculative gamma 4,
+  single-beam DSBD (g3 / W_S 3 / t 0.9 / W_min 1), DSBD at the beam-W4 log-likelihood point
+  (g2 / W_S 4 / t 0.7 / W_min 2); the draft-free references sampling and beam sampling W = 4
+  once.
+
+``ratios`` holds the issue's targets per draft. EOS is off (every run makes ``--max-new-tokens``
+tokens); compile time is excluded (each configuration runs once untimed first).
+
+    .venv/bin/python benchmarks/draft_levers.py --prompts 4 --max-new-tokens 128 \
+        --distilled runs/distill_qwen/model --out results/draft_levers.json
+    .venv/bin/python benchmarks/draft_levers.py --small --out /tmp/draft_levers_small.json  # tiny pair, a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def pass_ms(config, params, B, slots, repeats):
+    """Median ms of one decode-step forward: ``[B, 1]`` tokens over ``slots`` cached slots."""
+    import jax
+    import jax.numpy as jnp
+    from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.llama import forward
+    f = jax.jit(lambda p, c, t: forward(config, p, t, jnp.full((B, 1), slots - 1, jnp.int32),
+                                        jnp.ones((B, 1, slots + 1), bool), c)[0])
+    cache = empty_cache(config, B, slots)
+    tok = jnp.ones((B, 1), jnp.int32)
+    jax.block_until_ready(f(params, cache, tok))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(params, cache, tok))
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def run_batched(fn, params, cfg, prompts, B, seed):
+    """tok/s of ``fn`` over ``prompts`` in batches of ``B`` (compiled first, untimed), tokens per
+    target call and the mean of the scalar statistics."""
+    import jax
+    import numpy as np
+    from dsbd_jax.decoding.common import pad_prompts
+    groups = [prompts[i:i + B] for i in range(0, len(prompts), B)]
+    groups = [g + [g[-1]] * (B - len(g)) for g in groups]
+    P = max(len(p) for p in prompts)
+    from dsbd_jax.decoding.common import bucket_length
+    P = bucket_length(P)
+    tokens = seconds = calls = 0
+    stats = {}
+    for i, g in enumerate(groups):
+        ids, lens = pad_prompts(g, length=P)
+        key = jax.random.PRNGKey(seed + i)
+        if i == 0:
+            jax.block_until_ready(fn(params, ids, key, cfg, prompt_lengths=lens))
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(fn(params, ids, key, cfg, prompt_lengths=lens))
+        seconds += time.perf_counter() - t0
+        best = np.asarray(out.best)
+        tokens += int(np.asarray(out.lengths)[np.arange(B), best].sum())
+        calls += int(np.asarray(out.stats["target_calls"])) * B  # every row, every call
+        for k, v in out.stats.items():
+            v = np.asarray(v)
+            if v.size == 1 and np.issubdtype(v.dtype, np.floating):
+                stats.setdefault(k, []).append(float(v.reshape(())))
+    return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
+            "tokens_per_target_call": tokens / max(calls, 1),
+            **{k: float(np.mean(v)) for k, v in stats.items()}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true",
+                    help="the tiny random pair (dsbd make-tiny-pair), tiny sizes: checks the script")
+    ap.add_argument("--target", default=TARGET)
+    ap.add_argument("--draft", default=DRAFT)
+    ap.add_argument("--distilled", default=None, help="a distilled draft (RUN/model)")
+    ap.add_argument("--vocab-table", default=None, help="default: the draft's (find_table)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[16384, 32768, 65536])
+    ap.add_argument("--both-rows", type=int, default=32768)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4, help="the quality config's batch size")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import jax
+    import numpy as np
+    from dsbd_jax.decoding.beam import beam_sample
+    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.decoding.speculative import speculative_sample
+    from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
+    from dsbd_jax.eval.timing import machine_info, write_json
+    from dsbd_jax.models import vocab as mv
+    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.training.distill import DistillConfig, make_acceptance, make_rollouts
+    from dsbd_jax.training.distill import heldout_acceptance
+
+    tmp = Path(tempfile.mkdtemp(prefix="draft_levers_"))
+    if args.small:
+        from dsbd_jax.testing import make_tiny_pair
+        args.target, args.draft = (str(p) for p in make_tiny_pair(tmp / "pair", noise=0.3))
+        args.prompts, args.max_new_tokens, args.repeats = 2, 8, 2
+    target = load_model(args.target, progress=not args.small)
+    draft = load_model(args.draft, progress=not args.small)
+    V = draft.config.vocab_size
+    if args.small:
+        texts = ["def add(a, b):", "What is 12 times 7?"]
+        prompts = encode_chat(target.tokenizer, texts, raw=True)
+        args.rows = [V // 4, V // 2]
+        args.both_rows = V // 2
+        table = mv.save_table(tmp / "table.npz", mv.count_tokens(prompts, V))
+        from dsbd_jax.training.distill import distill
+        res = distill((target.config, target.params), (draft.config, draft.params), prompts,
+                      prompts, DistillConfig(steps=3, warmup_steps=1, max_new_tokens=4,
+                                             batch_size=2, mode="full"),
+                      tmp / "distill", tokenizer=target.tokenizer, progress=False)
+        args.distilled = str(tmp / "distill" / "model")
+    else:
+        texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
+        table = args.vocab_table or mv.find_table(args.draft)
+    counts, meta = mv.load_table(table)
+    keep = draft.config.eos_token_id or ()
+
+    drafts = {"base": draft.params}
+    for n in args.rows:
+        drafts[f"trunc_{n}"] = mv.truncate_head(draft.params, draft.config,
+                                                mv.top_rows(counts, n, keep))
+    if args.distilled:
+        dist = load_model(args.distilled, progress=False).params
+        drafts["distilled"] = dist
+        drafts[f"both_{args.both_rows}"] = mv.truncate_head(dist, draft.config,
+                                                           mv.top_rows(counts, args.both_rows, keep))
+
+    warp = dict(temperature=1.0, top_k=10, top_p=0.8)
+    N = args.max_new_tokens
+    # acceptance: target-sampled continuations, target's warped top-k stored once
+    dc = DistillConfig(policy="target", max_new_tokens=N, store_k=16, steps=2, warmup_steps=0,
+                       **warp)
+    data = make_rollouts((target.config, target.params), (draft.config, draft.params), prompts, dc,
+                         jax.random.key(args.seed), batch=min(args.batch, len(prompts)))
+    acc_fn = make_acceptance(dc, draft.config)
+    slots = max(len(p) for p in prompts) + N
+    base_cfg = dict(eos_token_id=(), max_new_tokens=N, **warp)
+    methods = {
+        "speculative_g4": lambda d: (speculative_sample, DecodeConfig(
+            target=target.config, draft=draft.config, gamma=4, **base_cfg)),
+        "dsbd_single_beam": lambda d: (dsbd_generate, DSBDConfig(
+            target=target.config, draft=draft.config, gamma=3, draft_width=3, threshold=0.9,
+            min_width=1, single_beam=True, **base_cfg)),
+        "dsbd_beamW4_point": lambda d: (dsbd_generate, DSBDConfig(
+            target=target.config, draft=draft.config, gamma=2, draft_width=4, threshold=0.7,
+            min_width=2, **base_cfg)),
+    }
+    batches = sorted({1, args.batch})
+    out = {"machine": {**machine_info(), "cpu_model": cpu_model()},
+           "settings": {k: v for k, v in vars(args).items()}, "table": str(table),
+           "table_meta": meta, "references": {}, "drafts": {}}
+    for B in batches:
+        for name, fn, cfg in (("sample", sample, DecodeConfig(target=target.config, **base_cfg)),
+                              ("beam_sample_W4", beam_sample,
+                               DecodeConfig(target=target.config, num_beams=4, **base_cfg))):
+            r = run_batched(fn, target.params, cfg, prompts, B, args.seed)
+            out["references"][f"{name}_b{B}"] = r
+            print(f"{name} batch {B}: {r['tokens_per_s']:.2f} tok/s", flush=True)
+        out.setdefault("target_pass_ms", {})[f"b{B}"] = pass_ms(target.config, target.params, B,
+                                                                slots, args.repeats)
+    for dname, dparams in drafts.items():
+        rec = {"acceptance": heldout_acceptance(acc_fn, dparams, data, min(args.batch, len(prompts))),
+               "rows": int(np.asarray(mv.head_rows(dparams)).size) if mv.head_rows(dparams) is not None else V}
+        for B in batches:
+            rec[f"draft_pass_ms_b{B}"] = pass_ms(draft.config, dparams, B, slots, args.repeats)
+            for mname, make in methods.items():
+                fn, cfg = make(dparams)
+                r = run_batched(fn, {"target": target.params, "draft": dparams}, cfg, prompts, B,
+                                args.seed)
+                rec[f"{mname}_b{B}"] = r
+                print(f"{dname} {mname} batch {B}: {r['tokens_per_s']:.2f} tok/s, "
+                      f"{r['tokens_per_target_call']:.2f} tok/target call", flush=True)
+        out["drafts"][dname] = rec
+        print(f"{dname}: acceptance {rec['acceptance']:.4f}, draft pass "
+              f"{rec['draft_pass_ms_b1']:.1f} ms (batch 1)", flush=True)
+    base = out["drafts"]["base"]
+    ref = out["references"]
+    for dname, rec in out["drafts"].items():
+        rec["ratios"] = {f"b{B}": {
+            "draft_pass_vs_base": rec[f"draft_pass_ms_b{B}"] / base[f"draft_pass_ms_b{B}"],
+            "acceptance_minus_base": rec["acceptance"] - base["acceptance"],
+            "dsbd_beamW4_point_vs_beam_sample_W4":
+                rec[f"dsbd_beamW4_point_b{B}"]["tokens_per_s"] / ref[f"beam_sample_W4_b{B}"]["tokens_per_s"],
+            "single_beam_dsbd_vs_speculative":
+                rec[f"dsbd_single_beam_b{B}"]["tokens_per_s"] / rec[f"speculative_g4_b{B}"]["tokens_per_s"],
+            "speculative_vs_sample":
+                rec[f"speculative_g4_b{B}"]["tokens_per_s"] / ref[f"sample_b{B}"]["tokens_per_s"],
+        } for B in batches}
+    write_json(args.out, out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Vocabulary-truncated draft heads (FR-Spec, Zhao et al. 2025) and token-frequency tables.
+
+A truncated draft proposes only from ``N`` chosen tokens (the most frequent ones of a corpus or
+of the models' own generations). :func:`truncate_head` gathers the draft's vocabulary projection
+**once** to those rows and stores them in the parameter tree as one extra entry::
+
+    params["vocab_head"] = {"rows": int32 [N],             # token ids, ascending, unique
+                            "kernel": [d, N]}               # untied head: lm_head columns
+                     (or) {"rows": int32 [N],
+                           "embedding": [N, d]}             # tied head: embedding rows
+
+(the untied ``lm_head`` is dropped: its ``V - N`` other columns are never read again; a tied
+model keeps its full embedding, the inputs still need every token). :func:`dsbd_jax.models.llama.forward`
+then multiplies by the ``N`` rows only and returns the logits scattered back to ``[.., V]`` with
+``-inf`` elsewhere, so every decoder's draft distribution ``q`` is zero outside the subset and
+nothing else changes: verification against the untouched target is the same, the output
+distribution is the target's (tokens outside the subset still come out through the residual
+``max(p - q, 0)``). With ``N = V`` (rows ``0 .. V-1``) the logits are bit-identical to the
+untruncated model's.
+
+Frequency tables are ``.npz`` files with ``counts`` (int64 ``[V]``) and ``meta`` (a JSON string:
+what was counted); :func:`top_rows` picks the ``N`` most frequent ids (ties: the lower id),
+always including ``keep`` (e.g. the EOS ids).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+VOCAB_HEAD = "vocab_head"
+TABLE_NAME = "dsbd_vocab.npz"  # a table's default file name beside a model (see table_path)
+
+
+def split_head(params) -> Tuple[dict, Optional[dict]]:
+    """``(params without "vocab_head", the vocab_head dict or None)``."""
+    if isinstance(params, Mapping) and VOCAB_HEAD in params:
+        return {k: v for k, v in params.items() if k != VOCAB_HEAD}, params[VOCAB_HEAD]
+    return params, None
+
+
+def head_rows(params) -> Optional[jax.Array]:
+    """The token ids ``[N]`` a truncated draft proposes from, or ``None`` (full head)."""
+    head = split_head(params)[1]
+    return None if head is None else head["rows"]
+
+
+def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
+    """float32 logits ``[.., V]``: ``h [.., d]`` times the head's ``N`` rows, ``-inf`` elsewhere.
+    The products are computed as ``nn.Dense`` / ``nn.Embed.attend`` compute the full head (same
+    operand order and dtype), so ``N = V`` reproduces the full logits bit for bit."""
+    if "kernel" in head:
+        kernel = head["kernel"].astype(h.dtype)
+        part = jax.lax.dot_general(h, kernel, (((h.ndim - 1,), (0,)), ((), ())))
+    else:
+        part = jnp.dot(h, head["embedding"].astype(h.dtype).T)
+    full = jnp.full(h.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., head["rows"]].set(part.astype(jnp.float32))
+
+
+def check_rows(rows, vocab_size: int) -> np.ndarray:
+    """``rows`` as sorted unique int32 token ids in ``[0, V)``; ``ValueError`` otherwise."""
+    r = np.asarray(rows)
+    if r.ndim != 1 or r.size == 0 or not np.issubdtype(r.dtype, np.integer):
+        raise ValueError(f"head rows must be a non-empty 1-D array of token ids, got shape "
+                         f"{r.shape} dtype {r.dtype}")
+    if r.min() < 0 or r.max() >= vocab_size:
+        raise ValueError(f"head rows must lie in [0, {vocab_size}), got ids {r.min()}..{r.max()}")
+    if np.unique(r).size != r.size:
+        raise ValueError("head rows must be distinct token ids")
+    return np.sort(r).astype(np.int32)
+
+
+def truncate_head(params, config, rows) -> dict:
+    """The draft's parameters with its vocabulary head gathered once to ``rows`` (module doc).
+    Works on both weight layouts; the other parameters are shared, not copied."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
+    if VOCAB_HEAD in params:
+        raise ValueError("these parameters already have a truncated head; truncate the full "
+                         "model's parameters instead")
+    rows = check_rows(rows, config.vocab_size)
+    idx = jnp.asarray(rows)
+    out = dict(params)
+    if config.tie_word_embeddings:
+        head = {"rows": idx, "embedding": jnp.take(params["embed"]["embedding"], idx, axis=0)}
+    else:
+        head = {"rows": idx, "kernel": jnp.take(out.pop("lm_head")["kernel"], idx, axis=1)}
+    out[VOCAB_HEAD] = head
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# frequency tables
+def count_tokens(sequences: Iterable[Sequence[int]], vocab_size: int) -> np.ndarray:
+    """int64 ``[V]`` occurrence counts of the token ids in ``sequences``."""
+    counts = np.zeros(vocab_size, np.int64)
+    for seq in sequences:
+        ids = np.asarray(seq, np.int64).ravel()
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(f"token ids must lie in [0, {vocab_size}), got {ids.min()}..{ids.max()}")
+        counts += np.bincount(ids, minlength=vocab_size)
+    return counts
+
+
+def top_rows(counts, n: int, keep: Sequence[int] = ()) -> np.ndarray:
+    """Sorted int32 ids of the ``n`` most frequent tokens (ties: the lower id), ``keep`` always
+    among them (it takes the places of the least frequent)."""
+    counts = np.asarray(counts)
+    V = counts.shape[0]
+    if not isinstance(n, (int, np.integer)) or not 1 <= n <= V:
+        raise ValueError(f"the number of head rows must be an int in [1, {V}], got {n!r}")
+    keep = sorted({int(k) for k in keep if 0 <= int(k) < V})
+    if len(keep) > n:
+        raise ValueError(f"{len(keep)} ids to keep do not fit in {n} rows")
+    order = np.lexsort((np.arange(V), -counts))  # by count descending, then id ascending
+    order = order[~np.isin(order, keep)][:n - len(keep)]
+    return np.sort(np.concatenate([order, np.asarray(keep, np.int64)]).astype(np.int32))
+
+
+def save_table(path, counts, meta: Optional[dict] = None) -> Path:
+    """Write a frequency table (``counts`` int64 ``[V]``, ``meta`` JSON); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        np.savez_compressed(f, counts=np.asarray(counts, np.int64),
+                            meta=np.asarray(json.dumps(meta or {}, sort_keys=True)))
+    return path
+
+
+def load_table(path) -> Tuple[np.ndarray, dict]:
+    """``(counts int64 [V], meta dict)`` of a table written by :func:`save_table`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no vocabulary frequency table at {path} (build one with `dsbd vocab`)")
+    with np.load(path) as z:
+        if "counts" not in z:
+            raise ValueError(f"{path} is not a vocabulary frequency table (no 'counts')")
+        return np.asarray(z["counts"], np.int64), json.loads(str(z["meta"]))
+
+
+def table_path(source, cache_dir=None) -> Path:
+    """Where a model's frequency table lives by default, beside the model: ``DIR/dsbd_vocab.npz``
+    for a checkpoint directory, ``FILE.dsbd_vocab.npz`` for a GGUF file, and
+    ``CACHE/vocab/NAME.npz`` for a preset (``CACHE``: ``cache_dir``, else ``$DSBD_JAX_CACHE``,
+    else ``~/.cache/dsbd_jax``; the table shipped with the package is used when that file does
+    not exist, see :func:`find_table`)."""
+    p = Path(os.fspath(source)).expanduser()
+    if p.is_dir():
+        return p / TABLE_NAME
+    if p.is_file():
+        return p.with_name(p.name + "." + TABLE_NAME)
+    base = Path(cache_dir or os.environ.get("DSBD_JAX_CACHE") or "~/.cache/dsbd_jax").expanduser()
+    return base / "vocab" / f"{os.fspath(source)}.npz"
+
+
+def shipped_table(name: str) -> Optional[Path]:
+    """The frequency table shipped with the package for preset ``name`` (or ``None``)."""
+    p = Path(__file__).resolve().parent / "vocab_tables" / f"{name}.npz"
+    return p if p.is_file() else None
+
+
+def find_table(source, cache_dir=None) -> Path:
+    """The table to use for ``source``: the one at :func:`table_path` if it exists, else the one
+    shipped for a preset; ``ValueError`` naming where it looked when there is none."""
+    p = table_path(source, cache_dir)
+    if p.is_file():
+        return p
+    shipped = shipped_table(os.fspath(source))
+    if shipped is not None:
+        return shipped
+    raise ValueError(f"no vocabulary frequency table for {source!r} (looked at {p}); build one "
+                     f"with `dsbd vocab build` or pass a table path")

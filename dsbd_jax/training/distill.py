@@ -1,0 +1,365 @@
+"""Draft distillation with optax (``dsbd distill CONFIG``): on-policy data, warped divergences,
+full fine-tuning or LoRA, AdamW + warm-up + cosine, clipping, resumable checkpoints.
+
+1. **Data** (:func:`make_rollouts`, once per run, stored in ``RUN/data_{train,heldout}.npz``):
+   each prompt is continued by multinomial sampling from the draft (``policy: draft``,
+   on-policy for the initial draft) or the target, at the decoding's warping; one target pass
+   over prompt + continuation then stores the target's warped distribution at every
+   continuation position as its ``store_k`` largest entries (:func:`losses.target_topk`).
+2. **Step** (:func:`make_step`, one ``jax.jit``): draft forward over the stored sequences,
+   the divergence at the stored positions (mean over them), gradients of the trainable tree
+   (the whole draft, or LoRA adapters ``W + A @ B * alpha / r`` on the attention and MLP
+   projections), ``optax.clip_by_global_norm`` then ``optax.adamw`` with
+   ``warmup_cosine_decay_schedule``. ``compute_dtype: bfloat16`` runs the forward in bfloat16
+   from float32 master weights.
+3. **Held-out acceptance**: the mean over held-out positions of ``sum_x min(p(x), q(x))`` on the
+   warped distributions (one minus the TV loss), reported on the progress bar and in
+   ``RUN/log.jsonl``.
+4. **Checkpoints**: ``RUN/state.npz`` (every leaf of the trainable tree and optimizer state, and
+   the step) every ``checkpoint_every`` steps and at the end; a killed run started again with
+   the same config resumes from it and reaches the same parameters as an uninterrupted run
+   (batches are a pure function of ``seed`` and the step). ``RUN/model`` is the merged draft as
+   a Hugging Face checkpoint directory (``config.json``, ``model.safetensors``, the tokenizer
+   when the source has one) that ``load_model("RUN/model")`` reads back.
+
+Memory for the 0.5B draft (Qwen2.5-Coder-0.5B: 494M parameters, tied head; an estimate from
+the shapes, not measured): float32 weights are 2.0 GB. Full fine-tuning adds gradients and two
+AdamW moments (6 GB more) and, at batch 4 x ~384 tokens, about 4.3 GB of float32 activations for
+the backward pass (24 layers) plus ~1 GB for the head (logits only at the 128 stored positions
+per row, ``forward(logits_at=...)``): ~13 GB, so it fits in 24 GB. LoRA rank 16 trains 8.8M
+parameters: weights + activations, ~7 GB (bfloat16 forward: about half the activations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
+from dsbd_jax.decoding.sampling import sample
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.llama import causal_mask, forward
+from dsbd_jax.training.export import save_hf
+from dsbd_jax.training.losses import DIVERGENCES, divergence, target_topk
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillConfig:
+    """Settings of one distillation run (``configs/distill_*.yaml`` holds them)."""
+
+    steps: int = 100
+    batch_size: int = 4
+    learning_rate: float = 1e-4
+    warmup_steps: int = 10
+    end_lr_factor: float = 0.1
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    loss: str = "tv"
+    mode: str = "lora"             # "lora" or "full"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    compute_dtype: str = "float32"  # or "bfloat16"
+    policy: str = "draft"          # who writes the continuations: "draft" or "target"
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: Optional[int] = 10
+    top_p: float = 0.8
+    store_k: int = 16
+    seed: int = 0
+    eval_every: int = 20
+    checkpoint_every: int = 20
+
+    def __post_init__(self):
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"loss must be one of {DIVERGENCES}, got {self.loss!r}")
+        if self.mode not in ("lora", "full"):
+            raise ValueError(f"mode must be 'lora' or 'full', got {self.mode!r}")
+        if self.policy not in ("draft", "target"):
+            raise ValueError(f"policy must be 'draft' or 'target', got {self.policy!r}")
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"compute_dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
+        for name in ("steps", "batch_size", "lora_rank", "store_k", "max_new_tokens",
+                     "eval_every", "checkpoint_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"warmup_steps must be in [0, steps), got {self.warmup_steps}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+def _logits_at(config: ModelConfig, params, tokens, total, pos):
+    """Logits ``[B, T, V]`` at the indices ``pos [B, T]`` of a causal pass over ``tokens`` (only
+    those rows go through the vocabulary head)."""
+    B, L = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    return forward(config, params, tokens, positions, causal_mask(total, L), logits_at=pos)[0]
+
+
+_logits_at_jit = jax.jit(_logits_at, static_argnums=0)
+
+
+def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillConfig,
+                  key, eos_token_id=None, batch: int = 4) -> Dict[str, np.ndarray]:
+    """On-policy continuations and the target's stored warped top-k (module doc, step 1).
+
+    ``target`` / ``draft``: ``(config, params)``. Returns numpy arrays: ``tokens [n, L]``,
+    ``total [n]`` (prompt + continuation length), ``pos [n, T]`` (the index whose logits predict
+    continuation token ``j``), ``mask [n, T]``, ``idx`` / ``p [n, T, store_k]``."""
+    (tc, tp), (dcf, dp) = target, draft
+    pc, pp = (dcf, dp) if dc.policy == "draft" else (tc, tp)
+    T = dc.max_new_tokens
+    cfg = DecodeConfig(target=pc, max_new_tokens=T, temperature=dc.temperature,
+                       top_k=dc.top_k, top_p=dc.top_p, eos_token_id=eos_token_id)
+    P = max(len(p) for p in prompts)
+    out = {k: [] for k in ("tokens", "total", "pos", "mask", "idx", "p")}
+    for i in range(0, len(prompts), batch):
+        chunk = list(prompts[i:i + batch])
+        n = len(chunk)
+        chunk += [chunk[-1]] * (batch - n)
+        ids, lens = pad_prompts(chunk, pad_id=0, length=P)
+        res = sample(pp, ids, jax.random.fold_in(key, i), cfg, prompt_lengths=lens)
+        seqs, clen = np.asarray(res.sequences[:, 0]), np.asarray(res.lengths[:, 0])
+        tokens = np.zeros((batch, P + T), np.int32)
+        for r in range(batch):
+            row = list(chunk[r]) + list(seqs[r, :clen[r]])
+            tokens[r, :len(row)] = row
+        total = lens + clen
+        pos = np.minimum(lens[:, None] - 1 + np.arange(T)[None], P + T - 1).astype(np.int32)
+        mask = np.arange(T)[None] < clen[:, None]
+        logits = _logits_at_jit(tc, tp, jnp.asarray(tokens), jnp.asarray(total),
+                                jnp.asarray(pos))
+        idx, p, _ = target_topk(logits, dc.temperature, dc.top_k, dc.top_p, dc.store_k)
+        for k, v in (("tokens", tokens), ("total", total), ("pos", pos), ("mask", mask),
+                     ("idx", np.asarray(idx)), ("p", np.asarray(p))):
+            out[k].append(np.asarray(v)[:n])
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# trainable trees
+def _path(path) -> str:
+    return "/".join(str(getattr(p, "key", p)) for p in path)
+
+
+def init_lora(params, rank: int, key) -> Dict[str, Dict[str, jax.Array]]:
+    """``{path of a projection kernel: {"a": [.., in, r] normal(1/in), "b": [.., r, out] 0}}``
+    (B = 0: the adapted model starts as the draft). Both weight layouts."""
+    out = {}
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    for n, (path, x) in enumerate(leaves):
+        keys = [str(getattr(p, "key", p)) for p in path]
+        if len(keys) >= 2 and keys[-1] == "kernel" and keys[-2] in LORA_TARGETS:
+            lead, (din, dout) = x.shape[:-2], x.shape[-2:]
+            a = jax.random.normal(jax.random.fold_in(key, n), lead + (din, rank), jnp.float32)
+            out[_path(path)] = {"a": a / np.sqrt(din), "b": jnp.zeros(lead + (rank, dout), jnp.float32)}
+    return out
+
+
+def merge_lora(params, lora, scale: float):
+    """``params`` with every adapted kernel replaced by ``W + A @ B * scale``."""
+    def f(path, x):
+        ad = lora.get(_path(path))
+        if ad is None:
+            return x
+        delta = jnp.einsum("...ir,...ro->...io", ad["a"], ad["b"]) * scale
+        return (x.astype(jnp.float32) + delta).astype(x.dtype)
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def draft_params(dc: DistillConfig, base, trainable):
+    """The draft's parameters for a trainable tree (LoRA merged, or the tree itself)."""
+    if dc.mode == "full":
+        return trainable
+    return merge_lora(base, trainable, dc.lora_alpha / dc.lora_rank)
+
+
+def make_optimizer(dc: DistillConfig):
+    sched = optax.warmup_cosine_decay_schedule(0.0, dc.learning_rate, dc.warmup_steps,
+                                               dc.steps, dc.learning_rate * dc.end_lr_factor)
+    return optax.chain(optax.clip_by_global_norm(dc.clip_norm),
+                       optax.adamw(sched, weight_decay=dc.weight_decay))
+
+
+# ---------------------------------------------------------------------------------------------
+# loss, step, evaluation
+def batch_loss(dc: DistillConfig, config: ModelConfig, params, batch, kind: Optional[str] = None):
+    """Mean divergence over the batch's stored positions (``kind`` default ``dc.loss``)."""
+    if dc.compute_dtype == "bfloat16":
+        config = config.replace(dtype="bfloat16")
+        params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    logits = _logits_at(config, params, batch["tokens"], batch["total"], batch["pos"])
+    d = divergence(kind or dc.loss, logits, batch["idx"], batch["p"], dc.temperature, dc.top_k,
+                   dc.top_p)
+    m = batch["mask"].astype(jnp.float32)
+    return jnp.sum(d * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def make_step(dc: DistillConfig, config: ModelConfig, optimizer):
+    """The jitted training step ``(trainable, opt_state, base, batch) -> (.., .., loss)``."""
+    def loss_fn(trainable, base, batch):
+        return batch_loss(dc, config, draft_params(dc, base, trainable), batch)
+
+    @jax.jit
+    def step(trainable, opt_state, base, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, base, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
+    return step
+
+
+def make_acceptance(dc: DistillConfig, config: ModelConfig):
+    """Jitted ``(params, batch) -> (sum of sum_x min(p, q) over positions, positions)``."""
+    @jax.jit
+    def acc(params, batch):
+        logits = _logits_at(config, params, batch["tokens"], batch["total"], batch["pos"])
+        d = divergence("tv", logits, batch["idx"], batch["p"], dc.temperature, dc.top_k, dc.top_p)
+        m = batch["mask"].astype(jnp.float32)
+        return jnp.sum((1.0 - d) * m), jnp.sum(m)
+    return acc
+
+
+def heldout_acceptance(acc_fn, params, data, batch_size: int) -> float:
+    """Mean ``sum_x min(p, q)`` over the held-out positions (fixed-size batches, padded)."""
+    n = data["tokens"].shape[0]
+    num = den = 0.0
+    for i in range(0, n, batch_size):
+        idx = np.arange(i, i + batch_size) % n
+        b = {k: jnp.asarray(v[idx]) for k, v in data.items()}
+        keep = (np.arange(i, i + batch_size) < n)[:, None]
+        b["mask"] = jnp.asarray(data["mask"][idx] & keep)
+        s, c = acc_fn(params, b)
+        num, den = num + float(s), den + float(c)
+    return num / max(den, 1.0)
+
+
+def batch_at(data, step: int, batch_size: int, seed: int):
+    """The batch of ``step``: epoch ``e``'s permutation (a pure function of ``seed`` and ``e``)."""
+    n = data["tokens"].shape[0]
+    per = max(n // batch_size, 1)
+    epoch, j = divmod(step, per)
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    idx = order[(np.arange(batch_size) + j * batch_size) % n]
+    return {k: jnp.asarray(v[idx]) for k, v in data.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints
+def save_state(path: Path, step: int, tree) -> None:
+    leaves = jax.tree.leaves(tree)
+    tmp = path.with_suffix(".tmp.npz")
+    with open(tmp, "wb") as f:
+        np.savez(f, step=np.asarray(step), **{f"leaf_{i}": np.asarray(x)
+                                              for i, x in enumerate(leaves)})
+    tmp.replace(path)
+
+
+def load_state(path: Path, like):
+    """``(step, tree)`` with the leaves of ``path`` in the structure of ``like``."""
+    leaves, treedef = jax.tree.flatten(like)
+    with np.load(path) as z:
+        got = [jnp.asarray(z[f"leaf_{i}"], dtype=leaves[i].dtype) for i in range(len(leaves))]
+        step = int(z["step"])
+    for a, b in zip(got, leaves):
+        if a.shape != b.shape:
+            raise ValueError(f"{path} does not match this run's trainable tree (shape {a.shape} "
+                             f"vs {b.shape}); use another run directory or delete it")
+    return step, jax.tree.unflatten(treedef, got)
+
+
+def _save_data(path: Path, data) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **data)
+
+
+def _load_data(path: Path):
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+# ---------------------------------------------------------------------------------------------
+def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, run_dir,
+            eos_token_id=None, tokenizer=None, progress: bool = True,
+            stop_after: Optional[int] = None) -> Dict[str, Any]:
+    """Distil ``draft`` towards ``target`` (each ``(config, params)``) into ``run_dir``.
+
+    Resumes from ``run_dir/state.npz`` when it exists. ``stop_after``: stop (with a checkpoint)
+    after that many steps of this call, as a kill would (tests). Returns ``{"params": merged
+    draft params, "step": steps done, "heldout_acceptance": [(step, value), ...]}``."""
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (tc, tp), (dcf, dp) = target, draft
+    key = jax.random.key(dc.seed)
+    datas = {}
+    for name, prompts, k in (("train", train_prompts, 1), ("heldout", heldout_prompts, 2)):
+        f = run / f"data_{name}.npz"
+        if not f.exists():
+            _save_data(f, make_rollouts(target, (dcf, dp), prompts, dc, jax.random.fold_in(key, k),
+                                        eos_token_id))
+        datas[name] = _load_data(f)
+    trainable = (jax.tree.map(lambda x: x.astype(jnp.float32), dp) if dc.mode == "full"
+                 else init_lora(dp, dc.lora_rank, jax.random.fold_in(key, 3)))
+    optimizer = make_optimizer(dc)
+    opt_state = optimizer.init(trainable)
+    step0 = 0
+    if (run / "state.npz").exists():
+        step0, (trainable, opt_state) = load_state(run / "state.npz", (trainable, opt_state))
+    step_fn = make_step(dc, dcf, optimizer)
+    acc_fn = make_acceptance(dc, dcf)
+    log_path = run / "log.jsonl"
+    history = []
+
+    def evaluate(step):
+        a = heldout_acceptance(acc_fn, draft_params(dc, dp, trainable), datas["heldout"],
+                               dc.batch_size)
+        history.append((step, a))
+        return a
+
+    a = evaluate(step0)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=dc.steps, initial=step0, desc="distill", unit="step")
+    last = step0
+    t0 = time.perf_counter()
+    for step in range(step0, dc.steps):
+        if stop_after is not None and step - step0 >= stop_after:
+            break
+        batch = batch_at(datas["train"], step, dc.batch_size, dc.seed)
+        trainable, opt_state, loss = step_fn(trainable, opt_state, dp, batch)
+        last = step + 1
+        rec = {"step": last, "loss": float(loss)}
+        if last % dc.eval_every == 0 or last == dc.steps:
+            a = evaluate(last)
+            rec["heldout_acceptance"] = a
+        if last % dc.checkpoint_every == 0 or last == dc.steps:
+            save_state(run / "state.npz", last, (trainable, opt_state))
+        rec["elapsed_s"] = round(time.perf_counter() - t0, 3)
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.4f}", heldout_acc=f"{a:.4f}")
+    if bar is not None:
+        bar.close()
+    if last > step0:
+        save_state(run / "state.npz", last, (trainable, opt_state))
+    merged = draft_params(dc, dp, trainable)
+    if dc.mode == "full":
+        merged = jax.tree.map(lambda x, y: x.astype(y.dtype), merged, dp)
+    if last == dc.steps:
+        save_hf(run / "model", dcf, merged, tokenizer)
+    return {"params": merged, "step": last, "heldout_acceptance": history}
