@@ -37,6 +37,7 @@ from dsbd_jax.models import llama as M  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
+from dsbd_jax.models.cpu_options import compiler_options  # noqa: E402
 
 SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
 
@@ -72,7 +73,8 @@ def ours(cfg, layout, slots, filled, repeats):
         causal = jnp.tril(jnp.ones((T, T), bool))[None]
         mask = jnp.concatenate([jnp.broadcast_to(seen, (B, T, slots)),
                                 jnp.broadcast_to(causal, (B, T, T))], axis=-1)
-        f = jax.jit(lambda p, t, q, m, c: M.forward(cfg, p, t, q, m, c))
+        f = jax.jit(lambda p, t, q, m, c: M.forward(cfg, p, t, q, m, c),
+                    compiler_options=compiler_options())
         t0 = time.perf_counter()
         compiled = f.lower(params, tokens, positions, mask, cache).compile()
         compile_s = time.perf_counter() - t0

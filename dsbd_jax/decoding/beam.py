@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import common
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
@@ -126,7 +127,7 @@ class BeamState:
 
 
 @common.core("beam_sample")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
@@ -224,7 +225,7 @@ class SearchState:
 
 
 @common.core("beam_search")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: DecodeConfig):
     B, P = prompt_ids.shape

@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.decoding import common
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
@@ -362,7 +363,7 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
 
 
 @common.core("dsbd_generate")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("dsbd_generate", config, params, prompt_ids,
                                                               prompt_lengths)
@@ -425,7 +426,7 @@ def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
     return params, prompt_ids, lengths, keys
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     return draft_forest(config, params, prompt_lengths, state)[0]

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import common
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
@@ -101,7 +102,7 @@ class SampleState:
 
 
 @common.core("sample")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) -> GenerateOutput:
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens

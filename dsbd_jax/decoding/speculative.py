@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import common
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
@@ -363,7 +364,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
 
 
 @common.core("speculative_sample")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("speculative_sample", config, params, prompt_ids,
                                                               prompt_lengths)

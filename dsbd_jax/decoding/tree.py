@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import common
 from dsbd_jax.decoding import speculative as spec
@@ -269,7 +270,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
 
 
 @common.core("tree_speculative_sample")
-@functools.partial(jax.jit, static_argnames=("config",))
+@functools.partial(tuned_jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("tree_speculative_sample", config, params, prompt_ids,
                                                               prompt_lengths)

@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import jax
 import numpy as np
 
+from dsbd_jax.models import cpu_options
+
 
 def timed(fn: Callable, *args, **kwargs) -> Tuple[Any, float]:
     """Run ``fn`` and wait for its device results; returns ``(result, wall seconds)``."""
@@ -44,15 +46,30 @@ def peak_rss_gb() -> float:
 
 
 def machine_info() -> Dict[str, Any]:
+    """The host of a figure: device, CPU model and cores, versions, ``XLA_FLAGS`` and the
+    XLA:CPU compiler options the library's jits use on this host (``models.cpu_options``)."""
     dev = jax.devices()[0]
     return {
         "platform": dev.platform,
         "device": getattr(dev, "device_kind", str(dev)),
+        "cpu_model": cpu_options.cpu_model(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),
         "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "cpu_options": cpu_options.choice(),
+        "compiler_options": cpu_options.compiler_options(),
     }
+
+
+def _version(package: str):
+    try:
+        from importlib.metadata import version
+        return version(package)
+    except Exception:  # not installed as a distribution
+        return None
 
 
 def write_json(path: str, payload: Any) -> None:

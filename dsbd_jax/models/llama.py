@@ -41,6 +41,7 @@ import numpy as np
 
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.vocab import split_head, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
@@ -410,4 +411,4 @@ def _logits_fn(config, params, token_ids):
     return out
 
 
-_logits = jax.jit(_logits_fn, static_argnums=0)
+_logits = tuned_jit(_logits_fn, static_argnums=0)

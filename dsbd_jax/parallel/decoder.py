@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 
 from dsbd_jax.decoding import common
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
                                      param_shardings, shard_params)
@@ -125,7 +126,8 @@ class ShardedDecoder:
                 # that lower/_executable set, resolve them for this trace only
                 with nn.logical_axis_rules(self.rules.logical_rules(split_batch)):
                     return self._raw(*args)
-            self._jits[treedef] = jax.jit(counted, in_shardings=shardings)
+            self._jits[treedef] = jax.jit(counted, in_shardings=shardings,
+                                          compiler_options=compiler_options())
         return self._jits[treedef]
 
     def _inputs(self, prompt_ids, key, prompt_lengths):

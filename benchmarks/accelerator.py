@@ -1,0 +1,307 @@
+"""Costs on an accelerator (or the CPU) with random weights, and a PROJECTION of tokens/s.
+
+One process, JSON out. For each model pair (``qwen``: the default Qwen2.5-Coder 1.5B / 0.5B pair;
+``llama``: Llama-3.1-8B / Llama-3.2-1B shapes), dtype (bfloat16 for both, float32 for the small
+pair) and weight layout (``stacked``, ``per_layer``), with random weights:
+
+1. **forward** of the target and the draft: 1 token, 4 and 16 rows of 1 token, forests of 12 and
+   16 nodes, at 512 and 4096 cache slots; compile time reported apart.
+2. **decoders**: every method (sample, beam sampling W=4, speculative gamma 4, tree, DSBD
+   g2 / W_S 4 / t 0.7 / W_min 2) at batch 1 and 8, EOS off: the cost of one iteration inside its
+   compiled loop = (run time - prefill time) / iterations, and its **overhead share** = 1 - (the
+   forward passes one iteration runs, timed alone at the same shapes) / (cost per iteration).
+3. **memory**: parameter bytes, KV-cache bytes of each decoder, the compiled program's temporary
+   bytes (``memory_analysis``) and the device's peak (``memory_stats``, where the backend has it).
+4. **projection** (labelled so everywhere): tokens/s = tokens per iteration measured on the CPU
+   with the real pair (``--tokens-per-iteration``, default ``results/speed.json``: it depends on
+   the models, not the hardware) / the cost per iteration measured here; and each method's
+   ratio to beam sampling W=4.
+
+Accelerator hygiene: decoders run with ``progress=False`` (no host callback in the loop), the
+whole decode is one ``lax.while_loop`` (no host round trip per iteration), float64 is off
+(checked), random keys and prompts are made on the device once. Work is done in order of value
+and stops at ``--budget-s`` (default 420 s; the rest is listed under ``skipped``).
+
+Usage: python benchmarks/accelerator.py [--out results/gpu/DEVICE.json] [--budget-s 420]
+       [--pairs qwen llama] [--layouts stacked per_layer] [--methods ...] [--max-new-tokens 32]
+       python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, bfloat16
+       stacked + float32 per_layer: a check of every code path; --methods to run fewer)
+A GPU machine runs ``scripts/gpu_bench.sh OUTDIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dsbd_jax.decoding import common, methods  # noqa: E402
+from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models import llama  # noqa: E402
+from dsbd_jax.models.cache import KVCache  # noqa: E402
+from dsbd_jax.models.config import ModelConfig  # noqa: E402
+from dsbd_jax.models.cpu_options import compiler_options  # noqa: E402
+
+QWEN = dict(vocab_size=151936, num_kv_heads=2, rope_theta=1e6, attention_bias=True,
+            architecture="qwen2", max_position_embeddings=32768)
+LLAMA = dict(vocab_size=128256, num_kv_heads=8, rope_theta=5e5, max_position_embeddings=32768)
+PAIRS = {  # name: (target, draft)
+    "qwen": (dict(QWEN, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                  head_dim=128),
+             dict(QWEN, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                  head_dim=64, tie_word_embeddings=True)),
+    "llama": (dict(LLAMA, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                   head_dim=128),
+              dict(LLAMA, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                   head_dim=64, tie_word_embeddings=True)),
+}
+SMALL = dict(vocab_size=512, num_kv_heads=2, max_position_embeddings=8192)
+SMALL_PAIRS = {"tiny": (dict(SMALL, hidden_size=64, intermediate_size=128, num_layers=2,
+                             num_heads=4, head_dim=16),
+                        dict(SMALL, hidden_size=32, intermediate_size=64, num_layers=1,
+                             num_heads=4, head_dim=8))}
+FORWARD_SHAPES = {"1 token": (1, 1), "4 rows": (4, 1), "16 rows": (16, 1), "forest 12": (1, 12),
+                  "forest 16": (1, 16)}
+GAMMA, WIDTH = 4, 4
+DSBD = dict(gamma=2, draft_width=4, threshold=0.7, min_width=2, max_width=4)
+METHODS = {  # name in results/speed.json: (method, settings)
+    "sample": ("sample", {}),
+    "beam_sample_W4": ("beam", dict(num_beams=WIDTH)),
+    f"speculative_g{GAMMA}": ("spec", dict(gamma=GAMMA)),
+    "tree_g2_w2": ("tree", dict(gamma=2, tree_widths=(2, 2))),
+    "dsbd_g2_WS4_t0.7_Wmin2": ("dsbd", DSBD),
+}
+PROMPT_LEN = 64
+
+
+class Budget:
+    def __init__(self, seconds):
+        self.end, self.skipped = time.perf_counter() + seconds, []
+
+    def ok(self, what):
+        if time.perf_counter() < self.end:
+            return True
+        self.skipped.append(what)
+        return False
+
+
+def timed_min(fn, repeats):
+    jax.block_until_ready(fn())
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def tree_bytes(tree):
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def peak_bytes():
+    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)()
+    return None if not stats else stats.get("peak_bytes_in_use")
+
+
+class ForwardTimer:
+    """Times ``llama.forward`` at (rows, tokens, cache slots), cached by shape."""
+
+    def __init__(self, cfg, params, repeats):
+        self.cfg, self.params, self.repeats, self.done = cfg, params, repeats, {}
+        self.fn = jax.jit(lambda p, t, q, m, c: llama.forward(cfg, p, t, q, m, c),
+                          compiler_options=compiler_options())
+
+    def __call__(self, B, T, slots):
+        if (B, T, slots) in self.done:
+            return self.done[B, T, slots]
+        cfg = self.cfg
+        kv = jnp.zeros((cfg.num_layers, B, slots, cfg.num_kv_heads, cfg.head_dim), cfg.jnp_dtype)
+        cache = KVCache(kv, kv)
+        filled = slots // 2
+        tokens = jnp.ones((B, T), jnp.int32)
+        positions = filled + jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.concatenate([jnp.broadcast_to(jnp.arange(slots) < filled, (B, T, slots)),
+                                jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))], -1)
+        t0 = time.perf_counter()
+        compiled = self.fn.lower(self.params, tokens, positions, mask, cache).compile()
+        compile_s = time.perf_counter() - t0
+        run = timed_min(lambda: compiled(self.params, tokens, positions, mask, cache),
+                        self.repeats)
+        self.done[B, T, slots] = {"ms": 1e3 * run, "compile_s": compile_s}
+        return self.done[B, T, slots]
+
+
+def iteration_passes(method, settings, B, S):
+    """The forward passes of one loop iteration: ``[(model, rows, tokens, slots), ...]``."""
+    if method == "sample":
+        return [("target", B, 1, S)]
+    if method == "beam":
+        return [("target", B * settings["num_beams"], 1, S)]
+    if method in ("spec", "tree"):
+        g = settings["gamma"]
+        widths = settings.get("tree_widths") or (1,) * g
+        nodes = int(np.sum(np.cumprod(widths)))
+        return [("draft", B, w, S) for w in np.cumprod(widths)] + [("target", B, 1 + nodes, S)]
+    g, c, wc = settings["gamma"], settings["draft_width"], settings["max_width"]
+    td = 2 * wc + (g - 1) * c
+    return ([("draft", B, 2 * wc, wc * S + td)] + [("draft", B, c, wc * S + td)] * (g - 1)
+            + [("target", B, wc + g * c, wc * S)])
+
+
+def decoder_costs(pair, params, timers, batch, new_tokens, repeats, budget, label, names):
+    out = {}
+    key = jax.random.PRNGKey(0)
+    ids = jax.random.randint(key, (batch, PROMPT_LEN), 0, pair["target"].vocab_size)
+    lengths = jnp.full((batch,), PROMPT_LEN, jnp.int32)
+    prefill = {name: jax.jit(lambda p, i, n, cfg=cfg, S=None: common.prefill(cfg, p, i, n, S),
+                             static_argnames=("S",), compiler_options=compiler_options())
+               for name, cfg in pair.items()}
+    for speed_name in names:
+        method, settings = METHODS[speed_name]
+        if not budget.ok(f"{label} decoder {speed_name} batch {batch}"):
+            continue
+        dec = methods.build(method, pair["target"], pair["draft"], max_new_tokens=new_tokens,
+                            top_k=10, top_p=0.8, eos_token_id=(), progress=False, **settings)
+        p = methods.model_params(dec, params["target"], params["draft"])
+        t0 = time.perf_counter()
+        compiled = dec.compiled(p, ids, key, lengths)  # the public call below runs this
+        compile_s = time.perf_counter() - t0
+        run_s = timed_min(lambda: dec(p, ids, key, lengths), repeats)
+        res = dec(p, ids, key, lengths)
+        iters = int(np.asarray(res.stats["iterations"]))
+        S = (num_slots(dec.config, PROMPT_LEN) if method == "dsbd"
+             else PROMPT_LEN + new_tokens + (GAMMA + 1 if method in ("spec", "tree") else 0))
+        models = ("target", "draft") if method in methods.NEEDS_DRAFT else ("target",)
+        pre_s = sum(timed_min(lambda m=m: prefill[m](params[m], ids, lengths, S=S), repeats)
+                    for m in models)
+        per_iter = max(run_s - pre_s, 0.0) / max(iters, 1)
+        fwd_ms = sum(timers[m](b, t, s)["ms"] for m, b, t, s in iteration_passes(
+            method, settings, batch, S))
+        mem = compiled.memory_analysis()
+        out[speed_name] = {
+            "compile_s": compile_s, "run_s": run_s, "prefill_s": pre_s, "iterations": iters,
+            "ms_per_iteration": 1e3 * per_iter, "forward_ms_per_iteration": fwd_ms,
+            "overhead_share": (1 - fwd_ms / (1e3 * per_iter)) if per_iter > 0 else None,
+            "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+            "kv_cache_bytes": _kv_bytes(pair, method, settings, batch, S)}
+        print(f"  {label} {speed_name:24s} B={batch}: {1e3 * per_iter:8.2f} ms/iteration, "
+              f"overhead {out[speed_name]['overhead_share'] or 0:.0%} (compile {compile_s:.1f} s)",
+              flush=True)
+    return out
+
+
+def _kv_bytes(pair, method, settings, B, S):
+    def one(cfg, rows, slots):
+        return 2 * cfg.num_layers * rows * slots * cfg.num_kv_heads * cfg.head_dim \
+            * cfg.jnp_dtype.itemsize
+    if method == "beam":
+        return one(pair["target"], B * settings["num_beams"], S)
+    if method == "dsbd":
+        wc, g, c = settings["max_width"], settings["gamma"], settings["draft_width"]
+        return one(pair["target"], B, wc * S) + one(pair["draft"], B, wc * S + 2 * wc + (g - 1) * c)
+    draft = one(pair["draft"], B, S) if method in methods.NEEDS_DRAFT else 0
+    return one(pair["target"], B, S) + draft
+
+
+def projection(decoders, speed_json):
+    """tokens/s = tokens per iteration (CPU, real pair) / cost per iteration (here). A PROJECTION."""
+    try:
+        rows = json.load(open(speed_json))["rows"]
+    except (OSError, ValueError, KeyError):
+        return {"error": f"no tokens per iteration in {speed_json}"}
+    tpi = {r["method"]: r["tokens_per_target_call"] for r in rows
+           if r.get("impl") == "dsbd_jax" and "tokens_per_target_call" in r}
+    out = {"source": speed_json, "tokens_per_iteration": tpi, "note": "PROJECTION, not measured"}
+    for batch, costs in decoders.items():
+        proj = {m: 1e3 * int(batch) * tpi[m] / c["ms_per_iteration"] for m, c in costs.items()
+                if m in tpi and c["ms_per_iteration"] > 0}
+        base = proj.get("beam_sample_W4")
+        out[f"batch {batch}"] = {m: {"projected_tokens_per_s": v,
+                                     "projected_ratio_to_beam_W4": v / base if base else None}
+                                 for m, v in proj.items()}
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="tiny shapes on the CPU (a check)")
+    ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer"],
+                    choices=["stacked", "per_layer"])
+    ap.add_argument("--slots", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--tokens-per-iteration", default=os.path.join(_ROOT, "results/speed.json"))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if jax.config.jax_enable_x64:
+        raise SystemExit("float64 is on (JAX_ENABLE_X64): accelerators run float32/bfloat16")
+    pairs = SMALL_PAIRS if args.small else {k: PAIRS[k] for k in args.pairs}
+    slots = [64] if args.small else args.slots
+    batches = [1] if args.small else args.batches
+    new_tokens = 4 if args.small else args.max_new_tokens
+    repeats = 2 if args.small else args.repeats
+    device = jax.devices()[0]
+    out_path = args.out or os.path.join(
+        "results", "gpu" if device.platform == "gpu" else device.platform,
+        f"{getattr(device, 'device_kind', 'device').replace(' ', '_')}.json")
+    budget = Budget(args.budget_s)
+    runs = []
+    plan = [(p, "bfloat16", lay) for p in pairs for lay in args.layouts]
+    plan += [(next(iter(pairs)), "float32", lay) for lay in args.layouts]
+    if args.small:  # every code path once: both dtypes, both layouts, decoders in the first
+        plan = [plan[0], plan[-1]]
+    for i, (pname, dtype, layout) in enumerate(plan):
+        label = f"{pname} {dtype} {layout}"
+        if not budget.ok(label):
+            continue
+        shapes = SMALL_PAIRS[pname] if args.small else PAIRS[pname]
+        pair = {m: ModelConfig(**s, dtype=dtype) for m, s in zip(("target", "draft"), shapes)}
+        params = {m: llama.init_params(c, jax.random.PRNGKey(j), layout)
+                  for j, (m, c) in enumerate(pair.items())}
+        timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items()}
+        run = {"pair": pname, "dtype": dtype, "layout": layout,
+               "param_bytes": {m: tree_bytes(p) for m, p in params.items()}, "forward": {}}
+        for m in pair:
+            for s in slots:
+                for name, (B, T) in FORWARD_SHAPES.items():
+                    if budget.ok(f"{label} forward {m} {name} {s}"):
+                        run["forward"][f"{m} {name} @{s}"] = timers[m](B, T, s)
+            print(f"  {label} forward {m}: " + ", ".join(
+                f"{k.split(' ', 1)[1]} {v['ms']:.2f} ms" for k, v in run["forward"].items()
+                if k.startswith(m)), flush=True)
+        # decoders once per pair and dtype, in the first layout (their cost follows the forward's)
+        if layout == args.layouts[0]:
+            run["decoders"] = {str(b): decoder_costs(pair, params, timers, b, new_tokens, repeats,
+                                                     budget, label, args.methods)
+                               for b in batches}
+            run["projection"] = projection(run["decoders"], args.tokens_per_iteration)
+        run["peak_bytes"] = peak_bytes()
+        runs.append(run)
+        del params, timers
+    out = {"machine": machine_info(), "small": args.small, "prompt_len": PROMPT_LEN,
+           "max_new_tokens": new_tokens, "figure": "minimum of repeats; ms",
+           "runs": runs, "skipped": budget.skipped}
+    write_json(out_path, out)
+    print(f"wrote {out_path}" + (f" ({len(budget.skipped)} items skipped: budget)"
+                                 if budget.skipped else ""))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Few-row matrix products on the CPU: kernel layout x per-executable XLA options vs torch.
+
+For each product shape of one Qwen2.5-1.5B layer (``up``: ``[M, 1536] x [1536, 8960]``, and
+``q``, ``kv``, ``o``, ``down``) and each row count ``M`` (default 1, 4, 12, 16), one call runs
+``--layers`` (default 28) products with ``--layers`` different weights, as a forward pass does.
+Variants:
+
+* ``jax in_out``: kernel ``[in, out]``, ``x @ w`` (Flax ``Dense``, today's layout);
+* ``jax out_in``: kernel ``[out, in]``, contracting the last axes of both (torch's layout);
+* each of those compiled with every candidate of ``dsbd_jax.models.cpu_options.CANDIDATES``
+  (per-executable ``compiler_options`` of ``jax.jit``; ``{}`` is today's default);
+* ``torch``: ``torch.nn.functional.linear`` (weight ``[out, in]``), ``--threads`` threads.
+
+Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
+MINIMUM over ``--repeats`` rounds, so that load from other processes hurts every variant alike
+and the figure is the least disturbed call. Under contention treat the figures as provisional.
+The JSON records the CPU model, core count, ``XLA_FLAGS`` and each variant's compiler options.
+
+Usage: python benchmarks/matmul.py [--repeats 15] [--rows 1 4 12 16] [--shapes up q kv o down]
+       [--threads N] [--out results/matmul.json]
+       python benchmarks/matmul.py --small   (2 layers, a 256-wide shape: a check, seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models.cpu_options import CANDIDATES  # noqa: E402
+
+# (in, out) of the products of one Qwen2.5-1.5B layer
+SHAPES = {"up": (1536, 8960), "down": (8960, 1536), "q": (1536, 1536), "kv": (1536, 256),
+          "o": (1536, 1536)}
+SMALL_SHAPES = {"up": (256, 512)}
+
+
+def jax_variants(weights_in_out, layout: str):
+    """``{options name: compiled fn(x)}`` for one kernel layout."""
+    if layout == "in_out":
+        ws = [jnp.asarray(w) for w in weights_in_out]
+        body = lambda x, ws: [x @ w for w in ws]  # noqa: E731
+    else:
+        ws = [jnp.asarray(np.ascontiguousarray(w.T)) for w in weights_in_out]
+        body = lambda x, ws: [jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))  # noqa: E731
+                              for w in ws]
+    fns = {}
+    for name, opts in CANDIDATES.items():
+        f = jax.jit(body, compiler_options=dict(opts))
+        fns[name] = (f, ws)
+    return fns
+
+
+def run_shape(name, din, dout, rows, layers, repeats, threads, rng):
+    weights = [rng.standard_normal((din, dout), np.float32) * 0.02 for _ in range(layers)]
+    variants = {}
+    for layout in ("in_out", "out_in"):
+        for opt, (f, ws) in jax_variants(weights, layout).items():
+            variants[f"jax {layout} {opt}"] = (f, ws)
+    import torch
+    torch.set_num_threads(threads)
+    tw = [torch.from_numpy(np.ascontiguousarray(w.T)) for w in weights]
+    results = {}
+    for M in rows:
+        x_np = rng.standard_normal((M, din), np.float32)
+        x = jnp.asarray(x_np)
+        xt = torch.from_numpy(x_np)
+        calls = {}
+        for label, (f, ws) in variants.items():
+            t0 = time.perf_counter()
+            ref = jax.block_until_ready(f(x, ws))  # compile + first run, not timed below
+            calls[label] = (lambda f=f, ws=ws: jax.block_until_ready(f(x, ws)))
+            results.setdefault(label, {})[M] = {"compile_and_first_s": time.perf_counter() - t0}
+        with torch.inference_mode():
+            def torch_call():
+                return [torch.nn.functional.linear(xt, w) for w in tw]
+            torch_call()
+            calls["torch"] = torch_call
+            results.setdefault("torch", {})[M] = {}
+            # same products, same results up to float rounding (a sanity check of the set-up)
+            np.testing.assert_allclose(np.asarray(ref[0]), torch_call()[0].numpy(),
+                                       rtol=1e-3, atol=1e-3)
+            times = {label: [] for label in calls}
+            order = list(calls)
+            for _ in range(repeats):
+                random.shuffle(order)
+                for label in order:
+                    t0 = time.perf_counter()
+                    calls[label]()
+                    times[label].append(time.perf_counter() - t0)
+        for label, ts in times.items():
+            results[label][M].update(min_ms=1e3 * min(ts), median_ms=1e3 * float(np.median(ts)))
+        line = "  ".join(f"{lab}: {results[lab][M]['min_ms']:.1f}" for lab in calls)
+        print(f"{name} [{M}, {din}] x [{din}, {dout}] x{layers} (min ms)  {line}", flush=True)
+    return {"in": din, "out": dout, "layers": layers, "variants": results}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 12, 16])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--small", action="store_true", help="2 layers of a 256x512 product")
+    ap.add_argument("--out", default="results/matmul.json")
+    args = ap.parse_args(argv)
+    shapes = SMALL_SHAPES if args.small else {k: SHAPES[k] for k in args.shapes}
+    layers = 2 if args.small else args.layers
+    repeats = 3 if args.small else args.repeats
+    rng = np.random.default_rng(0)
+    random.seed(0)
+    out = {"machine": machine_info(), "rows": args.rows, "repeats": repeats,
+           "torch_threads": args.threads, "figure": "minimum over interleaved rounds, ms",
+           "candidates": {k: dict(v) for k, v in CANDIDATES.items()}, "shapes": {}}
+    for name, (din, dout) in shapes.items():
+        out["shapes"][name] = run_shape(name, din, dout, args.rows, layers, repeats,
+                                        args.threads, rng)
+    write_json(args.out, out)
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

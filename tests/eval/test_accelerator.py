@@ -1,0 +1,75 @@
+"""benchmarks/accelerator.py in its ``--small`` mode on the CPU (so the GPU script never rots),
+and the accelerator hygiene it relies on: no host callback in a decode loop unless asked for."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from dsbd_jax.decoding import methods
+from dsbd_jax.models.config import ModelConfig
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("accelerator_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_small_run_writes_every_section(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
+    from dsbd_jax.models import cpu_options
+    cpu_options.choice.cache_clear()
+    bench = load_script()
+    out = tmp_path / "acc.json"
+    names = ["sample", "beam_sample_W4", "dsbd_g2_WS4_t0.7_Wmin2"]
+    bench.main(["--small", "--methods", *names, "--out", str(out)])
+    cpu_options.choice.cache_clear()
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and "xla_flags" in data["machine"]
+    assert data["machine"]["cpu_options"] == "default"
+    runs = data["runs"]
+    assert [(r["dtype"], r["layout"]) for r in runs] == [("bfloat16", "stacked"),
+                                                         ("float32", "per_layer")]
+    assert not data["skipped"]
+    first = runs[0]
+    assert set(first["param_bytes"]) == {"target", "draft"}
+    assert len(first["forward"]) == 2 * len(bench.FORWARD_SHAPES)  # target and draft, one slot size
+    assert all(v["ms"] > 0 and v["compile_s"] > 0 for v in first["forward"].values())
+    costs = first["decoders"]["1"]
+    assert set(costs) == set(names)
+    for c in costs.values():
+        assert c["iterations"] >= 1 and c["ms_per_iteration"] > 0 and c["kv_cache_bytes"] > 0
+        assert c["forward_ms_per_iteration"] > 0
+    # dsbd runs fewer iterations than one-token decoders for the same budget of new tokens
+    assert costs["dsbd_g2_WS4_t0.7_Wmin2"]["iterations"] <= costs["sample"]["iterations"]
+    proj = first["projection"]
+    assert proj["note"] == "PROJECTION, not measured"
+    row = proj["batch 1"]
+    assert row["beam_sample_W4"]["projected_ratio_to_beam_W4"] == 1.0
+    tpi = proj["tokens_per_iteration"]["dsbd_g2_WS4_t0.7_Wmin2"]
+    expect = 1e3 * tpi / costs["dsbd_g2_WS4_t0.7_Wmin2"]["ms_per_iteration"]
+    assert abs(row["dsbd_g2_WS4_t0.7_Wmin2"]["projected_tokens_per_s"] - expect) < 1e-6 * expect
+    assert "decoders" not in runs[1]  # decoders once per pair, in the first layout
+
+
+def test_no_host_callback_in_the_loop_unless_progress():
+    """The benchmark's decoders (``progress=False``) trace no host callback; with ``progress``
+    one is there, so this check can fail."""
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64)
+    from dsbd_jax.models import llama
+    params = llama.init_params(cfg, jax.random.PRNGKey(0))
+    ids = jnp.ones((1, 4), jnp.int32)
+    texts = {}
+    for progress in (False, True):
+        dec = methods.build("beam", cfg, num_beams=2, max_new_tokens=3, progress=progress)
+        texts[progress] = dec.core_call(params, ids, jax.random.PRNGKey(0)).lower().as_text()
+    assert "callback" not in texts[False]
+    assert "callback" in texts[True]
+    assert "f64" not in texts[False]  # no float64 in the program
