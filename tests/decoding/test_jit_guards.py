@@ -178,5 +178,21 @@ def test_compile_count_counts_the_user_jit_and_the_plain_call(models, caplog):
     assert len(lines) == 2 and all("batch 2, prompt 8" in s and len(s) < 100 for s in lines), lines
 
 
+def test_compile_count_through_sharded_decoder(models):
+    """``ShardedDecoder`` compiles its own jit around the decoder: that compilation counts as
+    the decoder's (once; the second call reuses it), and the output carries ``invalid``."""
+    from dsbd_jax.parallel import ShardedDecoder
+    from dsbd_jax.parallel.mesh import make_mesh
+    tc, tp, dc, dp = models
+    d, params = decoder("sample", tc.replace(rope_theta=23456.0), tp, dc, dp)
+    sd = ShardedDecoder.of(d, make_mesh(1, 1))
+    placed = sd.place(params)
+    before = common.compile_count("sample")
+    out = sd(placed, IDS, jax.random.key(0), LENS)
+    sd(placed, IDS, jax.random.key(1), LENS)
+    assert common.compile_count("sample") == before + 1 and sd.compiles == 1
+    assert np.asarray(out.invalid).tolist() == [False, False]
+
+
 if __name__ == "__main__":
     np.savez(sys.argv[1], **reference_outputs())
