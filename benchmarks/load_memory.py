@@ -5,7 +5,7 @@ Steps:
      safetensors (how such checkpoints ship), written tensor by tensor from a preset
      (``--preset``, default the 1.5B target) or, with ``--small``, a tiny random model;
   2. for each ``--dtypes`` entry, a fresh process runs ``load_model(dir, dtype)`` and reports
-     ``ru_maxrss`` (peak RSS) before and after the load, the parameters' bytes and the largest
+     its peak RSS (``VmHWM``) before and after the load, the parameters' bytes and the largest
      stacked tensor's bytes. Expected: peak about baseline + parameters + one stacked tensor.
 
 Writes JSON (default ``results/load_memory.json``) with the CPU model, and prints a table.
@@ -30,18 +30,25 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 _MEASURE = r"""
-import json, resource, sys, time
+import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from dsbd_jax.models.loading import load_model
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def hwm():  # this process's peak RSS in bytes (VmHWM: reset by exec, unlike ru_maxrss,
+    for line in open("/proc/self/status"):  # which keeps the forking parent's peak)
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+
 jnp.zeros(1).block_until_ready()   # backend up before the baseline
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = hwm()
 t0 = time.perf_counter()
 m = load_model(sys.argv[1], jnp.dtype(sys.argv[2]), tokenizer=False, progress=False,
                layout=sys.argv[3])
 jax.block_until_ready(m.params)
 secs = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = hwm()
 leaves = jax.tree.leaves(m.params)
 print("RESULT " + json.dumps(dict(baseline_rss=base, peak_rss=peak, load_s=secs,
       param_bytes=int(sum(x.nbytes for x in leaves)),

@@ -152,7 +152,12 @@ def config_from_hf(hf: Dict[str, Any], dtype: str = "float32") -> ModelConfig:
 
 
 class _SafetensorsSource:
-    """All tensors of a (possibly sharded) safetensors checkpoint, read one at a time."""
+    """All tensors of a (possibly sharded) safetensors checkpoint, read one at a time.
+
+    Each read opens its file for that tensor only: ``safe_open`` memory-maps the file, and the
+    pages a read touches stay in the process's RSS while the map lives, so one long-lived
+    handle would end a load holding the whole file besides the parameters (measured:
+    ``benchmarks/load_memory.py``)."""
 
     def __init__(self, directory: Path):
         from safetensors import safe_open
@@ -162,24 +167,25 @@ class _SafetensorsSource:
         if index.exists():
             weight_map = json.loads(index.read_text())["weight_map"]
         elif single.exists():
-            weight_map = None
+            with safe_open(str(single), framework="numpy") as f:
+                weight_map = {k: "model.safetensors" for k in f.keys()}
         else:
             raise FileNotFoundError(
                 f"{directory} has neither model.safetensors nor model.safetensors.index.json")
-        files = sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]
-        self.handles = {f: safe_open(str(directory / f), framework="numpy") for f in files}
-        if weight_map is None:
-            weight_map = {k: "model.safetensors" for k in self.handles["model.safetensors"].keys()}
+        self.directory = directory
         self.weight_map = weight_map
 
     def get(self, hf_name: str, layer: Optional[int] = None) -> np.ndarray:
+        from safetensors import safe_open
+
         name = hf_name.format(i=layer)
         if name not in self.weight_map:
             raise ValueError(f"checkpoint lacks tensor {name!r}")
-        return self.handles[self.weight_map[name]].get_tensor(name)
+        with safe_open(str(self.directory / self.weight_map[name]), framework="numpy") as f:
+            return f.get_tensor(name)
 
     def close(self):
-        self.handles = {}
+        pass
 
 
 def hf_config(directory: Path, dtype_name: str = "float32") -> ModelConfig:

@@ -200,7 +200,8 @@ def window_mask(config: ModelConfig, mask, positions, key_positions):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama-family decoder (every variant of :class:`ModelConfig`) with a read-only fixed-shape KV cache (see module doc)."""
+    """Llama-family decoder (every variant of :class:`ModelConfig`) with a read-only
+    fixed-shape KV cache (see module doc)."""
 
     config: ModelConfig
     layout: str = "stacked"
@@ -279,6 +280,9 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
+    if key_positions is not None and tuple(key_positions.shape) != (B, cache.k.shape[2]):
+        raise ValueError(f"key_positions must have shape [B, S] = {(B, cache.k.shape[2])}, "
+                         f"got {tuple(key_positions.shape)}")
     params, head = split_head(params)
     with jax.named_scope(forward_scope(config)):
         return LlamaForCausalLM(config, params_layout(params)).apply(

@@ -239,3 +239,64 @@ def test_bfloat16_load_close(case, torch):
     diff = _max_diff(got, want)
     assert diff <= 0.04 * scale, f"{name}: bf16 max abs diff {diff:.3g} (logit scale {scale:.3g})"
     assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.75
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF gemma3, written as llama.cpp's convert_hf_to_gguf.py does (norms stored as 1 + w)
+GEMMA3_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def test_gemma3_gguf_matches_torch(torch, tmp_path):
+    """A float32 gemma3 GGUF of a tiny Gemma 3 with llama.cpp's hard-coded choices (every 6th
+    layer global, local RoPE base 10000, query scale head_dim) loads to the torch logits; the
+    13-token prompt is longer than the window of 4."""
+    import gguf
+
+    model = make_torch_model(torch, "Gemma3TextConfig", dict(
+        head_dim=16, query_pre_attn_scalar=16, sliding_window=4, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=6), seed=3)
+    cfg = model.config
+    assert cfg.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    w = gguf.GGUFWriter(str(tmp_path / "g3.gguf"), "gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(16)
+    w.add_value_length(16)
+    w.add_rope_freq_base(float(cfg.rope_parameters["full_attention"]["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_sliding_window(4)
+    w.add_eos_token_id(2)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        a = t.detach().float().numpy().copy()
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            gname = f"blk.{layer}.{GEMMA3_GGUF[rest]}"
+        else:
+            gname = GEMMA3_GGUF[name]
+        w.add_tensor(gname, a + 1.0 if gname.endswith("norm.weight") else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loaded = load_model(tmp_path / "g3.gguf", progress=False)
+    assert loaded.config.architecture == "gemma3" and loaded.config.sliding_window == 4
+    ids = np.random.default_rng(6).integers(0, V, size=(2, 13))
+    diff = _max_diff(jax_logits(loaded.config, loaded.params, ids), torch_logits(torch, model, ids))
+    assert diff <= TOL, f"gemma3 GGUF: max abs diff {diff:.3g}"

@@ -116,8 +116,8 @@ def check_layout(params, tensors, tied):
 # config mapping
 
 def test_list_presets():
-    assert list_presets() == ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct",
-                              "smollm2-135m-instruct"]
+    assert list_presets() == ["gemma3-270m", "qwen2.5-coder-0.5b-instruct",
+                              "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct"]
 
 
 def test_config_mapping_new_and_legacy_keys():

@@ -102,7 +102,7 @@ from dsbd_jax.decoding import beam
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.models.loading import load_model
 m = load_model(sys.argv[1], progress=False)
-ids = np.asarray([m.tokenizer("The capital of France is")["input_ids"]], np.int32)
+ids = np.asarray([m.tokenizer("1, 2, 3, 4, 5,")["input_ids"]], np.int32)
 cfg = DecodeConfig(target=m.config, max_new_tokens=8, num_beams=2, temperature=0.5)
 out = beam.beam_sample(m.params, ids, jax.random.PRNGKey(0), cfg)
 best = int(out.best[0])
@@ -112,7 +112,7 @@ print("RESULT " + json.dumps(m.tokenizer.decode(np.asarray(out.sequences[0, best
 
 def test_gemma3_270m_generates():
     """A real generation offline with the Gemma 3 preset (beam sampling, 2 beams, 8 tokens):
-    the text continues the prompt with words (a broken model emits repeats or garbage)."""
+    the continuation of a count (a broken model loses it; measured output: ' 6, 7, 8')."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -120,5 +120,5 @@ def test_gemma3_270m_generates():
                           text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = json.loads(proc.stdout.split("RESULT ", 1)[1])
-    print(f"\ngemma3-270m: 'The capital of France is' -> {text!r}")
-    assert "Paris" in text, text
+    print(f"\ngemma3-270m: '1, 2, 3, 4, 5,' -> {text!r}")
+    assert text.replace(" ", "").startswith("6,7,8"), text
