@@ -28,6 +28,7 @@ from jax.experimental import checkify
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import forward, init_params, params_layout
+from dsbd_jax.models.vocab import split_head
 
 # ---------------------------------------------------------------------------------------------
 # compile counting: ``note_trace`` runs when a core's Python body is traced (once per new shapes
@@ -474,7 +475,19 @@ def check_params(name: str, config: ModelConfig, params) -> None:
     except (ValueError, TypeError, AttributeError):
         raise ValueError(f"{name} parameters are not a Llama parameter tree (no 'layers' or "
                          f"'layers_0')") from None
-    want = _expected_shapes(config, layout)
+    params, head = split_head(params)
+    want = dict(_expected_shapes(config, layout))
+    if head is not None:  # a truncated vocabulary head (dsbd_jax.models.vocab) replaces lm_head
+        want.pop("['lm_head']['kernel']", None)
+        n = int(np.shape(head["rows"])[0]) if "rows" in head else 0
+        mat = "kernel" if "kernel" in head else "embedding"
+        need = (config.hidden_size, n) if mat == "kernel" else (n, config.hidden_size)
+        if (not 0 < n <= config.vocab_size or mat not in head
+                or tuple(np.shape(head[mat])) != need):
+            raise ValueError(f"{name} parameters do not match config.{name}: the truncated head "
+                             f"['vocab_head'] needs rows [N] with 0 < N <= {config.vocab_size} "
+                             f"and a {mat} of shape {need}, got "
+                             f"{ {k: tuple(np.shape(v)) for k, v in head.items()} }")
     got = {jax.tree_util.keystr(p): tuple(np.shape(x))
            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     for path, shape in want.items():
