@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import sys
 import tempfile
@@ -48,20 +47,10 @@ from dsbd_jax.decoding import common  # noqa: E402
 from dsbd_jax.decoding.methods import build, label, model_params  # noqa: E402
 from dsbd_jax.eval.plan import expand_methods  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models.cpu_options import cpu_model  # noqa: E402
 from dsbd_jax.testing import make_tiny_pair  # noqa: E402
 
 EXTRA = [{"method": "beam_search", "num_beams": 2}, {"method": "tree", "gamma": 2}]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rss_bytes() -> int:
