@@ -27,7 +27,6 @@ tokens); compile time is excluded (each configuration runs once untimed first).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import tempfile
 import time
@@ -35,16 +34,6 @@ from pathlib import Path
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def pass_ms(config, params, B, slots, repeats):
@@ -188,7 +177,7 @@ def main(argv=None):
             min_width=2, **base_cfg)),
     }
     batches = sorted({1, args.batch})
-    out = {"machine": {**machine_info(), "cpu_model": cpu_model()},
+    out = {"machine": machine_info(),
            "settings": {k: v for k, v in vars(args).items()}, "table": str(table),
            "table_meta": meta, "references": {}, "drafts": {}}
     for B in batches:

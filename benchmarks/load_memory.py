@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -86,16 +85,6 @@ def export_checkpoint(model, directory: str) -> None:
         json.dump(hf, f, indent=1)
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,6 +131,7 @@ def main(argv=None) -> None:
               f"{r['largest_stacked_bytes'] / mib:8.1f} MiB  peak RSS {r['peak_rss'] / mib:9.1f} "
               f"MiB (baseline {r['baseline_rss'] / mib:7.1f}, +{r['over_baseline'] / mib:8.1f})  "
               f"{r['load_s']:.1f} s")
+    from dsbd_jax.models.cpu_options import cpu_model
     out = dict(cpu=cpu_model(), source="small" if a.small else a.preset, layout=a.layout,
                checkpoint=directory, file_bytes=os.path.getsize(
                    os.path.join(directory, "model.safetensors")), rows=rows)
