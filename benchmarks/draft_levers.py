@@ -98,6 +98,12 @@ def main(argv=None):
     ap.add_argument("--vocab-table", default=None, help="default: the draft's (find_table)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16384, 32768, 65536])
     ap.add_argument("--both-rows", type=int, default=32768)
+    ap.add_argument("--decode-drafts", nargs="+", default=None,
+                    help="drafts whose decoders are timed at batch 1 (default: all; the others "
+                         "get acceptance and pass times only), e.g. base distilled both_32768")
+    ap.add_argument("--batch-drafts", nargs="+", default=None,
+                    help="drafts whose decoders are also timed at --batch (default: "
+                         "--decode-drafts)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4, help="the quality config's batch size")
@@ -156,6 +162,12 @@ def main(argv=None):
         drafts[f"both_{args.both_rows}"] = mv.truncate_head(dist, draft.config,
                                                            mv.top_rows(counts, args.both_rows, keep))
 
+    decode = set(drafts if args.decode_drafts is None else args.decode_drafts)
+    at_batch = decode if args.batch_drafts is None else set(args.batch_drafts)
+    unknown = sorted((decode | at_batch) - set(drafts))
+    if unknown or "base" not in decode or "base" not in at_batch:
+        raise SystemExit(f"--decode-drafts / --batch-drafts: unknown drafts {unknown} (have "
+                         f"{sorted(drafts)}); 'base' must be in both")
     warp = dict(temperature=1.0, top_k=10, top_p=0.8)
     N = args.max_new_tokens
     # acceptance: target-sampled continuations, target's warped top-k stored once
@@ -194,6 +206,8 @@ def main(argv=None):
                "rows": int(np.asarray(mv.head_rows(dparams)).size) if mv.head_rows(dparams) is not None else V}
         for B in batches:
             rec[f"draft_pass_ms_b{B}"] = pass_ms(draft.config, dparams, B, slots, args.repeats)
+            if dname not in (decode if B == 1 else at_batch):
+                continue
             for mname, make in methods.items():
                 fn, cfg = make(dparams)
                 r = run_batched(fn, {"target": target.params, "draft": dparams}, cfg, prompts, B,
@@ -210,13 +224,20 @@ def main(argv=None):
         rec["ratios"] = {f"b{B}": {
             "draft_pass_vs_base": rec[f"draft_pass_ms_b{B}"] / base[f"draft_pass_ms_b{B}"],
             "acceptance_minus_base": rec["acceptance"] - base["acceptance"],
-            "dsbd_beamW4_point_vs_beam_sample_W4":
-                rec[f"dsbd_beamW4_point_b{B}"]["tokens_per_s"] / ref[f"beam_sample_W4_b{B}"]["tokens_per_s"],
-            "single_beam_dsbd_vs_speculative":
-                rec[f"dsbd_single_beam_b{B}"]["tokens_per_s"] / rec[f"speculative_g4_b{B}"]["tokens_per_s"],
-            "speculative_vs_sample":
-                rec[f"speculative_g4_b{B}"]["tokens_per_s"] / ref[f"sample_b{B}"]["tokens_per_s"],
         } for B in batches}
+        for B in batches:
+            if f"speculative_g4_b{B}" not in rec:
+                continue
+            rec["ratios"][f"b{B}"].update({
+                "dsbd_beamW4_point_vs_beam_sample_W4":
+                    rec[f"dsbd_beamW4_point_b{B}"]["tokens_per_s"]
+                    / ref[f"beam_sample_W4_b{B}"]["tokens_per_s"],
+                "single_beam_dsbd_vs_speculative":
+                    rec[f"dsbd_single_beam_b{B}"]["tokens_per_s"]
+                    / rec[f"speculative_g4_b{B}"]["tokens_per_s"],
+                "speculative_vs_sample":
+                    rec[f"speculative_g4_b{B}"]["tokens_per_s"] / ref[f"sample_b{B}"]["tokens_per_s"],
+            })
     write_json(args.out, out)
     print(f"wrote {args.out}")
 

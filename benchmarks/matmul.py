@@ -9,6 +9,11 @@ Variants:
 * ``jax out_in``: kernel ``[out, in]``, contracting the last axes of both (torch's layout);
 * each of those compiled with every candidate of ``dsbd_jax.models.cpu_options.CANDIDATES``
   (per-executable ``compiler_options`` of ``jax.jit``; ``{}`` is today's default);
+* ``jax blocked<n>``: kernel ``[out / n, in, n]`` (the output split into blocks of ``n``
+  columns, each block a contiguous ``[in, n]`` matrix; ``--blocks``, default 32 64 128), one
+  batched product over the blocks (``cmk,ckn->cmn``) with ``x`` broadcast to every block, then
+  the blocks put back side by side; ``M = 1`` is padded to 2 rows (XLA:CPU takes a slower
+  batched matrix-vector path for one row). XLA's default options only;
 * ``torch``: ``torch.nn.functional.linear`` (weight ``[out, in]``), ``--threads`` threads.
 
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
@@ -17,7 +22,7 @@ and the figure is the least disturbed call. Under contention treat the figures a
 The JSON records the CPU model, core count, ``XLA_FLAGS`` and each variant's compiler options.
 
 Usage: python benchmarks/matmul.py [--repeats 15] [--rows 1 4 12 16] [--shapes up q kv o down]
-       [--threads N] [--out results/matmul.json]
+       [--blocks 32 64 128] [--threads N] [--out results/matmul.json]
        python benchmarks/matmul.py --small   (2 layers, a 256-wide shape: a check, seconds)
 """
 
@@ -62,12 +67,31 @@ def jax_variants(weights_in_out, layout: str):
     return fns
 
 
-def run_shape(name, din, dout, rows, layers, repeats, threads, rng):
+def blocked_product(x, w):
+    """``x [M, in]`` times a blocked kernel ``w [out / n, in, n]``: ``[M, out]``."""
+    m = x.shape[0]
+    if m == 1:
+        x = jnp.pad(x, ((0, 1), (0, 0)))
+    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(x, (w.shape[0],) + x.shape), w)
+    return y.transpose(1, 0, 2).reshape(x.shape[0], -1)[:m]
+
+
+def blocked_variant(weights_in_out, n: int):
+    """``(compiled fn(x), blocked weights)`` for blocks of ``n`` output columns."""
+    ws = [jnp.asarray(np.ascontiguousarray(w.reshape(w.shape[0], -1, n).transpose(1, 0, 2)))
+          for w in weights_in_out]
+    return jax.jit(lambda x, ws: [blocked_product(x, w) for w in ws]), ws
+
+
+def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 64, 128)):
     weights = [rng.standard_normal((din, dout), np.float32) * 0.02 for _ in range(layers)]
     variants = {}
     for layout in ("in_out", "out_in"):
         for opt, (f, ws) in jax_variants(weights, layout).items():
             variants[f"jax {layout} {opt}"] = (f, ws)
+    for n in blocks:
+        if dout % n == 0 and n < dout:
+            variants[f"jax blocked{n} default"] = blocked_variant(weights, n)
     import torch
     torch.set_num_threads(threads)
     tw = [torch.from_numpy(np.ascontiguousarray(w.T)) for w in weights]
@@ -89,8 +113,9 @@ def run_shape(name, din, dout, rows, layers, repeats, threads, rng):
             calls["torch"] = torch_call
             results.setdefault("torch", {})[M] = {}
             # same products, same results up to float rounding (a sanity check of the set-up)
-            np.testing.assert_allclose(np.asarray(ref[0]), torch_call()[0].numpy(),
-                                       rtol=1e-3, atol=1e-3)
+            for label in variants:  # every variant: the same products up to rounding
+                np.testing.assert_allclose(np.asarray(calls[label]()[0]),
+                                           torch_call()[0].numpy(), rtol=1e-3, atol=1e-3)
             times = {label: [] for label in calls}
             order = list(calls)
             for _ in range(repeats):
@@ -112,6 +137,8 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 12, 16])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--blocks", type=int, nargs="*", default=[32, 64, 128],
+                    help="output block widths of the blocked kernel variants (none: skip them)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--small", action="store_true", help="2 layers of a 256x512 product")
     ap.add_argument("--out", default="results/matmul.json")
@@ -122,11 +149,12 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     random.seed(0)
     out = {"machine": machine_info(), "rows": args.rows, "repeats": repeats,
+           "blocks": args.blocks,
            "torch_threads": args.threads, "figure": "minimum over interleaved rounds, ms",
            "candidates": {k: dict(v) for k, v in CANDIDATES.items()}, "shapes": {}}
     for name, (din, dout) in shapes.items():
         out["shapes"][name] = run_shape(name, din, dout, args.rows, layers, repeats,
-                                        args.threads, rng)
+                                        args.threads, rng, blocks=args.blocks)
     write_json(args.out, out)
     print(f"wrote {args.out}")
     return out

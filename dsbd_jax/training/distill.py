@@ -113,7 +113,8 @@ _logits_at_jit = jax.jit(_logits_at, static_argnums=0)
 
 
 def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillConfig,
-                  key, eos_token_id=None, batch: int = 4) -> Dict[str, np.ndarray]:
+                  key, eos_token_id=None, batch: int = 4,
+                  progress: bool = False) -> Dict[str, np.ndarray]:
     """On-policy continuations and the target's stored warped top-k (module doc, step 1).
 
     ``target`` / ``draft``: ``(config, params)``. Returns numpy arrays: ``tokens [n, L]``,
@@ -126,7 +127,11 @@ def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillCo
                        top_k=dc.top_k, top_p=dc.top_p, eos_token_id=eos_token_id)
     P = max(len(p) for p in prompts)
     out = {k: [] for k in ("tokens", "total", "pos", "mask", "idx", "p")}
-    for i in range(0, len(prompts), batch):
+    starts = range(0, len(prompts), batch)
+    if progress:
+        from tqdm.auto import tqdm
+        starts = tqdm(starts, desc=f"rollouts ({len(prompts)} prompts)", unit="batch")
+    for i in starts:
         chunk = list(prompts[i:i + batch])
         n = len(chunk)
         chunk += [chunk[-1]] * (batch - n)
@@ -308,7 +313,7 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
         f = run / f"data_{name}.npz"
         if not f.exists():
             _save_data(f, make_rollouts(target, (dcf, dp), prompts, dc, jax.random.fold_in(key, k),
-                                        eos_token_id))
+                                        eos_token_id, progress=progress))
         datas[name] = _load_data(f)
     trainable = (jax.tree.map(lambda x: x.astype(jnp.float32), dp) if dc.mode == "full"
                  else init_lora(dp, dc.lora_rank, jax.random.fold_in(key, 3)))

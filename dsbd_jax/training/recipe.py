@@ -8,9 +8,13 @@
     train_prompts:   [{task: gsm8k, start: 40, stop: 440}, {file: prompts.txt}]
     heldout_prompts: [{task: gsm8k, start: 1279, stop: 1319}]
     distill: {steps: 500, mode: lora, ...}  # DistillConfig fields
+    max_prompt_tokens: 192                 # optional: drop longer prompts (after the template)
+
 
 Prompts: ``task`` slices of the offline datasets are sent as the benchmarks send them (chat
-template); a ``file`` holds one prompt per line. The result is ``RUN/model`` (``load_model`` reads
+template); a ``file`` holds one prompt per line. Every stored sequence is padded to the longest
+prompt plus ``max_new_tokens``, so one long prompt makes every training step longer:
+``max_prompt_tokens`` drops the prompts (train and held-out) whose encoded length exceeds it. The result is ``RUN/model`` (``load_model`` reads
 it; ``dsbd generate --draft RUN/model``), also registered under a preset-like name, ``save_as``
 (default ``<draft>-<name>``, e.g. ``qwen2.5-coder-0.5b-instruct-distill_qwen``): a link
 ``CACHE/models/NAME`` that ``load_model(NAME)`` and ``--draft NAME`` resolve.
@@ -29,7 +33,7 @@ from dsbd_jax.models.loading import list_presets, local_model_dir
 from dsbd_jax.training.distill import DistillConfig, distill
 
 KEYS = ("name", "models", "target", "draft", "dtype", "run_dir", "train_prompts",
-        "heldout_prompts", "distill", "raw", "save_as")
+        "heldout_prompts", "distill", "raw", "save_as", "max_prompt_tokens")
 
 
 def load_recipe(path) -> Dict[str, Any]:
@@ -56,6 +60,9 @@ def load_recipe(path) -> Dict[str, Any]:
     r.setdefault("name", path.stem)
     r.setdefault("run_dir", f"runs/{r['name']}")
     r.setdefault("dtype", "float32")
+    cap = r.get("max_prompt_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ValueError(f"{path}: max_prompt_tokens must be a positive integer, got {cap!r}")
     r.setdefault("save_as", f"{r['draft']}-{r['name']}" if "/" not in str(r["draft"]) else r["name"])
     if local_model_dir(str(r["save_as"])) is None or r["save_as"] in list_presets():
         raise ValueError(f"{path}: save_as must be a plain name that is not a preset, got "
@@ -86,6 +93,11 @@ def prompt_texts(specs: List[Dict[str, Any]]) -> List[str]:
     return out
 
 
+def cap_prompts(prompts, cap):
+    """The encoded prompts of at most ``cap`` tokens (all of them when ``cap`` is None)."""
+    return list(prompts) if cap is None else [p for p in prompts if len(p) <= cap]
+
+
 def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     """Load the models, encode the prompts, run :func:`distill` (resuming if it can)."""
     import jax.numpy as jnp
@@ -101,6 +113,11 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     raw = bool(r.get("raw", False))
     train = encode_chat(tok, prompt_texts(r["train_prompts"]), raw)
     held = encode_chat(tok, prompt_texts(r["heldout_prompts"]), raw)
+    train, held = cap_prompts(train, r.get("max_prompt_tokens")), \
+        cap_prompts(held, r.get("max_prompt_tokens"))
+    if not train or not held:
+        raise ValueError(f"{path}: no prompt is at most max_prompt_tokens="
+                         f"{r.get('max_prompt_tokens')} tokens long")
     res = distill((target.config, target.params), (draft.config, draft.params), train, held,
                   r["distill"], r["run_dir"], eos_token_id=target.config.eos_token_id,
                   tokenizer=tok, progress=progress, stop_after=stop_after)

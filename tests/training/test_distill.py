@@ -175,3 +175,26 @@ def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys, monkeypatch)
                    "heldout_prompts: [{file: x}]\ndistill: {lr: 1}\n")
     assert main(["distill", str(bad)]) == 2
     assert "unknown distill settings ['lr']" in capsys.readouterr().err
+
+
+def test_max_prompt_tokens_drops_long_prompts(bench_pair, tmp_path, capsys):
+    """``max_prompt_tokens`` keeps the prompts of at most that many tokens, rejects a bad value,
+    and says so when it leaves no prompt."""
+    from dsbd_jax.cli import main
+    from dsbd_jax.training.recipe import cap_prompts, load_recipe
+    assert cap_prompts([[1], [1, 2, 3], [1, 2]], 2) == [[1], [1, 2]]
+    assert cap_prompts([[1, 2, 3]], None) == [[1, 2, 3]]
+    t, d, _, _ = bench_pair
+    (tmp_path / "p.txt").write_text("hello there\n")
+    base = (f"target: {t}\ndraft: {d}\nrun_dir: {tmp_path / 'run'}\nraw: true\n"
+            f"train_prompts: [{{file: {tmp_path / 'p.txt'}}}]\n"
+            f"heldout_prompts: [{{file: {tmp_path / 'p.txt'}}}]\n")
+    for bad in ("0", "1.5", "true", "-3"):
+        cfg = tmp_path / "bad.yaml"
+        cfg.write_text(base + f"max_prompt_tokens: {bad}\n")
+        with pytest.raises(ValueError, match="max_prompt_tokens must be a positive integer"):
+            load_recipe(cfg)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(base + "max_prompt_tokens: 1\n")
+    assert main(["distill", str(cfg), "--no-progress"]) == 2
+    assert "no prompt is at most max_prompt_tokens=1" in capsys.readouterr().err
