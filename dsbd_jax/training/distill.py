@@ -334,6 +334,8 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
         return a
 
     a = evaluate(step0)
+    with open(log_path, "a") as f:  # the starting point too (the base draft's, on a fresh run)
+        f.write(json.dumps({"step": step0, "heldout_acceptance": a, "start": True}) + "\n")
     bar = None
     if progress:
         from tqdm.auto import tqdm
