@@ -25,7 +25,10 @@ sums run in another order).
   is always 0. ``$DSBD_JAX_KERNEL_BLOCKS`` forces a choice: ``auto`` (default), ``none``, or a
   width for every projection (e.g. ``64``).
 
-``load_model(..., kernel_blocks="auto")`` applies :func:`choose_blocks` on the CPU. Code that
+**Opt-in.** ``load_model(..., kernel_blocks="auto")`` applies :func:`choose_blocks` on the CPU;
+the default is plain kernels, because on the one host measured so far (2-core AVX-512) blocks
+made whole forward passes slower (width 64: 1.74x at one token; width 128: 1.29x at one token,
+0.88x at four rows; ``benchmarks/forward.py --blocks N``) and the measurement chose none. Code that
 needs ``[in, out]`` kernels (distillation, export to Hugging Face files, sharding over a mesh)
 calls :func:`unblock_params` first; ``ShardedDecoder.place`` and ``distill`` do it themselves.
 """
@@ -172,11 +175,20 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
             repeats=PROBE_REPEATS, candidates: Sequence[int] = CANDIDATES
             ) -> Dict[int, Dict[int, float]]:
     """``{width: {M: min seconds}}`` of ``layers`` products ``[M, din] x [din, dout]`` with the
-    kernel unblocked (width 0) or blocked, candidates interleaved round by round."""
+    kernel unblocked (width 0) or blocked, candidates interleaved round by round. The products
+    are chained (each one's input is the previous one's output): XLA:CPU runs independent
+    products side by side, which flatters the single-threaded blocked products (measured: 2.6
+    against 4.6 ms per 8960x1536 product at M = 4 when 28 run independently, while the whole
+    forward pass got slower with blocks; docs/results.md)."""
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     ws = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]
-    f = jax.jit(lambda x, ws: [project(x, w) for w in ws])
+    def chain(x, ws):  # each product waits for the previous one, as in a forward pass
+        for w in ws:
+            y = project(x, w)
+            x = jnp.tile(y, (1, -(-din // dout)))[:, :din]
+        return x
+    f = jax.jit(chain)
     trees = {n: [jnp.asarray(w) if n == 0 else block(jnp.asarray(w), n) for w in ws]
              for n in candidates if n == 0 or (dout % n == 0 and n < dout)}
     best: Dict[int, Dict[int, float]] = {n: {} for n in trees}

@@ -126,7 +126,7 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                layout: Optional[str] = None, revision: Optional[str] = None,
                head_rows: Optional[int] = None,
                vocab_table: Optional[Union[str, os.PathLike]] = None,
-               kernel_blocks: Union[str, Dict[str, int], None] = "auto") -> LoadedModel:
+               kernel_blocks: Union[str, Dict[str, int], None] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -149,10 +149,10 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       vocab_table: a frequency table (``dsbd vocab build``); default: the one beside the model
         (:func:`dsbd_jax.models.vocab.find_table`).
       kernel_blocks: blocked projection kernels for XLA:CPU's few-row products
-        (:mod:`dsbd_jax.models.kernels`): ``"auto"`` (default: the widths measured for this
-        host and these shapes, cached; nothing off the CPU or for small models), ``None`` (plain
-        ``[in, out]`` kernels) or ``{"down_proj": 64, ...}``. ``info["kernel_blocks"]`` records
-        what was applied.
+        (:mod:`dsbd_jax.models.kernels`, opt-in): ``None`` (default: plain ``[in, out]``
+        kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
+        nothing off the CPU or for small models) or ``{"down_proj": 64, ...}``.
+        ``info["kernel_blocks"]`` records what was applied.
     """
     layout = check_layout(layout)
     if vocab_table is not None and head_rows is None:

@@ -149,8 +149,10 @@ def test_load_model_blocks_and_unblocking_users(bench_pair, tmp_path):
     from dsbd_jax import load_model
     from dsbd_jax.training.export import save_hf
     t, _, _, _ = bench_pair
-    plain = load_model(t, progress=False, kernel_blocks=None)
-    assert plain.info["kernel_blocks"] == {}
+    plain = load_model(t, progress=False)  # opt-in: plain kernels by default
+    assert plain.info["kernel_blocks"] == {} and kernels.blocks_of(plain.params) == {}
+    auto = load_model(t, progress=False, kernel_blocks="auto")  # tiny shapes: never blocked
+    assert auto.info["kernel_blocks"] == {}
     d = plain.config.hidden_size
     blocked = load_model(t, progress=False, kernel_blocks={"down_proj": d // 2})
     assert blocked.info["kernel_blocks"] == {"down_proj": d // 2}
