@@ -8,6 +8,9 @@ A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV 
 * ours, ``layout="stacked"`` (``nn.scan`` over stacked weights) and ``layout="per_layer"``
   (unrolled loop over per-layer arrays), jitted ``model.forward`` (logits of every new token and
   their keys/values), compile time reported apart;
+* ours, ``per_layer_blocked``: the per-layer tree with blocked projection kernels
+  (:mod:`dsbd_jax.models.kernels`; ``--blocks auto`` = what ``load_model`` picks on this host,
+  or one width for every projection, e.g. ``--blocks 64``); skipped when nothing is blocked;
 * transformers ``Qwen2ForCausalLM`` with the same shapes (``DynamicCache`` of the same prefix,
   cropped back after each call), ``torch.inference_mode``, ``--threads`` threads.
 
@@ -15,6 +18,7 @@ Each figure is the median of ``--repeats`` timed calls after one warm-up call. W
 (default ``results/forward.json``) and prints a table with the ratios.
 
 Usage: python benchmarks/forward.py [--repeats 5] [--threads 2] [--out results/forward.json]
+       [--layouts stacked per_layer per_layer_blocked] [--blocks auto|N]
        [--small]   (a 4-layer model of the same width, for a quick check)
 """
 
@@ -37,6 +41,7 @@ from dsbd_jax.models import llama as M  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
+from dsbd_jax.models import kernels  # noqa: E402
 from dsbd_jax.models.cpu_options import compiler_options  # noqa: E402
 
 SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
@@ -59,8 +64,10 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def ours(cfg, layout, slots, filled, repeats):
+def ours(cfg, layout, slots, filled, repeats, blocks=None):
     params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
+    if blocks:
+        params = kernels.block_params(params, blocks)
     shape = (cfg.num_layers, 1, slots, cfg.num_kv_heads, cfg.head_dim)
     rng = np.random.default_rng(0)
     out = {}
@@ -125,35 +132,51 @@ def main(argv=None):
     ap.add_argument("--filled", type=int, default=256)
     ap.add_argument("--small", action="store_true", help="4 layers instead of 28")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer", "per_layer_blocked"],
+                    choices=["stacked", "per_layer", "per_layer_blocked"])
+    ap.add_argument("--blocks", default="auto",
+                    help="per_layer_blocked: 'auto' (this host's choice) or one block width")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "forward.json"))
     args = ap.parse_args(argv)
     cfg = qwen15b_config(4 if args.small else 28)
     res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
            "repeats": args.repeats, "threads": args.threads}
-    for layout in ("stacked", "per_layer"):
-        res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
+    if args.blocks == "auto":
+        blocks = kernels.choose_blocks(cfg)
+    else:
+        n = int(args.blocks)
+        blocks = {p: n for p, (_, o) in kernels.projection_shapes(cfg).items() if o % n == 0 and n < o}
+    res["blocks"] = blocks
+    for layout in args.layouts:
+        if layout == "per_layer_blocked":
+            if blocks:
+                res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats, blocks)
+        else:
+            res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
     if not args.no_transformers:
         res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,
                                                 args.threads)
     ratios = {}
+    ref = res.get("transformers", {})
     for name in SHAPES:
-        r = {"per_layer / stacked": res["per_layer"][name]["ms"] / res["stacked"][name]["ms"],
-             f"{name} / 1 token (per_layer)": res["per_layer"][name]["ms"]
-             / res["per_layer"]["1 token"]["ms"]}
-        if "transformers" in res:
-            r["per_layer / transformers"] = (res["per_layer"][name]["ms"]
-                                             / res["transformers"][name]["ms"])
-            r["stacked / transformers"] = (res["stacked"][name]["ms"]
-                                           / res["transformers"][name]["ms"])
+        r = {}
+        for lay in ("stacked", "per_layer", "per_layer_blocked"):
+            if lay in res and name in ref:
+                r[f"{lay} / transformers"] = res[lay][name]["ms"] / ref[name]["ms"]
+        if "per_layer" in res and "per_layer_blocked" in res:
+            r["per_layer_blocked / per_layer"] = (res["per_layer_blocked"][name]["ms"]
+                                                  / res["per_layer"][name]["ms"])
+        if "per_layer" in res and "stacked" in res:
+            r["per_layer / stacked"] = res["per_layer"][name]["ms"] / res["stacked"][name]["ms"]
         ratios[name] = r
     res["ratios"] = ratios
     write_json(args.out, res)
-    print(f"\n{'pass':12s} {'stacked':>9s} {'per_layer':>10s} {'transformers':>13s}  ratios")
+    cols = [c for c in ("stacked", "per_layer", "per_layer_blocked", "transformers") if c in res]
+    print("\n" + f"{'pass':12s} " + " ".join(f"{c:>17s}" for c in cols) + "  ratios")
     for name in SHAPES:
-        tr = res.get("transformers", {}).get(name, {}).get("ms", float("nan"))
-        print(f"{name:12s} {res['stacked'][name]['ms']:9.1f} {res['per_layer'][name]['ms']:10.1f} "
-              f"{tr:13.1f}  " + ", ".join(f"{k} {v:.2f}" for k, v in ratios[name].items()))
+        print(f"{name:12s} " + " ".join(f"{res[c][name]['ms']:17.1f}" for c in cols) + "  "
+              + ", ".join(f"{k} {v:.2f}" for k, v in ratios[name].items()))
     print(f"wrote {args.out}")
 
 

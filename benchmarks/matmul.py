@@ -16,6 +16,13 @@ Variants:
   batched matrix-vector path for one row). XLA's default options only;
 * ``torch``: ``torch.nn.functional.linear`` (weight ``[out, in]``), ``--threads`` threads.
 
+**Caveat (measured):** the ``--layers`` products of one call are independent, and XLA:CPU runs
+independent products side by side. That flatters variants whose products are single-threaded
+(the blocked ones: width 64 looked 1.7x faster than ``[in, out]`` at M = 4 for 28 independent
+8960x1536 products, while a whole forward pass with the same blocks was 1.18x slower at 4 rows,
+``results/forward_blocks64.json``). ``benchmarks/forward.py`` is the arbiter;
+``dsbd_jax.models.kernels.measure`` chains its products for that reason.
+
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
 MINIMUM over ``--repeats`` rounds, so that load from other processes hurts every variant alike
 and the figure is the least disturbed call. Under contention treat the figures as provisional.

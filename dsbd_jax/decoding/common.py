@@ -27,6 +27,7 @@ from jax.experimental import checkify
 
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.kernels import PROJECTIONS
 from dsbd_jax.models.llama import forward, init_params, params_layout
 from dsbd_jax.models.vocab import split_head
 
@@ -494,7 +495,10 @@ def check_params(name: str, config: ModelConfig, params) -> None:
         if path not in got:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
                              f"missing (expected shape {shape})")
-        if got[path] != shape:
+        have = got[path]
+        if len(have) == len(shape) + 1 and any(f"['{p}']['kernel']" in path for p in PROJECTIONS):
+            have = have[:-3] + (have[-2], have[-3] * have[-1])  # blocked [.., c, in, n]
+        if have != shape:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "
                              f"shape {shape}, got {got[path]}")
     extra = sorted(set(got) - set(want))

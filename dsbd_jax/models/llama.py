@@ -42,6 +42,7 @@ import numpy as np
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import tuned_jit
+from dsbd_jax.models.kernels import project
 from dsbd_jax.models.vocab import split_head, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
@@ -116,9 +117,30 @@ def softcap(x: jax.Array, cap) -> jax.Array:
     return x if cap is None else cap * jnp.tanh(x / cap)
 
 
+class Dense(nn.Module):
+    """``nn.Dense`` (same parameter names and ``[in, out]`` kernel, same product) that also runs
+    a blocked kernel ``[out / n, in, n]`` (:mod:`dsbd_jax.models.kernels`): the kernel's rank
+    tells which."""
+    features: int
+    use_bias: bool
+    dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
+            kernel = self.get_variable("params", "kernel")
+        else:
+            kernel = self.param("kernel", nn.initializers.normal(0.02),
+                                (x.shape[-1], self.features), self.dtype)
+        y = project(x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.use_bias:
+            y = y + self.param("bias", nn.initializers.zeros, (self.features,),
+                               self.dtype).astype(self.dtype)
+        return y
+
+
 def _dense(features, use_bias, dtype, name):
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype, param_dtype=dtype, name=name,
-                    kernel_init=nn.initializers.normal(0.02))
+    return Dense(features, use_bias, dtype, name=name)
 
 
 class Attention(nn.Module):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import jax.numpy as jnp
 
@@ -41,6 +41,7 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.hub import is_hub_id, snapshot
+from dsbd_jax.models.kernels import block_params, choose_blocks
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
                                      preset_tokenizer)
@@ -124,7 +125,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                progress: bool = True, cache_params: Optional[bool] = None,
                layout: Optional[str] = None, revision: Optional[str] = None,
                head_rows: Optional[int] = None,
-               vocab_table: Optional[Union[str, os.PathLike]] = None) -> LoadedModel:
+               vocab_table: Optional[Union[str, os.PathLike]] = None,
+               kernel_blocks: Union[str, Dict[str, int], None] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -146,6 +148,11 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         ``None``: the full head. ``info["head_rows"]`` and ``info["vocab_table"]`` record it.
       vocab_table: a frequency table (``dsbd vocab build``); default: the one beside the model
         (:func:`dsbd_jax.models.vocab.find_table`).
+      kernel_blocks: blocked projection kernels for XLA:CPU's few-row products
+        (:mod:`dsbd_jax.models.kernels`, opt-in): ``None`` (default: plain ``[in, out]``
+        kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
+        nothing off the CPU or for small models) or ``{"down_proj": 64, ...}``.
+        ``info["kernel_blocks"]`` records what was applied.
     """
     layout = check_layout(layout)
     if vocab_table is not None and head_rows is None:
@@ -163,6 +170,19 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         rows = top_rows(counts, head_rows, keep=model.config.eos_token_id or ())
         model.params = truncate_head(model.params, model.config, rows)
         model.info.update(head_rows=int(head_rows), vocab_table=str(table))
+    if kernel_blocks == "auto":
+        t0 = time.perf_counter()
+        kernel_blocks = choose_blocks(model.config, dtype)
+        if time.perf_counter() - t0 > 1.0:  # measured now (later loads read the cache)
+            notice(f"measured projection kernel blocks for this host in "
+                   f"{time.perf_counter() - t0:.0f} s: {kernel_blocks or 'none'} "
+                   f"(cached; DSBD_JAX_KERNEL_BLOCKS=none turns blocking off)", progress)
+    elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
+        raise ValueError(f"kernel_blocks must be 'auto', None or {{projection: width}}, got "
+                         f"{kernel_blocks!r}")
+    if kernel_blocks:
+        model.params = block_params(model.params, kernel_blocks)
+    model.info["kernel_blocks"] = dict(kernel_blocks or {})
     return model
 
 

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from dsbd_jax.decoding import common
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import compiler_options
+from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
                                      param_shardings, shard_params)
@@ -102,9 +103,11 @@ class ShardedDecoder:
     # -- placement ----------------------------------------------------------------------------
     def place(self, params):
         """The parameters placed on the mesh (``device_put`` with the rules' shardings), KV heads
-        repeated first where ``kv_repeat`` says so."""
+        repeated first where ``kv_repeat`` says so. Blocked projection kernels
+        (:mod:`dsbd_jax.models.kernels`, a single-CPU layout) are put back to ``[in, out]``."""
         configs = model_configs(self.source_config)
         pair, trees = split_params(params, configs)
+        trees = {k: unblock_params(t) for k, t in trees.items()}
         trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
         return shard_params(trees if pair else trees["target"], self.config, self.rules)
 

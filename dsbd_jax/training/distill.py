@@ -46,6 +46,7 @@ import optax
 from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.models.llama import causal_mask, forward
 from dsbd_jax.training.export import save_hf
 from dsbd_jax.training.losses import DIVERGENCES, divergence, target_topk
@@ -307,6 +308,7 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (tc, tp), (dcf, dp) = target, draft
+    dp = unblock_params(dp)  # LoRA adapters and the export need [in, out] kernels
     key = jax.random.key(dc.seed)
     datas = {}
     for name, prompts, k in (("train", train_prompts, 1), ("heldout", heldout_prompts, 2)):

@@ -12,6 +12,7 @@ import numpy as np
 
 from dsbd_jax.models.checkpoint import _PATH_TO_HF
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.models.llama import convert_layout
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -45,7 +46,7 @@ def save_hf(directory, config: ModelConfig, params, tokenizer=None) -> Path:
         raise ValueError("export the full model, not one with a truncated head")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    params = convert_layout(params, "stacked")
+    params = convert_layout(unblock_params(params), "stacked")
     tensors = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         keys = tuple(str(getattr(p, "key", p)) for p in path)

@@ -1,0 +1,104 @@
+"""Decoders with and without blocked projection kernels (issue 21), side by side in one run.
+
+The offline target (Qwen2.5-Coder-1.5B-Instruct) is loaded once; its parameters are used as
+loaded (plain ``[in, out]`` kernels) and with the host's blocks (``kernels.choose_blocks``, or
+``--blocks N``). For each decoder (sampling; beam sampling W = 4 by default) and each tree,
+tok/s over the same prompts, batch 1, EOS off, compile excluded (each configuration runs once
+untimed first); the two trees alternate prompt by prompt so that load from elsewhere hits both.
+JSON with the CPU model.
+
+    .venv/bin/python benchmarks/kernel_blocks.py --out results/kernel_blocks.json
+    .venv/bin/python benchmarks/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models import kernels  # noqa: E402
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=TARGET)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--methods", nargs="+", default=["sample", "beam_sample_W4"],
+                    choices=["sample", "beam_sample_W4"])
+    ap.add_argument("--blocks", default="auto", help="'auto' (this host's choice) or a width")
+    ap.add_argument("--small", action="store_true", help="a tiny random model (a check)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    from dsbd_jax.decoding.beam import beam_sample
+    from dsbd_jax.decoding.common import DecodeConfig, pad_prompts, bucket_length
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.models.loading import load_model
+    if args.small:
+        from dsbd_jax.testing import make_tiny_pair
+        tmp = Path(tempfile.mkdtemp())
+        args.target = str(make_tiny_pair(tmp / "pair")[0])
+        model = load_model(args.target, progress=False, kernel_blocks=None)
+        prompts = [[1, 2, 3], [4, 5, 6, 7]][:args.prompts]
+    else:
+        from dsbd_jax.eval.datasets import benchmark_prompts
+        model = load_model(args.target, progress=False, kernel_blocks=None)
+        _, prompts = benchmark_prompts(model.tokenizer, args.prompts)
+    config = model.config
+    if args.blocks == "auto":
+        blocks = kernels.choose_blocks(config)
+    else:
+        n = int(args.blocks)
+        blocks = {p: n for p, (_, o) in kernels.projection_shapes(config).items()
+                  if o % n == 0 and n < o}
+    trees = {"plain": model.params, "blocked": kernels.block_params(model.params, blocks)}
+    base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
+                temperature=1.0, top_k=10, top_p=0.8)
+    methods = {"sample": (sample, DecodeConfig(**base)),
+               "beam_sample_W4": (beam_sample, DecodeConfig(num_beams=4, **base))}
+    P = bucket_length(max(len(p) for p in prompts))
+    out = {"machine": machine_info(), "target": args.target, "blocks": blocks,
+           "settings": vars(args), "runs": {}}
+    for mname in args.methods:
+        fn, cfg = methods[mname]
+        secs = {k: 0.0 for k in trees}
+        toks = {k: 0 for k in trees}
+        for i, p in enumerate(prompts):
+            ids, lens = pad_prompts([p], length=P)
+            key = jax.random.PRNGKey(i)
+            for name, params in trees.items():
+                if i == 0:  # compile, untimed
+                    jax.block_until_ready(fn(params, ids, key, cfg, prompt_lengths=lens))
+                t0 = time.perf_counter()
+                res = jax.block_until_ready(fn(params, ids, key, cfg, prompt_lengths=lens))
+                secs[name] += time.perf_counter() - t0
+                toks[name] += int(np.asarray(res.lengths)[0, int(np.asarray(res.best)[0])])
+        rec = {name: {"tokens_per_s": toks[name] / secs[name], "seconds": secs[name],
+                      "tokens": toks[name]} for name in trees}
+        rec["blocked_vs_plain"] = rec["blocked"]["tokens_per_s"] / rec["plain"]["tokens_per_s"]
+        out["runs"][mname] = rec
+        print(f"{mname}: plain {rec['plain']['tokens_per_s']:.2f} tok/s, blocked "
+              f"{rec['blocked']['tokens_per_s']:.2f} tok/s ({rec['blocked_vs_plain']:.2f}x)",
+              flush=True)
+    write_json(args.out, out)
+    print(f"blocks {blocks}; wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
