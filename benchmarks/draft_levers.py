@@ -16,7 +16,8 @@ table, default N in 16384 / 32768 / 65536), ``distilled`` (``--distilled RUN/mod
   (g2 / W_S 4 / t 0.7 / W_min 2); the draft-free references sampling and beam sampling W = 4
   once.
 
-``ratios`` holds the issue's targets per draft. EOS is off (every run makes ``--max-new-tokens``
+``--acceptance-only`` stops after the acceptances (minutes; e.g. one run per ``--vocab-table``
+to compare frequency tables). ``ratios`` holds the issue's targets per draft. EOS is off (every run makes ``--max-new-tokens``
 tokens); compile time is excluded (each configuration runs once untimed first).
 
     .venv/bin/python benchmarks/draft_levers.py --prompts 4 --max-new-tokens 128 \
@@ -104,6 +105,9 @@ def main(argv=None):
     ap.add_argument("--batch-drafts", nargs="+", default=None,
                     help="drafts whose decoders are also timed at --batch (default: "
                          "--decode-drafts)")
+    ap.add_argument("--acceptance-only", action="store_true",
+                    help="only every draft's acceptance (no timings): minutes, e.g. to compare "
+                         "frequency tables (--vocab-table)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4, help="the quality config's batch size")
@@ -176,6 +180,19 @@ def main(argv=None):
     data = make_rollouts((target.config, target.params), (draft.config, draft.params), prompts, dc,
                          jax.random.key(args.seed), batch=min(args.batch, len(prompts)))
     acc_fn = make_acceptance(dc, draft.config)
+    if args.acceptance_only:
+        out = {"machine": machine_info(), "settings": dict(vars(args)), "table": str(table),
+               "table_meta": meta, "drafts": {}}
+        for dname, dparams in drafts.items():
+            acc = heldout_acceptance(acc_fn, dparams, data, min(args.batch, len(prompts)))
+            out["drafts"][dname] = {"acceptance": acc}
+            print(f"{dname}: acceptance {acc:.4f}", flush=True)
+        base_acc = out["drafts"]["base"]["acceptance"]
+        for rec in out["drafts"].values():
+            rec["acceptance_minus_base"] = rec["acceptance"] - base_acc
+        write_json(args.out, out)
+        print(f"wrote {args.out}")
+        return out
     slots = max(len(p) for p in prompts) + N
     base_cfg = dict(eos_token_id=(), max_new_tokens=N, **warp)
     methods = {

@@ -17,8 +17,12 @@ A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV 
 Each figure is the median of ``--repeats`` timed calls after one warm-up call. Writes JSON
 (default ``results/forward.json``) and prints a table with the ratios.
 
+* ours, ``per_layer@NAME`` for each ``--options NAME``: the per-layer layout compiled with
+  that candidate of :data:`dsbd_jax.models.cpu_options.CANDIDATES` (e.g. ``default`` and
+  ``eigen_dot``, side by side); the other columns use this host's choice (``options_choice``).
+
 Usage: python benchmarks/forward.py [--repeats 5] [--threads 2] [--out results/forward.json]
-       [--layouts stacked per_layer per_layer_blocked] [--blocks auto|N]
+       [--layouts stacked per_layer per_layer_blocked] [--blocks auto|N] [--options A B]
        [--small]   (a 4-layer model of the same width, for a quick check)
 """
 
@@ -42,7 +46,7 @@ from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
 from dsbd_jax.models import kernels  # noqa: E402
-from dsbd_jax.models.cpu_options import compiler_options  # noqa: E402
+from dsbd_jax.models.cpu_options import CANDIDATES, candidates, choice, compiler_options  # noqa: E402,E501
 
 SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
 
@@ -64,7 +68,10 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def ours(cfg, layout, slots, filled, repeats, blocks=None):
+def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None):
+    """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
+    this host's choice)."""
+    opts = compiler_options() if options is None else dict(CANDIDATES[options])
     params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
     if blocks:
         params = kernels.block_params(params, blocks)
@@ -81,13 +88,13 @@ def ours(cfg, layout, slots, filled, repeats, blocks=None):
         mask = jnp.concatenate([jnp.broadcast_to(seen, (B, T, slots)),
                                 jnp.broadcast_to(causal, (B, T, T))], axis=-1)
         f = jax.jit(lambda p, t, q, m, c: M.forward(cfg, p, t, q, m, c),
-                    compiler_options=compiler_options())
+                    compiler_options=opts)
         t0 = time.perf_counter()
         compiled = f.lower(params, tokens, positions, mask, cache).compile()
         compile_s = time.perf_counter() - t0
         run = median_time(lambda: compiled(params, tokens, positions, mask, cache), repeats)
         out[name] = {"ms": run * 1e3, "compile_s": compile_s}
-        print(f"  ours {layout:9s} {name:10s} {run * 1e3:8.1f} ms  (compile {compile_s:.1f} s)",
+        print(f"  ours {layout:9s} {options or '':12s} {name:10s} {run * 1e3:8.1f} ms  (compile {compile_s:.1f} s)",
               flush=True)
     del params
     return out
@@ -136,17 +143,22 @@ def main(argv=None):
                     choices=["stacked", "per_layer", "per_layer_blocked"])
     ap.add_argument("--blocks", default="auto",
                     help="per_layer_blocked: 'auto' (this host's choice) or one block width")
+    ap.add_argument("--options", nargs="*", default=[], choices=sorted(CANDIDATES),
+                    help="also time the per-layer layout compiled with these XLA:CPU options "
+                         "(columns per_layer@NAME); the other columns use this host's choice")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "forward.json"))
     args = ap.parse_args(argv)
+    missing = [o for o in args.options if o not in candidates()]
+    if missing:
+        ap.error(f"this XLA rejects the options of {missing}; supported: {sorted(candidates())}")
     cfg = qwen15b_config(4 if args.small else 28)
     res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
-           "repeats": args.repeats, "threads": args.threads}
+           "repeats": args.repeats, "threads": args.threads, "options_choice": choice()}
     if args.blocks == "auto":
         blocks = kernels.choose_blocks(cfg)
     else:
-        n = int(args.blocks)
-        blocks = {p: n for p, (_, o) in kernels.projection_shapes(cfg).items() if o % n == 0 and n < o}
+        blocks = kernels.uniform_blocks(cfg, int(args.blocks))
     res["blocks"] = blocks
     for layout in args.layouts:
         if layout == "per_layer_blocked":
@@ -154,6 +166,11 @@ def main(argv=None):
                 res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats, blocks)
         else:
             res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
+    for name in args.options:
+        res[f"per_layer@{name}"] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
+                                        options=name)
+    ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked")
+                 or c.startswith("per_layer@")]
     if not args.no_transformers:
         res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,
                                                 args.threads)
@@ -161,18 +178,18 @@ def main(argv=None):
     ref = res.get("transformers", {})
     for name in SHAPES:
         r = {}
-        for lay in ("stacked", "per_layer", "per_layer_blocked"):
-            if lay in res and name in ref:
+        for lay in ours_cols:
+            if name in ref:
                 r[f"{lay} / transformers"] = res[lay][name]["ms"] / ref[name]["ms"]
-        if "per_layer" in res and "per_layer_blocked" in res:
-            r["per_layer_blocked / per_layer"] = (res["per_layer_blocked"][name]["ms"]
-                                                  / res["per_layer"][name]["ms"])
+        for lay in ours_cols:
+            if "per_layer" in res and lay not in ("per_layer", "stacked"):
+                r[f"{lay} / per_layer"] = res[lay][name]["ms"] / res["per_layer"][name]["ms"]
         if "per_layer" in res and "stacked" in res:
             r["per_layer / stacked"] = res["per_layer"][name]["ms"] / res["stacked"][name]["ms"]
         ratios[name] = r
     res["ratios"] = ratios
     write_json(args.out, res)
-    cols = [c for c in ("stacked", "per_layer", "per_layer_blocked", "transformers") if c in res]
+    cols = ours_cols + [c for c in ("transformers",) if c in res]
     print("\n" + f"{'pass':12s} " + " ".join(f"{c:>17s}" for c in cols) + "  ratios")
     for name in SHAPES:
         print(f"{name:12s} " + " ".join(f"{res[c][name]['ms']:17.1f}" for c in cols) + "  "

@@ -63,9 +63,7 @@ def main(argv=None):
     if args.blocks == "auto":
         blocks = kernels.choose_blocks(config)
     else:
-        n = int(args.blocks)
-        blocks = {p: n for p, (_, o) in kernels.projection_shapes(config).items()
-                  if o % n == 0 and n < o}
+        blocks = kernels.uniform_blocks(config, int(args.blocks))
     trees = {"plain": model.params, "blocked": kernels.block_params(model.params, blocks)}
     base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
                 temperature=1.0, top_k=10, top_p=0.8)

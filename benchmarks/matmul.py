@@ -8,7 +8,7 @@ Variants:
 * ``jax in_out``: kernel ``[in, out]``, ``x @ w`` (Flax ``Dense``, today's layout);
 * ``jax out_in``: kernel ``[out, in]``, contracting the last axes of both (torch's layout);
 * each of those compiled with every candidate of ``dsbd_jax.models.cpu_options.CANDIDATES``
-  (per-executable ``compiler_options`` of ``jax.jit``; ``{}`` is today's default);
+  this XLA accepts (per-executable ``compiler_options`` of ``jax.jit``; ``{}`` is today's default);
 * ``jax blocked<n>``: kernel ``[out / n, in, n]`` (the output split into blocks of ``n``
   columns, each block a contiguous ``[in, n]`` matrix; ``--blocks``, default 32 64 128), one
   batched product over the blocks (``cmk,ckn->cmn``) with ``x`` broadcast to every block, then
@@ -50,7 +50,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models.cpu_options import CANDIDATES  # noqa: E402
+from dsbd_jax.models.cpu_options import candidates  # noqa: E402
+from dsbd_jax.models.kernels import width_fits  # noqa: E402
 
 # (in, out) of the products of one Qwen2.5-1.5B layer
 SHAPES = {"up": (1536, 8960), "down": (8960, 1536), "q": (1536, 1536), "kv": (1536, 256),
@@ -68,7 +69,7 @@ def jax_variants(weights_in_out, layout: str):
         body = lambda x, ws: [jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))  # noqa: E731
                               for w in ws]
     fns = {}
-    for name, opts in CANDIDATES.items():
+    for name, opts in candidates().items():
         f = jax.jit(body, compiler_options=dict(opts))
         fns[name] = (f, ws)
     return fns
@@ -97,7 +98,7 @@ def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 
         for opt, (f, ws) in jax_variants(weights, layout).items():
             variants[f"jax {layout} {opt}"] = (f, ws)
     for n in blocks:
-        if dout % n == 0 and n < dout:
+        if width_fits(n, dout):
             variants[f"jax blocked{n} default"] = blocked_variant(weights, n)
     import torch
     torch.set_num_threads(threads)
@@ -158,7 +159,7 @@ def main(argv=None):
     out = {"machine": machine_info(), "rows": args.rows, "repeats": repeats,
            "blocks": args.blocks,
            "torch_threads": args.threads, "figure": "minimum over interleaved rounds, ms",
-           "candidates": {k: dict(v) for k, v in CANDIDATES.items()}, "shapes": {}}
+           "candidates": {k: dict(v) for k, v in candidates().items()}, "shapes": {}}
     for name, (din, dout) in shapes.items():
         out["shapes"][name] = run_shape(name, din, dout, args.rows, layers, repeats,
                                         args.threads, rng, blocks=args.blocks)

@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     vb.add_argument("--task", action="append", default=[],
                     help="training-side text of a task slice NAME:START:STOP, e.g. gsm8k:40: "
                          "(repeatable)")
+    vb.add_argument("--rollouts", action="append", default=[],
+                    help="a dsbd distill run's stored target distributions (RUN_DIR/"
+                         "data_train.npz): every position adds the target's top-k "
+                         "probabilities, expected counts (repeatable)")
     vb.add_argument("--generate-with", default=None,
                     help="also count the tokens this model (the draft or the target) samples "
                          "after the prompts of --prompts / --prompt-task")
@@ -469,8 +473,9 @@ def cmd_vocab(args) -> int:
     from dsbd_jax.eval import vocab as ev
     from dsbd_jax.eval.datasets import chat_prompts, encode_chat
     from dsbd_jax.models.loading import load_tokenizer, read_config
-    if not (args.text or args.task or args.generate_with):
-        raise CLIError("vocab build needs a source: --text, --task or --generate-with")
+    if not (args.text or args.task or args.rollouts or args.generate_with):
+        raise CLIError("vocab build needs a source: --text, --task, --rollouts or "
+                       "--generate-with")
     if args.generate_with and not (args.prompts or args.prompt_task):
         raise CLIError("--generate-with needs prompts: --prompts FILE or --prompt-task SLICE")
     for spec in args.task + args.prompt_task:
@@ -480,7 +485,7 @@ def cmd_vocab(args) -> int:
     tokenizer = load_tokenizer(args.model)
     if tokenizer is None:
         raise CLIError(f"{args.model} has no tokenizer")
-    counts = np.zeros(V, np.int64)
+    counts = np.zeros(V, np.float64)
     sources = []
     for path in args.text:
         counts += ev.text_counts(tokenizer, ev.file_texts(path), V)
@@ -488,6 +493,9 @@ def cmd_vocab(args) -> int:
     for spec in args.task:
         counts += ev.text_counts(tokenizer, ev.task_texts(spec), V)
         sources.append(f"task:{spec}")
+    for path in args.rollouts:
+        counts += mv.rollout_counts(path, V)
+        sources.append(f"rollouts:{path}")
     if args.generate_with:
         gen_config = read_config(args.generate_with)
         if gen_config.vocab_size != V:
@@ -509,7 +517,7 @@ def cmd_vocab(args) -> int:
         sources.append(f"generations:{args.generate_with}:{len(texts)} prompts")
     out = Path(args.out) if args.out else mv.table_path(args.model)
     mv.save_table(out, counts, {"model": str(args.model), "sources": sources})
-    print(f"wrote {out} ({int(counts.sum())} tokens, {int((counts > 0).sum())} distinct)")
+    print(f"wrote {out} ({counts.sum():.0f} tokens, {int((counts > 0).sum())} distinct)")
     return 0
 
 

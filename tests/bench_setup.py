@@ -32,3 +32,13 @@ def write_bench_config(path, *args, **kwargs) -> Path:
     path = Path(path)
     path.write_text(yaml.safe_dump(bench_config(*args, **kwargs)))
     return path
+
+
+def load_bench(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    import importlib.util
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

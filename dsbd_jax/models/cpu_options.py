@@ -1,23 +1,32 @@
 """Per-executable XLA:CPU compiler options, chosen per host by a short measurement.
 
 XLA:CPU's few-row matrix products (``[M, d] x [d, 4d]`` with ``M`` = 1..16: one token, beams,
-forests) are fastest with different settings on different hosts: on a loaded 2-core host the
-Eigen thread pool costs more than it gives, on a quiet many-core host it is the other way round.
-No single choice wins everywhere, so, as autotuners do, the library measures the candidates
-once per host and keeps the winner:
+forests) are fastest with different settings on different hosts. jaxlib 0.10 hands every
+product with more than one row to YNNPACK (a ``__ynn_fusion``); with that library switched off
+the same product runs on Eigen. On a 2-core AVX-512 host, Eigen was 10-25% faster for the
+1.5B target's ``1536 x 8960`` products at ``M`` = 2..32 and 20-30% slower for the 0.5B draft's
+``896 x 4864`` at ``M`` >= 8 (``benchmarks/matmul.py``); on another host it may be the other way
+round. Eigen's thread pool, too, helps on some hosts and not on others. No single choice wins
+everywhere, so, as autotuners do, the library measures the candidates once per host and keeps
+the winner:
 
 * ``CANDIDATES``: named ``compiler_options`` dicts (``"default"`` is XLA's own, ``{}``).
+  :func:`supported` drops those the installed XLA rejects (option names move between jax
+  releases), so the same code runs on jax 0.10 and 0.11.
 * ``choice()``: the name in use. ``$DSBD_JAX_CPU_OPTIONS`` forces one (a name of
   ``CANDIDATES``, or ``auto``, the default). With ``auto`` on a CPU backend the winner is read
   from ``$DSBD_JAX_CACHE/cpu_options.json`` (default ``~/.cache/dsbd_jax``) keyed by CPU model,
-  core count and jax version, else measured (about a second) and written there. Logged once.
-  Off the CPU the choice is always ``"default"``.
+  core count, jax version and the candidate names, else measured (a few seconds: chained
+  ``up``/``down`` product pairs of the 1.5B shape at ``M`` = 1, 4, 16) and written there.
+  Logged once. Off the CPU the choice is always ``"default"``.
 * ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's,
   fixed when the function is first called or lowered (one jit object, so no extra compiles).
+* :func:`interleaved_min`: the timing loop shared with :mod:`dsbd_jax.models.kernels`.
 
-The options only schedule work (which threads run a product), never change what is computed:
-``tests/models/test_cpu_options.py`` checks bit-identical forward outputs and decoder outputs
-under every candidate.
+What the candidates change: ``single_thread_eigen`` only schedules work (which threads run a
+product), so outputs are bit-identical; ``eigen_dot`` runs the products in another library,
+whose sums run in another order, so outputs agree to float rounding (a few ulps) and decoders
+draw from the same distributions. ``tests/models/test_cpu_options.py`` checks both.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Dict, Mapping
+from typing import Callable, Dict, Hashable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +49,13 @@ ENV = "DSBD_JAX_CPU_OPTIONS"
 CANDIDATES: Mapping[str, Mapping[str, object]] = {
     "default": {},
     "single_thread_eigen": {"xla_cpu_multi_thread_eigen": False},
+    # matrix products on Eigen instead of YNNPACK (the empty list of YNN fusion kinds)
+    "eigen_dot": {"xla_cpu_experimental_ynn_fusion_type": ""},
 }
-# the measurement: products [M, PROBE_IN] x [PROBE_IN, PROBE_OUT], PROBE_LAYERS weights per call
+# candidates whose products add in the same order as "default" (same bits)
+SAME_BITS = ("default", "single_thread_eigen")
+# the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
+# [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
 PROBE_ROWS = (1, 4, 16)
 PROBE_IN, PROBE_OUT, PROBE_LAYERS, PROBE_REPEATS = 1536, 8960, 4, 7
 MARGIN = 0.05  # a candidate replaces "default" only if >= 5% faster in total, never 5% slower
@@ -64,31 +78,76 @@ def host_key() -> str:
     return f"{cpu_model()} | {os.cpu_count()} cpus | jax {jax.__version__}"
 
 
+def options_key() -> str:
+    """The cache key of the choice: the host and the candidates this XLA accepts (a new
+    candidate is measured, not hidden behind an old choice)."""
+    return f"{host_key()} | {','.join(sorted(candidates()))}"
+
+
 def cache_file() -> Path:
     root = os.environ.get("DSBD_JAX_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "dsbd_jax"
     return base / "cpu_options.json"
 
 
+def interleaved_min(fns: Mapping[Hashable, Callable[[], object]], repeats: int
+                    ) -> Dict[Hashable, float]:
+    """``{key: min seconds}`` of the zero-argument calls ``fns`` (each returns arrays), after
+    one warm-up call each, timed round by round so that load on the host hits them alike."""
+    for f in fns.values():
+        jax.block_until_ready(f())
+    best = {k: np.inf for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def supported(name: str) -> bool:
+    """Whether the installed XLA accepts candidate ``name``'s options (a tiny compile)."""
+    try:
+        jax.jit(lambda x: x @ x, compiler_options=dict(CANDIDATES[name])).lower(
+            jnp.ones((2, 2), jnp.float32)).compile()
+        return True
+    except Exception as e:  # noqa: BLE001 - XLA raises its own error types for unknown options
+        logger.info("XLA:CPU compiler options %r not supported here: %s", name,
+                    str(e).splitlines()[0])
+        return False
+
+
+def candidates() -> Dict[str, Mapping[str, object]]:
+    """The ``CANDIDATES`` this XLA accepts (``"default"`` always)."""
+    return {n: o for n, o in CANDIDATES.items() if n == "default" or supported(n)}
+
+
 def measure(rows=PROBE_ROWS, din=PROBE_IN, dout=PROBE_OUT, layers=PROBE_LAYERS,
             repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
-    """``{candidate: {M: min seconds}}`` of ``layers`` products ``[M, din] x [din, dout]``,
-    candidates interleaved round by round (load hits them alike), minimum over ``repeats``."""
+    """``{candidate: {M: min seconds}}`` of ``layers`` chained up/down product pairs
+    ``[M, din] x [din, dout] x [dout, din]`` (:func:`interleaved_min` over ``repeats``). The
+    products are chained as in a forward pass: XLA:CPU runs independent products side by side,
+    which would flatter single-threaded variants."""
     rng = np.random.default_rng(0)
-    ws = [jnp.asarray(rng.standard_normal((din, dout), np.float32)) for _ in range(layers)]
-    body = lambda x, ws: [x @ w for w in ws]  # noqa: E731
-    fns = {name: jax.jit(body, compiler_options=dict(opts)) for name, opts in CANDIDATES.items()}
+    ups = [jnp.asarray(rng.standard_normal((din, dout), np.float32) / np.sqrt(din))
+           for _ in range(layers)]
+    downs = [jnp.asarray(rng.standard_normal((dout, din), np.float32) / np.sqrt(dout))
+             for _ in range(layers)]
+
+    def body(x, ups, downs):
+        for u, d in zip(ups, downs):
+            x = (x @ u) @ d
+        return x
+    fns = {name: jax.jit(body, compiler_options=dict(opts))
+           for name, opts in candidates().items()}
     best: Dict[str, Dict[int, float]] = {name: {} for name in fns}
     for M in rows:
         x = jnp.asarray(rng.standard_normal((M, din), np.float32))
-        for f in fns.values():
-            jax.block_until_ready(f(x, ws))
-        for _ in range(repeats):
-            for name, f in fns.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(x, ws))
-                t = time.perf_counter() - t0
-                best[name][M] = min(best[name].get(M, np.inf), t)
+        t = interleaved_min({n: functools.partial(f, x, ups, downs) for n, f in fns.items()},
+                            repeats)
+        for n in fns:
+            best[n][M] = t[n]
     return best
 
 
@@ -116,13 +175,16 @@ def choice() -> str:
     forced = os.environ.get(ENV, "auto").strip() or "auto"
     if forced != "auto" and forced not in CANDIDATES:
         raise ValueError(f"${ENV} must be 'auto' or one of {sorted(CANDIDATES)}, got {forced!r}")
+    if forced != "auto" and jax.default_backend() == "cpu" and forced not in candidates():
+        raise ValueError(f"${ENV}={forced!r}: this XLA (jax {jax.__version__}) rejects its "
+                         f"options {dict(CANDIDATES[forced])}; supported: {sorted(candidates())}")
     if jax.default_backend() != "cpu":
         name, how = "default", f"{jax.default_backend()} backend"
     elif forced != "auto":
         name, how = forced, f"${ENV}"
     else:
-        key, cached = host_key(), _read_cache()
-        if cached.get(key, {}).get("choice") in CANDIDATES:
+        key, cached = options_key(), _read_cache()
+        if cached.get(key, {}).get("choice") in candidates():
             name, how = cached[key]["choice"], f"cached in {cache_file()}"
         else:
             times = measure()
@@ -143,10 +205,21 @@ def compiler_options() -> Dict[str, object]:
     return dict(CANDIDATES[choice()])
 
 
+def _nested_options_error(e: Exception) -> bool:
+    """Whether ``e`` is jax refusing ``compiler_options`` on a jit inside another trace."""
+    msg = str(e)
+    return "compiler_options" in msg and "top-level" in msg
+
+
 class tuned_jit:
     """``jax.jit(fun, compiler_options=compiler_options(), **jit_kwargs)``, built on first use
     (call, ``lower``, ``trace``, ...) so that importing the library measures nothing. Use as
-    ``@functools.partial(tuned_jit, static_argnames=...)`` where ``jax.jit`` would go."""
+    ``@functools.partial(tuned_jit, static_argnames=...)`` where ``jax.jit`` would go.
+
+    Called inside another trace (the user's own ``jax.jit``, ``ShardedDecoder``'s jit, a
+    ``vmap``), it runs as a plain ``jax.jit(fun, **jit_kwargs)``: jax accepts
+    ``compiler_options`` only on a top-level jit, and the enclosing program is compiled with
+    whatever options its own jit has."""
 
     def __init__(self, fun, **jit_kwargs):
         self._fun, self._jit_kwargs = fun, jit_kwargs
@@ -156,10 +229,21 @@ class tuned_jit:
     def jitted(self):
         return jax.jit(self._fun, compiler_options=compiler_options(), **self._jit_kwargs)
 
+    @functools.cached_property
+    def plain(self):
+        return jax.jit(self._fun, **self._jit_kwargs)
+
     def __call__(self, *args, **kwargs):
-        return self.jitted(*args, **kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return self.plain(*args, **kwargs)
+        try:
+            return self.jitted(*args, **kwargs)
+        except ValueError as e:  # under a trace although no argument is a tracer
+            if not _nested_options_error(e):
+                raise
+            return self.plain(*args, **kwargs)
 
     def __getattr__(self, name):
-        if name.startswith("__") or name in ("_fun", "_jit_kwargs", "jitted"):
+        if name.startswith("__") or name in ("_fun", "_jit_kwargs", "jitted", "plain"):
             raise AttributeError(name)
         return getattr(self.jitted, name)

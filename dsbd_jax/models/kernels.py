@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
-from dsbd_jax.models.cpu_options import host_key
+from dsbd_jax.models.cpu_options import host_key, interleaved_min
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -96,8 +96,23 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return y.reshape(*lead, c * n)
 
 
+def width_fits(n: int, dout: int) -> bool:
+    """Whether blocks of ``n`` columns split ``dout`` output columns (into two or more)."""
+    return n > 0 and dout % n == 0 and n < dout
+
+
+def uniform_blocks(config, n: int) -> Dict[str, int]:
+    """``{projection: n}`` for every projection of ``config`` that width ``n`` fits."""
+    return {p: n for p, (_, dout) in projection_shapes(config).items() if width_fits(n, dout)}
+
+
 # ---------------------------------------------------------------------------------------------
 # parameter trees
+def _is_blocked(w, stacked: bool) -> bool:
+    """Whether a projection kernel is in blocked form (one more axis than ``[in, out]``)."""
+    return w.ndim == (4 if stacked else 3)
+
+
 def _projections(params):
     """``[(path tuple, stacked?)]`` of every projection kernel of a tree (either layout)."""
     out = []
@@ -135,7 +150,7 @@ def block_params(params, blocks: Mapping[str, int]):
         n = int(blocks.get(path[-2], 0))
         if n:
             w = _get(params, path)
-            if w.ndim == (4 if stacked else 3):
+            if _is_blocked(w, stacked):
                 w = unblock(w)
             params = _replace(params, path, block(w, n))
     return params
@@ -146,7 +161,7 @@ def unblock_params(params):
     tree object when nothing is blocked)."""
     for path, stacked in _projections(params):
         w = _get(params, path)
-        if w.ndim == (4 if stacked else 3):
+        if _is_blocked(w, stacked):
             params = _replace(params, path, unblock(w))
     return params
 
@@ -156,7 +171,7 @@ def blocks_of(params) -> Dict[str, int]:
     out = {}
     for path, stacked in _projections(params):
         w = _get(params, path)
-        if w.ndim == (4 if stacked else 3):
+        if _is_blocked(w, stacked):
             out[path[-2]] = int(w.shape[-1])
     return out
 
@@ -190,17 +205,14 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
         return x
     f = jax.jit(chain)
     trees = {n: [jnp.asarray(w) if n == 0 else block(jnp.asarray(w), n) for w in ws]
-             for n in candidates if n == 0 or (dout % n == 0 and n < dout)}
+             for n in candidates if n == 0 or width_fits(n, dout)}
     best: Dict[int, Dict[int, float]] = {n: {} for n in trees}
     for M in rows:
         x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(dt))
-        for t in trees.values():
-            jax.block_until_ready(f(x, t))
-        for _ in range(repeats):
-            for n, t in trees.items():
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(x, t))
-                best[n][M] = min(best[n].get(M, np.inf), time.perf_counter() - t0)
+        t = interleaved_min({n: functools.partial(f, x, tree) for n, tree in trees.items()},
+                            repeats)
+        for n in trees:
+            best[n][M] = t[n]
     return best
 
 
@@ -258,8 +270,7 @@ def choose_blocks(config, dtype=None) -> Dict[str, int]:
         return {}
     shapes = projection_shapes(config)
     if forced != "auto":
-        n = int(forced)
-        return {p: n for p, (_, dout) in shapes.items() if n and dout % n == 0 and n < dout}
+        return uniform_blocks(config, int(forced))
     dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
     t0 = time.perf_counter()
     out = {p: _choose(din, dout, dt) for p, (din, dout) in shapes.items()}

@@ -110,6 +110,29 @@ def count_tokens(sequences: Iterable[Sequence[int]], vocab_size: int) -> np.ndar
     return counts
 
 
+def rollout_counts(data, vocab_size: int) -> np.ndarray:
+    """float64 ``[V]`` expected counts from stored target distributions: ``data`` is a
+    ``dsbd distill`` run's ``data_train.npz`` (or its dict: ``idx`` / ``p [n, T, k]``, the
+    target's top-k ids and warped probabilities at every continuation position, ``mask [n, T]``).
+    Every real position adds its probabilities, so it weighs one token, spread over what the
+    target would have sampled there: tokens that text counts miss (those that follow the chat
+    template, the target's own phrasing) get their share."""
+    if not isinstance(data, Mapping):
+        with np.load(data) as z:
+            missing = {"idx", "p", "mask"} - set(z.files)
+            if missing:
+                raise ValueError(f"{data} holds no stored target distributions (no "
+                                 f"{sorted(missing)}; expected a dsbd distill run's data_train.npz)")
+            data = {k: z[k] for k in ("idx", "p", "mask")}
+    idx = np.asarray(data["idx"], np.int64)
+    w = np.asarray(data["p"], np.float64) * np.asarray(data["mask"], bool)[..., None]
+    if idx.shape != w.shape:
+        raise ValueError(f"idx {idx.shape} and p {w.shape} differ in shape")
+    if idx.size and (idx.min() < 0 or idx.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got {idx.min()}..{idx.max()}")
+    return np.bincount(idx.ravel(), weights=w.ravel(), minlength=vocab_size)
+
+
 def top_rows(counts, n: int, keep: Sequence[int] = ()) -> np.ndarray:
     """Sorted int32 ids of the ``n`` most frequent tokens (ties: the lower id), ``keep`` always
     among them (it takes the places of the least frequent)."""
@@ -125,25 +148,38 @@ def top_rows(counts, n: int, keep: Sequence[int] = ()) -> np.ndarray:
     return np.sort(np.concatenate([order, np.asarray(keep, np.int64)]).astype(np.int32))
 
 
+def _counts_array(counts) -> np.ndarray:
+    """int64 when every count is whole, else float64 (expected counts, :func:`rollout_counts`)."""
+    counts = np.asarray(counts)
+    if np.issubdtype(counts.dtype, np.integer) or np.all(counts == np.round(counts)):
+        return counts.astype(np.int64)
+    return counts.astype(np.float64)
+
+
 def save_table(path, counts, meta: Optional[dict] = None) -> Path:
-    """Write a frequency table (``counts`` int64 ``[V]``, ``meta`` JSON); returns the path."""
+    """Write a frequency table (``counts [V]``: int64, or float64 when it holds expected
+    counts; ``meta`` JSON); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    counts = _counts_array(counts)
+    if counts.ndim != 1 or np.any(counts < 0) or not np.all(np.isfinite(counts)):
+        raise ValueError("a frequency table holds one finite count >= 0 per token id")
     with open(path, "wb") as f:
-        np.savez_compressed(f, counts=np.asarray(counts, np.int64),
+        np.savez_compressed(f, counts=counts,
                             meta=np.asarray(json.dumps(meta or {}, sort_keys=True)))
     return path
 
 
 def load_table(path) -> Tuple[np.ndarray, dict]:
-    """``(counts int64 [V], meta dict)`` of a table written by :func:`save_table`."""
+    """``(counts [V], meta dict)`` of a table written by :func:`save_table` (int64 counts, or
+    float64 where the table holds expected counts)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no vocabulary frequency table at {path} (build one with `dsbd vocab`)")
     with np.load(path) as z:
         if "counts" not in z:
             raise ValueError(f"{path} is not a vocabulary frequency table (no 'counts')")
-        return np.asarray(z["counts"], np.int64), json.loads(str(z["meta"]))
+        return _counts_array(z["counts"]), json.loads(str(z["meta"]))
 
 
 def table_path(source, cache_dir=None) -> Path:

@@ -73,16 +73,24 @@ def models():
 
 
 def test_valid_prompts_give_the_same_output_as_before(models):
-    """Bit-identical to the outputs of ``main`` before the in-program checks (same key)."""
+    """Bit-identical to the outputs of ``main`` before the in-program checks (same key), which
+    were recorded under XLA's default compiler options; where this host's choice changes float
+    rounding (``cpu_options.SAME_BITS``), the log-likelihoods to rounding."""
+    from dsbd_jax.models import cpu_options
     ref = np.load(REFERENCE)
+    same_bits = cpu_options.choice() in cpu_options.SAME_BITS
     tc, tp, dc, dp = models
     for m in methods.METHODS:
         d, params = decoder(m, tc, tp, dc, dp)
         o = d(params, IDS, jax.random.key(0), LENS)
         assert not np.any(o.invalid), m
         for f in ("sequences", "lengths", "log_likelihoods"):
-            np.testing.assert_array_equal(np.asarray(getattr(o, f)), ref[f"{m}/{f}"],
-                                          err_msg=f"{m} {f}")
+            got = np.asarray(getattr(o, f))
+            if f == "log_likelihoods" and not same_bits:
+                np.testing.assert_allclose(got, ref[f"{m}/{f}"], rtol=1e-5, atol=1e-5,
+                                           err_msg=f"{m} {f}")
+            else:
+                np.testing.assert_array_equal(got, ref[f"{m}/{f}"], err_msg=f"{m} {f}")
 
 
 @pytest.mark.parametrize("method", methods.METHODS)

@@ -1,24 +1,18 @@
 """benchmarks/accelerator.py in its ``--small`` mode on the CPU (so the GPU script never rots),
 and the accelerator hygiene it relies on: no host callback in a decode loop unless asked for."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
 from dsbd_jax.decoding import methods
 from dsbd_jax.models.config import ModelConfig
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator.py"
+from bench_setup import load_bench
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("accelerator_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("accelerator")
 
 
 def test_small_run_writes_every_section(tmp_path, monkeypatch):

@@ -2,21 +2,16 @@
 ``[out, in]``, blocked ``[out / n, in, n]``) computes the same products as torch (the script
 checks it) and lands in the JSON with its timings."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "matmul.py"
+from bench_setup import load_bench
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("matmul_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("matmul")
 
 
 def test_blocked_product_equals_plain_product():

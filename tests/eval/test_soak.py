@@ -1,19 +1,14 @@
 """``benchmarks/soak.py --small`` runs and its checks can fail (issue 22)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_setup import load_bench
 
 
 def load_soak():
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("soak")
 
 
 def test_soak_small(tmp_path, torch):

@@ -135,3 +135,45 @@ def test_generate_with_a_truncated_draft(bench_pair, tmp_path, capsys):
     assert "draft head truncated to 6 rows" in capsys.readouterr().err
     assert main(args + ["--draft-vocab-table", str(table)]) == 2
     assert "needs --draft-head-rows" in capsys.readouterr().err
+
+
+def test_rollout_counts_are_expected_counts(tmp_path):
+    """Each real position adds its stored probabilities (one token's worth); padded positions
+    add nothing; the table keeps fractional counts and ranks by them."""
+    idx = np.array([[[1, 2], [3, 1]], [[4, 0], [2, 3]]])
+    p = np.array([[[0.75, 0.25], [0.5, 0.5]], [[1.0, 0.0], [0.9, 0.1]]])
+    mask = np.array([[True, True], [True, False]])
+    got = mv.rollout_counts({"idx": idx, "p": p, "mask": mask}, 6)
+    np.testing.assert_allclose(got, [0.0, 1.25, 0.25, 0.5, 1.0, 0.0])
+    assert got.sum() == pytest.approx(mask.sum())
+    data = tmp_path / "data_train.npz"
+    np.savez(data, idx=idx, p=p, mask=mask, tokens=np.zeros((2, 3)))
+    np.testing.assert_allclose(mv.rollout_counts(data, 6), got)
+    table = mv.save_table(tmp_path / "t.npz", got + np.arange(6))
+    counts, _ = mv.load_table(table)
+    assert counts.dtype == np.float64 and counts[1] == pytest.approx(2.25)
+    np.testing.assert_array_equal(mv.top_rows(counts, 2), [4, 5])  # 5.0 and 5.0 > 3.5 ...
+    assert mv.load_table(mv.save_table(tmp_path / "i.npz", np.arange(3.0)))[0].dtype == np.int64
+    with pytest.raises(ValueError, match="stored target distributions"):
+        np.savez(tmp_path / "bad.npz", tokens=np.zeros(3))
+        mv.rollout_counts(tmp_path / "bad.npz", 6)
+    with pytest.raises(ValueError, match=r"\[0, 6\)"):
+        mv.rollout_counts({"idx": idx + 5, "p": p, "mask": mask}, 6)
+    with pytest.raises(ValueError, match="one finite count"):
+        mv.save_table(tmp_path / "n.npz", np.array([1.0, -0.5]))
+
+
+def test_vocab_cli_rollouts_source(bench_pair, tmp_path):
+    """``dsbd vocab build --rollouts`` adds a distill run's stored distributions."""
+    _, d, _, draft = bench_pair
+    V = draft.config.vocab_size
+    data = tmp_path / "data_train.npz"
+    np.savez(data, idx=np.array([[[7, 9]]]), p=np.array([[[0.6, 0.4]]]),
+             mask=np.array([[True]]))
+    out = tmp_path / "r.npz"
+    assert main(["vocab", "build", "--model", str(d), "--rollouts", str(data),
+                 "--out", str(out)]) == 0
+    counts, meta = mv.load_table(out)
+    assert counts.shape == (V,) and counts[7] == pytest.approx(0.6)
+    assert counts[9] == pytest.approx(0.4) and counts.sum() == pytest.approx(1.0)
+    assert meta["sources"] == [f"rollouts:{data}"]

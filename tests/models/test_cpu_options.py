@@ -1,5 +1,6 @@
 """Per-host XLA:CPU compiler options (``models.cpu_options``): the choice (forced, cached,
-measured), its one-line error, and that no candidate changes a single output bit."""
+measured), its one-line errors, candidates the installed XLA rejects, and what the candidates
+may change: nothing at all (``SAME_BITS``) or float rounding only (``eigen_dot``)."""
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +41,8 @@ def test_auto_measures_once_per_host_then_reads_the_cache(fresh, monkeypatch):
     assert name in co.CANDIDATES
     import json
     cached = json.loads((fresh / "cpu_options.json").read_text())
-    assert cached[co.host_key()]["choice"] == name
-    assert set(cached[co.host_key()]["min_ms"]) == set(co.CANDIDATES)
+    assert cached[co.options_key()]["choice"] == name
+    assert set(cached[co.options_key()]["min_ms"]) == set(co.candidates()) == set(co.CANDIDATES)
     co.choice.cache_clear()
 
     def no_measuring(*a, **k):
@@ -49,6 +50,31 @@ def test_auto_measures_once_per_host_then_reads_the_cache(fresh, monkeypatch):
     monkeypatch.setattr(co, "measure", no_measuring)
     assert co.choice() == name
     assert co.cpu_model() in co.host_key()
+
+
+def test_unsupported_candidate_is_dropped_and_cannot_be_forced(fresh, monkeypatch):
+    """Option names move between jax releases: a candidate this XLA rejects is left out of the
+    measurement and the cache key, and forcing it is a clear error, not a compile failure."""
+    monkeypatch.setattr(co, "CANDIDATES", {**co.CANDIDATES,
+                                           "bogus": {"xla_cpu_no_such_option_dsbd": True}})
+    co.supported.cache_clear()
+    try:
+        assert not co.supported("bogus") and co.supported("default")
+        assert "bogus" not in co.candidates() and "bogus" not in co.options_key()
+        monkeypatch.setenv(co.ENV, "bogus")
+        with pytest.raises(ValueError, match="rejects its options"):
+            co.choice()
+    finally:
+        co.supported.cache_clear()
+
+
+def test_measure_chains_products(monkeypatch):
+    """Every candidate is timed on the same chained up/down products at every probe M."""
+    monkeypatch.setattr(co, "PROBE_REPEATS", 1)
+    times = co.measure(rows=(1, 3), din=32, dout=64, layers=2, repeats=1)
+    assert set(times) == set(co.candidates())
+    for t in times.values():
+        assert set(t) == {1, 3} and all(0 < v < 10 for v in t.values())
 
 
 def test_pick_rule():
@@ -77,25 +103,49 @@ def test_tuned_jit_builds_one_jit_on_first_use(fresh, monkeypatch):
     assert tj.lower(jnp.arange(3.0)) is not None
 
 
-def test_forward_bit_identical_under_every_candidate():
-    """Few-row products at a width where XLA:CPU uses Eigen's thread pool: same bits."""
+def _same(name, a, b, rtol=2e-5, atol=2e-5):
+    """Bit-identical for ``SAME_BITS`` candidates, equal to float rounding for the others."""
+    if name in co.SAME_BITS:
+        np.testing.assert_array_equal(a, b)
+    elif np.issubdtype(np.asarray(a).dtype, np.floating):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+def test_eigen_dot_moves_products_off_ynnpack():
+    """The candidate does what its name says (where this XLA has YNNPACK fusions at all)."""
+    if "eigen_dot" not in co.candidates():
+        pytest.skip("this XLA rejects eigen_dot's options")
+    f = lambda x, w: x @ w  # noqa: E731
+    args = (jnp.ones((4, 256)), jnp.ones((256, 1024)))
+    default = jax.jit(f).lower(*args).compile().as_text()
+    eigen = jax.jit(f, compiler_options=dict(co.CANDIDATES["eigen_dot"])).lower(
+        *args).compile().as_text()
+    assert "__ynn_fusion" not in eigen
+    if "__ynn_fusion" not in default:
+        pytest.skip("this XLA does not hand products to YNNPACK")
+
+
+def test_forward_same_under_every_candidate():
+    """Few-row products at a width where XLA:CPU uses Eigen's thread pool or YNNPACK."""
     cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=256)
     for layout in ("stacked", "per_layer"):
         params = llama.init_params(cfg, jax.random.PRNGKey(0), layout)
         tokens = jax.random.randint(jax.random.PRNGKey(1), (16, 1), 0, cfg.vocab_size)
         for M in (1, 4, 12, 16):
-            outs = [np.asarray(_with_options(llama._logits, o)(cfg, params, tokens[:M]))
-                    for o in co.CANDIDATES.values()]
-            for other in outs[1:]:
-                np.testing.assert_array_equal(outs[0], other)
+            outs = {n: np.asarray(_with_options(llama._logits, o)(cfg, params, tokens[:M]))
+                    for n, o in co.candidates().items()}
+            for n, other in outs.items():
+                _same(n, outs["default"], other)
 
 
 @pytest.mark.parametrize("method,settings", [
     ("beam", dict(num_beams=4)),
     ("dsbd", dict(gamma=2, draft_width=4, threshold=0.7, min_width=2, max_width=4)),
 ])
-def test_decoders_bit_identical_under_every_candidate(bench_pair, method, settings):
+def test_decoders_same_under_every_candidate(bench_pair, method, settings):
     _, _, target, draft = bench_pair
     dec = methods.build(method, target.config, draft.config, max_new_tokens=8, top_k=10,
                         top_p=0.8, **settings)
@@ -104,7 +154,36 @@ def test_decoders_bit_identical_under_every_candidate(bench_pair, method, settin
     call = dec.core_call(params, ids, jax.random.PRNGKey(3), jnp.asarray([4, 3], jnp.int32))
     tj = call.core
     assert isinstance(tj, co.tuned_jit)  # every decoder core is a tuned_jit
-    outs = [jax.tree.map(np.asarray, _with_options(tj, o)(*call.args, **call.kwargs))
-            for o in co.CANDIDATES.values()]
-    for other in outs[1:]:
-        jax.tree.map(np.testing.assert_array_equal, outs[0], other)
+    outs = {n: jax.tree.map(np.asarray, _with_options(tj, o)(*call.args, **call.kwargs))
+            for n, o in co.candidates().items()}
+    for n, other in outs.items():
+        assert jax.tree.structure(other) == jax.tree.structure(outs["default"])
+        if n in co.SAME_BITS:
+            jax.tree.map(np.testing.assert_array_equal, outs["default"], other)
+            continue
+        # other rounding: a draw that sits within rounding of a boundary may go the other way
+        # (benchmarks/cpu_options.py saw it in DSBD on the real pair), so only the shapes here;
+        # the distributions are the exactness tests' business, under the host's choice
+        jax.tree.map(lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype) or
+                     pytest.fail(f"{n}: {a.shape} {a.dtype} vs {b.shape} {b.dtype}"),
+                     outs["default"], other)
+
+
+def test_tuned_jit_inside_another_jit(fresh, monkeypatch):
+    """jax takes ``compiler_options`` only on a top-level jit: inside the user's own ``jit``
+    (arguments traced, or closed over with none traced) and under ``vmap`` a ``tuned_jit`` with
+    non-default options runs as a plain jit, with the same result."""
+    name = next((n for n in co.candidates() if co.CANDIDATES[n]), None)
+    if name is None:
+        pytest.skip("no candidate with options is supported here")
+    monkeypatch.setenv(co.ENV, name)
+    tj = co.tuned_jit(lambda x, w: jnp.tanh(x @ w))
+    x = jnp.arange(12.0).reshape(3, 4) / 10
+    w = jnp.ones((4, 5)) / 4
+    want = np.asarray(tj(x, w))
+    np.testing.assert_allclose(jax.jit(tj)(x, w), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda: tj(x, w))(), want, rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(tj, in_axes=(0, None))(x[:, None], w)[:, 0], want,
+                               rtol=1e-6)
+    with pytest.raises(TypeError):  # other errors still surface
+        tj(x)

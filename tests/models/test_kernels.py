@@ -168,13 +168,9 @@ def test_load_model_blocks_and_unblocking_users(bench_pair, tmp_path):
 
 
 def test_kernel_blocks_benchmark_small(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_blocks.py"
-    spec = importlib.util.spec_from_file_location("kernel_blocks_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from bench_setup import load_bench
+    bench = load_bench("kernel_blocks")
     out = tmp_path / "kb.json"
     bench.main(["--small", "--blocks", "16", "--max-new-tokens", "4", "--out", str(out)])
     data = json.loads(out.read_text())
