@@ -1,7 +1,8 @@
 """Issue 20, item 3: the two draft levers measured on the offline pair, in one run.
 
 Drafts: ``base`` (the 0.5B draft), ``trunc_<N>`` (head truncated to N rows of the frequency
-table, default N in 16384 / 32768 / 65536), ``distilled`` (``--distilled RUN/model``, from
+table, default N in 16384 / 32768 / 65536; with ``--prompt-rows`` also ``trunc_<N>_prompt``, the
+same rows plus each call's prompt tokens), ``distilled`` (``--distilled RUN/model``, from
 ``dsbd distill configs/distill_qwen.yaml``) and ``both`` (distilled + truncated to
 ``--both-rows``). For every draft, same prompts:
 
@@ -99,6 +100,9 @@ def main(argv=None):
     ap.add_argument("--vocab-table", default=None, help="default: the draft's (find_table)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16384, 32768, 65536])
     ap.add_argument("--both-rows", type=int, default=32768)
+    ap.add_argument("--prompt-rows", action="store_true",
+                    help="also every truncated draft with prompt rows (trunc_<N>_prompt, "
+                         "both_<N>_prompt): the prompt's tokens added to the rows per call")
     ap.add_argument("--decode-drafts", nargs="+", default=None,
                     help="drafts whose decoders are timed at batch 1 (default: all; the others "
                          "get acceptance and pass times only), e.g. base distilled both_32768")
@@ -160,11 +164,17 @@ def main(argv=None):
     for n in args.rows:
         drafts[f"trunc_{n}"] = mv.truncate_head(draft.params, draft.config,
                                                 mv.top_rows(counts, n, keep))
+        if args.prompt_rows:
+            drafts[f"trunc_{n}_prompt"] = mv.truncate_head(
+                draft.params, draft.config, mv.top_rows(counts, n, keep), prompt_rows=True)
     if args.distilled:
         dist = load_model(args.distilled, progress=False).params
         drafts["distilled"] = dist
         drafts[f"both_{args.both_rows}"] = mv.truncate_head(dist, draft.config,
                                                            mv.top_rows(counts, args.both_rows, keep))
+        if args.prompt_rows:
+            drafts[f"both_{args.both_rows}_prompt"] = mv.truncate_head(
+                dist, draft.config, mv.top_rows(counts, args.both_rows, keep), prompt_rows=True)
 
     decode = set(drafts if args.decode_drafts is None else args.decode_drafts)
     at_batch = decode if args.batch_drafts is None else set(args.batch_drafts)
@@ -179,12 +189,23 @@ def main(argv=None):
                        **warp)
     data = make_rollouts((target.config, target.params), (draft.config, draft.params), prompts, dc,
                          jax.random.key(args.seed), batch=min(args.batch, len(prompts)))
-    acc_fn = make_acceptance(dc, draft.config)
+    plain_acc = make_acceptance(dc, draft.config)
+
+    def prompt_acc(params, batch):  # the decoders' prompt rows: the prompt part of each row
+        import jax.numpy as jnp
+        tokens = batch["tokens"]
+        in_prompt = jnp.arange(tokens.shape[1])[None] <= batch["pos"][:, :1]
+        ids = jnp.where(in_prompt, tokens, params[mv.VOCAB_HEAD]["rows"][0])
+        return plain_acc(mv.with_prompt_rows(params, ids), batch)
+
+    def acceptance(params):
+        fn = prompt_acc if mv.has_prompt_rows(params) else plain_acc
+        return heldout_acceptance(fn, params, data, min(args.batch, len(prompts)))
     if args.acceptance_only:
         out = {"machine": machine_info(), "settings": dict(vars(args)), "table": str(table),
                "table_meta": meta, "drafts": {}}
         for dname, dparams in drafts.items():
-            acc = heldout_acceptance(acc_fn, dparams, data, min(args.batch, len(prompts)))
+            acc = acceptance(dparams)
             out["drafts"][dname] = {"acceptance": acc}
             print(f"{dname}: acceptance {acc:.4f}", flush=True)
         base_acc = out["drafts"]["base"]["acceptance"]
@@ -219,7 +240,7 @@ def main(argv=None):
         out.setdefault("target_pass_ms", {})[f"b{B}"] = pass_ms(target.config, target.params, B,
                                                                 slots, args.repeats)
     for dname, dparams in drafts.items():
-        rec = {"acceptance": heldout_acceptance(acc_fn, dparams, data, min(args.batch, len(prompts))),
+        rec = {"acceptance": acceptance(dparams),
                "rows": int(np.asarray(mv.head_rows(dparams)).size) if mv.head_rows(dparams) is not None else V}
         for B in batches:
             rec[f"draft_pass_ms_b{B}"] = pass_ms(draft.config, dparams, B, slots, args.repeats)

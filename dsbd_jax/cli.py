@@ -92,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="truncate the draft's vocabulary head to the N most frequent tokens "
                           "(its frequency table: --draft-vocab-table, else the one beside it)")
     gen.add_argument("--draft-vocab-table", default=None, help="a table from `dsbd vocab build`")
+    gen.add_argument("--draft-prompt-rows", action="store_true",
+                     help="with --draft-head-rows: also propose the prompt's own tokens (keeps "
+                          "the full head in memory)")
     _add_settings(gen)
     bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
@@ -252,12 +255,15 @@ def load_models(args, configs):
         t0 = time.perf_counter()
         head = {}
         if role == "draft" and getattr(args, "draft_head_rows", None) is not None:
-            head = dict(head_rows=args.draft_head_rows, vocab_table=args.draft_vocab_table)
-        elif role == "draft" and getattr(args, "draft_vocab_table", None) is not None:
-            raise CLIError("--draft-vocab-table needs --draft-head-rows N")
+            head = dict(head_rows=args.draft_head_rows, vocab_table=args.draft_vocab_table,
+                        prompt_rows=bool(getattr(args, "draft_prompt_rows", False)))
+        elif role == "draft" and (getattr(args, "draft_vocab_table", None) is not None
+                                  or getattr(args, "draft_prompt_rows", False)):
+            raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
         m = load_model(source, tokenizer=False, **head)
         if head:
-            _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})")
+            _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
+                    + (" + the prompt's tokens" if head["prompt_rows"] else ""))
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")

@@ -30,6 +30,7 @@ from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.kernels import PROJECTIONS
 from dsbd_jax.models.llama import forward, init_params, params_layout
 from dsbd_jax.models.vocab import split_head
+from dsbd_jax.models.vocab import with_prompt_rows as _extend_head
 
 # ---------------------------------------------------------------------------------------------
 # compile counting: ``note_trace`` runs when a core's Python body is traced (once per new shapes
@@ -483,7 +484,11 @@ def check_params(name: str, config: ModelConfig, params) -> None:
         n = int(np.shape(head["rows"])[0]) if "rows" in head else 0
         mat = "kernel" if "kernel" in head else "embedding"
         need = (config.hidden_size, n) if mat == "kernel" else (n, config.hidden_size)
-        if (not 0 < n <= config.vocab_size or mat not in head
+        full = {"full_kernel": (config.hidden_size, config.vocab_size),
+                "full_embedding": (config.vocab_size, config.hidden_size)}
+        bad_full = [k for k in head if k in full and tuple(np.shape(head[k])) != full[k]]
+        if (not 0 < n <= config.vocab_size or mat not in head or bad_full
+                or set(head) - {"rows", mat} - set(full)
                 or tuple(np.shape(head[mat])) != need):
             raise ValueError(f"{name} parameters do not match config.{name}: the truncated head "
                              f"['vocab_head'] needs rows [N] with 0 < N <= {config.vocab_size} "
@@ -504,6 +509,13 @@ def check_params(name: str, config: ModelConfig, params) -> None:
     extra = sorted(set(got) - set(want))
     if extra:
         raise ValueError(f"{name} parameters do not match config.{name}: unexpected leaf {extra[0]}")
+
+
+def with_prompt_rows(params, prompt_ids):
+    """``{"target": .., "draft": ..}`` with the draft's truncated head extended by the prompts'
+    tokens where it keeps prompt rows (:func:`dsbd_jax.models.vocab.with_prompt_rows`); the
+    drafted cores call it right after :func:`guard_inputs`."""
+    return {**params, "draft": _extend_head(params["draft"], prompt_ids)}
 
 
 def guard_inputs(name: str, config, params, prompt_ids, prompt_lengths):

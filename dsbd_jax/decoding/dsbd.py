@@ -367,6 +367,7 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("dsbd_generate", config, params, prompt_ids,
                                                               prompt_lengths)
+    params = common.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     body = common.with_progress(
         config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
@@ -428,6 +429,7 @@ def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
 
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
+    params = common.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     return draft_forest(config, params, prompt_lengths, state)[0]
 

@@ -368,6 +368,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("speculative_sample", config, params, prompt_ids,
                                                               prompt_lengths)
+    params = common.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     state = decode_loop(config, state, functools.partial(chain_iteration, config, params))
     return common.mark_invalid(to_output(config, state), invalid, config.pad_id)

@@ -274,6 +274,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     invalid, prompt_ids, prompt_lengths = common.guard_inputs("tree_speculative_sample", config, params, prompt_ids,
                                                               prompt_lengths)
+    params = common.with_prompt_rows(params, prompt_ids)
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
                             draft_extra_slots=draft_extra_slots(config))
     state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))

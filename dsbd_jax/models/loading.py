@@ -126,6 +126,7 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                layout: Optional[str] = None, revision: Optional[str] = None,
                head_rows: Optional[int] = None,
                vocab_table: Optional[Union[str, os.PathLike]] = None,
+               prompt_rows: bool = False,
                kernel_blocks: Union[str, Dict[str, int], None] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
@@ -148,6 +149,9 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         ``None``: the full head. ``info["head_rows"]`` and ``info["vocab_table"]`` record it.
       vocab_table: a frequency table (``dsbd vocab build``); default: the one beside the model
         (:func:`dsbd_jax.models.vocab.find_table`).
+      prompt_rows: with ``head_rows``, also keep the full head so that every drafted decoder
+        adds the tokens of its prompts to the rows (``truncate_head(prompt_rows=True)``;
+        ``info["prompt_rows"]``).
       kernel_blocks: blocked projection kernels for XLA:CPU's few-row products
         (:mod:`dsbd_jax.models.kernels`, opt-in): ``None`` (default: plain ``[in, out]``
         kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
@@ -155,6 +159,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         ``info["kernel_blocks"]`` records what was applied.
     """
     layout = check_layout(layout)
+    if prompt_rows and head_rows is None:
+        raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
         raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
@@ -168,8 +174,9 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
             raise ValueError(f"{table} counts {counts.shape[0]} tokens, the model has "
                              f"{model.config.vocab_size}")
         rows = top_rows(counts, head_rows, keep=model.config.eos_token_id or ())
-        model.params = truncate_head(model.params, model.config, rows)
-        model.info.update(head_rows=int(head_rows), vocab_table=str(table))
+        model.params = truncate_head(model.params, model.config, rows, prompt_rows=prompt_rows)
+        model.info.update(head_rows=int(head_rows), vocab_table=str(table),
+                          prompt_rows=bool(prompt_rows))
     if kernel_blocks == "auto":
         t0 = time.perf_counter()
         kernel_blocks = choose_blocks(model.config, dtype)

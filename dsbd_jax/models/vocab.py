@@ -18,6 +18,17 @@ distribution is the target's (tokens outside the subset still come out through t
 ``max(p - q, 0)``). With ``N = V`` (rows ``0 .. V-1``) the logits are bit-identical to the
 untruncated model's.
 
+**Prompt rows** (``truncate_head(..., prompt_rows=True)``): targets copy identifiers from the
+prompt, and a corpus table cannot hold every user's identifiers (measured on the offline pair:
+nearly all of the 32k table's acceptance loss sat at positions where the target copied a prompt
+token outside the rows). With prompt rows the head also keeps the full matrix
+(``"full_kernel" [d, V]``, the dropped ``lm_head`` kernel, or ``"full_embedding"`` for a tied
+head: the embedding itself), and every drafted decoder calls :func:`with_prompt_rows` at the
+start of its program: the head's rows become the ``N`` rows plus every token of the batch's
+prompts (``N + B * P`` rows, a fixed shape per prompt bucket). A prompt token already among the
+rows appears twice with the same column; the scatter keeps one. Exact like any draft: ``q`` is
+whatever the draft computes, and verification uses that same ``q``.
+
 Frequency tables are ``.npz`` files with ``counts`` (int64 ``[V]``) and ``meta`` (a JSON string:
 what was counted); :func:`top_rows` picks the ``N`` most frequent ids (ties: the lower id),
 always including ``keep`` (e.g. the EOS ids).
@@ -78,9 +89,11 @@ def check_rows(rows, vocab_size: int) -> np.ndarray:
     return np.sort(r).astype(np.int32)
 
 
-def truncate_head(params, config, rows) -> dict:
+def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
     """The draft's parameters with its vocabulary head gathered once to ``rows`` (module doc).
-    Works on both weight layouts; the other parameters are shared, not copied."""
+    Works on both weight layouts; the other parameters are shared, not copied. ``prompt_rows``:
+    keep the full head matrix too, so that each call adds its prompts' tokens to the rows
+    (:func:`with_prompt_rows`; module doc)."""
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
     if VOCAB_HEAD in params:
@@ -90,11 +103,41 @@ def truncate_head(params, config, rows) -> dict:
     idx = jnp.asarray(rows)
     out = dict(params)
     if config.tie_word_embeddings:
-        head = {"rows": idx, "embedding": jnp.take(params["embed"]["embedding"], idx, axis=0)}
+        full = params["embed"]["embedding"]
+        head = {"rows": idx, "embedding": jnp.take(full, idx, axis=0)}
+        if prompt_rows:
+            head["full_embedding"] = full
     else:
-        head = {"rows": idx, "kernel": jnp.take(out.pop("lm_head")["kernel"], idx, axis=1)}
+        full = out.pop("lm_head")["kernel"]
+        head = {"rows": idx, "kernel": jnp.take(full, idx, axis=1)}
+        if prompt_rows:
+            head["full_kernel"] = full
     out[VOCAB_HEAD] = head
     return out
+
+
+def has_prompt_rows(params) -> bool:
+    """Whether a truncated head adds each call's prompt tokens (``truncate_head(prompt_rows=)``)."""
+    head = split_head(params)[1]
+    return head is not None and ("full_kernel" in head or "full_embedding" in head)
+
+
+def with_prompt_rows(params, prompt_ids: jax.Array):
+    """``params`` whose truncated head also has a row for every token of ``prompt_ids [B, P]``
+    (gathered from the full matrix; see the module doc). Unchanged when the head has no
+    prompt rows (a full head, or ``truncate_head(prompt_rows=False)``). Jittable."""
+    if not has_prompt_rows(params):
+        return params
+    head = params[VOCAB_HEAD]
+    extra = jnp.reshape(jnp.asarray(prompt_ids), (-1,)).astype(head["rows"].dtype)
+    new = {"rows": jnp.concatenate([head["rows"], extra])}
+    if "full_kernel" in head:
+        new["kernel"] = jnp.concatenate(
+            [head["kernel"], jnp.take(head["full_kernel"], extra, axis=1)], axis=1)
+    else:
+        new["embedding"] = jnp.concatenate(
+            [head["embedding"], jnp.take(head["full_embedding"], extra, axis=0)], axis=0)
+    return {**params, VOCAB_HEAD: new}
 
 
 # ---------------------------------------------------------------------------------------------

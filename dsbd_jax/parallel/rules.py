@@ -83,6 +83,8 @@ LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("vocab_head", "rows"): ("head_rows",),
     ("vocab_head", "kernel"): ("embed", "head_rows"),
     ("vocab_head", "embedding"): ("head_rows", "embed"),
+    ("vocab_head", "full_kernel"): ("embed", "vocab"),
+    ("vocab_head", "full_embedding"): ("vocab", "embed"),
     ("attn", "q_proj", "kernel"): ("embed", "q_heads"),
     ("attn", "q_proj", "bias"): ("q_heads",),
     ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),

@@ -145,11 +145,25 @@ def test_truncated_draft_dsbd_is_exact_beam_sampling(case):
     """DSBD at fixed width 2 (beam sampling W=2) with and without replacement, and single-beam
     DSBD at width 1 (sampling), with the target's most likely first tokens outside the draft's
     subset."""
+    excluded = left_out(2)
+    _check_dsbd_beam(case, truncated_pair("far", subset_without(excluded, 6)), excluded)
+
+
+@pytest.mark.parametrize("case", ["replacement", "no_replacement"])
+def test_prompt_rows_dsbd_is_exact_beam_sampling(case):
+    """The same with rows {3, 4} plus the prompt's tokens {1, 2} (prompt rows)."""
+    excluded = left_out(2)
+    dcfg, dparams = toy("far")
+    rows = subset_without(set(excluded) | set(PROMPT), 6)
+    _check_dsbd_beam(case, {"target": toy("target")[1],
+                            "draft": truncate_head(dparams, dcfg, rows, prompt_rows=True)},
+                     excluded)
+
+
+def _check_dsbd_beam(case, params, excluded):
     cfg = _dsbd_cfg(**DSBD_CASES[case])
     single_beam = cfg.single_beam
     W = cfg.min_width
-    excluded = left_out(2)
-    params = truncated_pair("far", subset_without(excluded, 6))
     ids = np.tile(np.asarray(PROMPT, np.int32)[None], (10_000, 1))
     out = dsbd_generate(params, ids, jax.random.PRNGKey(11), cfg)
     rate = float(np.asarray(out.stats["layer_acceptance_rate"])[0])
@@ -201,3 +215,51 @@ def test_power_residual_over_the_subset_only(monkeypatch, clear_chain_cache_afte
     print(f"broken rule (residual over the subset only): p={res.pvalue:.3g} "
           f"(chi2={res.statistic:.1f}, dof={res.dof})")
     assert res.pvalue < P_BROKEN, res
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt rows: each call adds its prompts' tokens to the truncated head
+def test_prompt_rows_extend_the_head():
+    from dsbd_jax.models.vocab import has_prompt_rows, with_prompt_rows
+    dcfg, dparams = toy("close")
+    plain = truncate_head(dparams, dcfg, [1, 3])
+    assert not has_prompt_rows(plain) and with_prompt_rows(plain, np.asarray([[2]])) is plain
+    t = truncate_head(dparams, dcfg, [1, 3], prompt_rows=True)
+    assert has_prompt_rows(t) and t["vocab_head"]["full_kernel"].shape == (dcfg.hidden_size, 6)
+    ext = with_prompt_rows(t, np.asarray([[2, 2], [0, 3]]))
+    np.testing.assert_array_equal(np.asarray(head_rows(ext)), [1, 3, 2, 2, 0, 3])
+    assert set(ext["vocab_head"]) == {"rows", "kernel"}
+    ids = np.asarray([PROMPT])
+    full = np.asarray(dmodel.logits(dcfg, dparams, ids))
+    cut = np.asarray(dmodel.logits(dcfg, ext, ids))
+    assert np.all(np.isneginf(cut[..., [4, 5]]))
+    np.testing.assert_allclose(cut[..., :4], full[..., :4], rtol=1e-6, atol=1e-6)
+    # a tied head gathers from the embedding it keeps anyway
+    import dataclasses
+    tied_cfg = dataclasses.replace(dcfg, tie_word_embeddings=True)
+    tied = {k: v for k, v in dparams.items() if k != "lm_head"}
+    tt = with_prompt_rows(truncate_head(tied, tied_cfg, [1], prompt_rows=True), np.asarray([[4]]))
+    np.testing.assert_array_equal(np.asarray(tt["vocab_head"]["embedding"][1]),
+                                  np.asarray(tied["embed"]["embedding"][4]))
+
+
+@pytest.mark.parametrize("name", ["speculative", "tree", "dsbd_single_beam"])
+def test_prompt_rows_draft_is_exact_and_accepts_more(name):
+    """Rows {3, 4} plus the prompt's tokens {1, 2}: the target's likely first tokens (0, 5) come
+    out through the residual, the distribution is the target's, and acceptance is at least the
+    plain truncated draft's (which cannot propose 1 or 2)."""
+    fn, make = IDENTITY[name]
+    cfg = make()
+    excluded = left_out(2)
+    rows = subset_without(set(excluded) | set(PROMPT), 6)
+    dcfg, dparams = toy("close")
+    target = toy("target")[1]
+    with_rows = {"target": target, "draft": truncate_head(dparams, dcfg, rows, prompt_rows=True)}
+    res, out = check_exact(fn, cfg, with_rows, excluded)
+    assert res.pvalue > P_EXACT, res
+    plain = {"target": target, "draft": truncate_head(dparams, dcfg, rows)}
+    _, out_plain = check_exact(fn, cfg, plain, excluded)
+    key = "acceptance_rate" if "acceptance_rate" in out.stats else "layer_acceptance_rate"
+    acc, acc_plain = (float(np.ravel(np.asarray(o.stats[key]))[0]) for o in (out, out_plain))
+    print(f"{name}: p={res.pvalue:.3g}, {key} {acc_plain:.3f} -> {acc:.3f}")
+    assert acc > acc_plain

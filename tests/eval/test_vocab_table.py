@@ -116,13 +116,15 @@ def test_sharded_decoder_takes_a_truncated_draft():
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     tc, tp = toy_model(6, seed=1)
     dc, dp = toy_model(6, seed=2)
-    params = {"target": tp, "draft": mv.truncate_head(dp, dc, [0, 2, 3])}
     cfg = DecodeConfig(target=tc, draft=dc, gamma=2, max_new_tokens=4, eos_token_id=())
     ids = np.array([[1, 2, 3], [3, 2, 1]], np.int32)
     dec = ShardedDecoder(speculative_sample, cfg, make_mesh(1, 1))
-    out = dec(dec.place(params), ids, jax.random.key(3))
-    ref = speculative_sample(params, ids, jax.random.key(3), cfg)
-    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
+    for prompt_rows in (False, True):  # with prompt rows, the full kernel is placed too
+        params = {"target": tp, "draft": mv.truncate_head(dp, dc, [0, 2, 3],
+                                                          prompt_rows=prompt_rows)}
+        out = dec(dec.place(params), ids, jax.random.key(3))
+        ref = speculative_sample(params, ids, jax.random.key(3), cfg)
+        np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
 
 
 def test_generate_with_a_truncated_draft(bench_pair, tmp_path, capsys):
@@ -133,8 +135,18 @@ def test_generate_with_a_truncated_draft(bench_pair, tmp_path, capsys):
             "spec", "--max-new-tokens", "4", "--no-progress", "--raw"]
     assert main(args + ["--draft-head-rows", "6", "--draft-vocab-table", str(table)]) == 0
     assert "draft head truncated to 6 rows" in capsys.readouterr().err
+    assert main(args + ["--draft-head-rows", "3", "--draft-vocab-table", str(table),
+                        "--draft-prompt-rows"]) == 0
+    assert "3 rows" in capsys.readouterr().err
+    assert main(args + ["--draft-prompt-rows"]) == 2
+    assert "need --draft-head-rows" in capsys.readouterr().err
     assert main(args + ["--draft-vocab-table", str(table)]) == 2
-    assert "needs --draft-head-rows" in capsys.readouterr().err
+    assert "need --draft-head-rows" in capsys.readouterr().err
+    from dsbd_jax import load_model
+    with pytest.raises(ValueError, match="give head_rows"):
+        load_model(d, progress=False, prompt_rows=True)
+    m = load_model(d, progress=False, head_rows=4, vocab_table=table, prompt_rows=True)
+    assert m.info["prompt_rows"] and mv.has_prompt_rows(m.params)
 
 
 def test_rollout_counts_are_expected_counts(tmp_path):
