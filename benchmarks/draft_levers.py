@@ -17,7 +17,10 @@ same rows plus each call's prompt tokens), ``distilled`` (``--distilled RUN/mode
   (g2 / W_S 4 / t 0.7 / W_min 2); the draft-free references sampling and beam sampling W = 4
   once.
 
-``--acceptance-only`` stops after the acceptances (minutes; e.g. one run per ``--vocab-table``
+Passes run under the host's XLA:CPU options (``cpu_options.tuned_jit``, like the decoders; before
+session 4 they ran under XLA's defaults); a draft with prompt rows is timed with its prompt
+columns. ``--passes-only`` times only the draft passes, every draft interleaved round by round
+(median of ``--repeats``). ``--acceptance-only`` stops after the acceptances (minutes; e.g. one run per ``--vocab-table``
 to compare frequency tables). ``ratios`` holds the issue's targets per draft. EOS is off (every run makes ``--max-new-tokens``
 tokens); compile time is excluded (each configuration runs once untimed first).
 
@@ -38,23 +41,43 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def pass_ms(config, params, B, slots, repeats):
-    """Median ms of one decode-step forward: ``[B, 1]`` tokens over ``slots`` cached slots."""
-    import jax
+def pass_call(config, params, B, slots, prompt_len):
+    """A zero-argument call of one decode-step forward: ``[B, 1]`` tokens over ``slots`` cached
+    slots, compiled under the host's XLA:CPU options (``cpu_options.tuned_jit``, as the
+    decoders are). A head with prompt rows gets its ``B * prompt_len`` prompt columns first, as
+    a decoder's program adds them."""
     import jax.numpy as jnp
+    from dsbd_jax.models import vocab as mv
     from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.cpu_options import tuned_jit
     from dsbd_jax.models.llama import forward
-    f = jax.jit(lambda p, c, t: forward(config, p, t, jnp.full((B, 1), slots - 1, jnp.int32),
-                                        jnp.ones((B, 1, slots + 1), bool), c)[0])
+    if mv.has_prompt_rows(params):
+        params = mv.with_prompt_rows(params, jnp.ones((B, prompt_len), jnp.int32))
+    f = tuned_jit(lambda p, c, t: forward(config, p, t, jnp.full((B, 1), slots - 1, jnp.int32),
+                                          jnp.ones((B, 1, slots + 1), bool), c)[0])
     cache = empty_cache(config, B, slots)
     tok = jnp.ones((B, 1), jnp.int32)
-    jax.block_until_ready(f(params, cache, tok))
-    times = []
+    return lambda: f(params, cache, tok)
+
+
+def interleaved_medians(calls, repeats):
+    """``{key: median ms}`` of zero-argument calls, one warm-up each, then timed round by round
+    (every call once per round, so that drift on the host hits them alike)."""
+    import jax
+    for f in calls.values():
+        jax.block_until_ready(f())
+    times = {k: [] for k in calls}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(params, cache, tok))
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+        for k, f in calls.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append(1000 * (time.perf_counter() - t0))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def pass_ms(config, params, B, slots, repeats, prompt_len=1):
+    """Median ms of one decode-step forward (:func:`pass_call`)."""
+    return interleaved_medians({0: pass_call(config, params, B, slots, prompt_len)}, repeats)[0]
 
 
 def run_batched(fn, params, cfg, prompts, B, seed):
@@ -112,6 +135,9 @@ def main(argv=None):
     ap.add_argument("--acceptance-only", action="store_true",
                     help="only every draft's acceptance (no timings): minutes, e.g. to compare "
                          "frequency tables (--vocab-table)")
+    ap.add_argument("--passes-only", action="store_true",
+                    help="only the draft passes of every draft (batch 1 and --batch), all "
+                         "drafts interleaved round by round; no decoding, no acceptance")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4, help="the quality config's batch size")
@@ -184,6 +210,22 @@ def main(argv=None):
                          f"{sorted(drafts)}); 'base' must be in both")
     warp = dict(temperature=1.0, top_k=10, top_p=0.8)
     N = args.max_new_tokens
+    slots = max(len(p) for p in prompts) + N
+    prompt_len = max(len(p) for p in prompts)
+    if args.passes_only:
+        out = {"machine": machine_info(), "settings": dict(vars(args)), "table": str(table),
+               "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
+        for B in sorted({1, args.batch}):
+            ms = interleaved_medians({d: pass_call(draft.config, p, B, slots, prompt_len)
+                                      for d, p in drafts.items()}, args.repeats)
+            for d, v in ms.items():
+                out["drafts"][d][f"draft_pass_ms_b{B}"] = v
+                out["drafts"][d][f"draft_pass_vs_base_b{B}"] = v / ms["base"]
+                print(f"{d} batch {B}: draft pass {v:.1f} ms ({v / ms['base']:.3f}x base)",
+                      flush=True)
+        write_json(args.out, out)
+        print(f"wrote {args.out}")
+        return out
     # acceptance: target-sampled continuations, target's warped top-k stored once
     dc = DistillConfig(policy="target", max_new_tokens=N, store_k=16, steps=2, warmup_steps=0,
                        **warp)
@@ -214,7 +256,6 @@ def main(argv=None):
         write_json(args.out, out)
         print(f"wrote {args.out}")
         return out
-    slots = max(len(p) for p in prompts) + N
     base_cfg = dict(eos_token_id=(), max_new_tokens=N, **warp)
     methods = {
         "speculative_g4": lambda d: (speculative_sample, DecodeConfig(
@@ -243,7 +284,8 @@ def main(argv=None):
         rec = {"acceptance": acceptance(dparams),
                "rows": int(np.asarray(mv.head_rows(dparams)).size) if mv.head_rows(dparams) is not None else V}
         for B in batches:
-            rec[f"draft_pass_ms_b{B}"] = pass_ms(draft.config, dparams, B, slots, args.repeats)
+            rec[f"draft_pass_ms_b{B}"] = pass_ms(draft.config, dparams, B, slots, args.repeats,
+                                                 prompt_len)
             if dname not in (decode if B == 1 else at_batch):
                 continue
             for mname, make in methods.items():

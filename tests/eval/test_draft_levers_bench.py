@@ -25,3 +25,24 @@ def test_small_acceptance_only(tmp_path, monkeypatch):
     assert drafts["base"]["acceptance_minus_base"] == 0.0
     assert data["table"] and "references" not in data  # nothing timed
     cpu_options.choice.cache_clear()
+
+
+def test_small_passes_only(tmp_path, monkeypatch):
+    """``--passes-only``: every draft gets a draft-pass time at batch 1 and ``--batch``, the base
+    is 1.0x itself, prompt-rows drafts are timed too, and nothing else is measured."""
+    monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")
+    from dsbd_jax.models import cpu_options
+    cpu_options.choice.cache_clear()
+    out = tmp_path / "passes.json"
+    load_bench("draft_levers").main(["--small", "--passes-only", "--prompt-rows", "--batch", "2",
+                                      "--out", str(out)])
+    data = json.loads(out.read_text())
+    drafts = data["drafts"]
+    assert any(k.endswith("_prompt") for k in drafts) and "distilled" in drafts
+    for rec in drafts.values():
+        assert set(rec) == {"draft_pass_ms_b1", "draft_pass_ms_b2", "draft_pass_vs_base_b1",
+                            "draft_pass_vs_base_b2"}
+        assert rec["draft_pass_ms_b1"] > 0 and rec["draft_pass_ms_b2"] > 0
+    assert drafts["base"]["draft_pass_vs_base_b1"] == 1.0
+    assert "references" not in data and data["machine"]["cpu_model"]
+    cpu_options.choice.cache_clear()
