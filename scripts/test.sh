@@ -4,7 +4,9 @@
 #
 # The suite runs as one pytest process per test folder (tests/decoding, tests/eval, ...): each
 # process compiles hundreds of XLA programs, and fresh processes keep memory flat and one
-# folder's state out of the next. A run with explicit test paths is one pytest process. The
+# folder's state out of the next. A run with explicit test paths is one pytest process (it stays
+# below the kernel's memory-map limit: tests/conftest.py frees jax's cached programs past half
+# of vm.max_map_count, see dsbd_jax/decoding/compiles.py). The
 # last line sums the folders: "N passed, N failed[, N skipped]".
 set -uo pipefail
 cd "$(dirname "$0")/.."

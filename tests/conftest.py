@@ -1,10 +1,30 @@
-"""Shared pytest setup: keep thread use modest (the test machines have few cores)."""
+"""Shared pytest setup: keep thread use modest (the test machines have few cores), and keep one
+process below the kernel's memory-map limit."""
 
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After a test module, free jax's cached programs once the process holds half of the
+    kernel's memory maps (``vm.max_map_count``): every compiled XLA program keeps some, and a
+    run of several test folders in one process (``scripts/test.sh tests/decoding tests/eval``)
+    otherwise reaches the limit and dies with a segmentation fault inside a compilation
+    (``dsbd_jax/decoding/compiles.py``). Below half nothing is freed, so a module's programs
+    still serve the next module."""
+    yield
+    from dsbd_jax.decoding.compiles import map_usage
+    usage = map_usage()
+    if usage is not None and usage[0] > usage[1] // 2:
+        import gc
+
+        import jax
+        jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,17 @@ jax reports every backend compilation through ``jax.monitoring`` (the duration e
 A user's jit and a plain call on the same shapes are two programs and count twice. A hit of
 jax's persistent compilation cache still passes through the backend-compile event and counts.
 Each counted compilation logs one INFO line on the ``dsbd_jax`` logger: method, shapes, time.
+
+**The kernel's memory-map limit.** Every compiled XLA:CPU program keeps a few memory maps of
+its own until jax frees it, and jax keeps every program its jit caches hold. A process that
+compiles thousands of programs (a long notebook, a sweep over many settings, a whole test suite
+in one process) reaches Linux's ``vm.max_map_count`` (65,530 by default), and the next
+compilation then dies with a segmentation fault, no Python error. After any backend compilation
+(at most once a second) this module compares the process's maps with the limit
+(:func:`map_usage`) and logs one WARNING on the ``dsbd_jax`` logger when they pass
+``MAP_WARN_FRACTION`` of it, saying what to do: ``jax.clear_caches()`` frees every cached
+program (they compile again on their next call), or run separate settings in separate
+processes, or raise the limit. It only logs; nothing is freed behind the caller's back.
 """
 
 from __future__ import annotations
@@ -22,7 +33,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Dict, Optional, Union
+import time
+from typing import Dict, Optional, Tuple, Union
 
 import jax
 from jax import monitoring
@@ -70,9 +82,57 @@ def note_core_call(decoder: str, args) -> None:
         _THREAD.last[decoder] = shapes
 
 
+# ---------------------------------------------------------------------------------------------
+# the kernel's memory-map limit (module doc)
+MAP_WARN_FRACTION = 0.75
+MAP_CHECK_INTERVAL_S = 1.0
+_MAPS = {"checked": float("-inf"), "warned": False}  # throttle and warn-once state (logging only)
+
+
+def map_usage() -> Optional[Tuple[int, int]]:
+    """``(memory maps this process holds, the kernel's vm.max_map_count)``, or ``None`` where
+    ``/proc`` does not tell (not Linux)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().strip())
+        with open("/proc/self/maps", "rb") as f:
+            used = f.read().count(b"\n")
+    except (OSError, ValueError):
+        return None
+    return used, limit
+
+
+def check_map_usage(force: bool = False) -> Optional[Tuple[int, int]]:
+    """Compare the process's memory maps with the kernel's limit (at most once every
+    ``MAP_CHECK_INTERVAL_S`` unless ``force``); log one WARNING when they pass
+    ``MAP_WARN_FRACTION`` of it (again only after they fell back below). Returns
+    :func:`map_usage`'s answer, or ``None`` when skipped or unknown."""
+    now = time.monotonic()
+    if not force and now - _MAPS["checked"] < MAP_CHECK_INTERVAL_S:
+        return None
+    _MAPS["checked"] = now
+    usage = map_usage()
+    if usage is None:
+        return None
+    used, limit = usage
+    high = limit > 0 and used >= MAP_WARN_FRACTION * limit
+    if high and not _MAPS["warned"]:
+        logger.warning(
+            "this process holds %d memory maps of the kernel's limit of %d (vm.max_map_count). "
+            "Every compiled XLA program keeps some until it is freed, and at the limit the next "
+            "compilation kills the process with a segmentation fault. Free the cached programs "
+            "with jax.clear_caches() (they compile again on their next call), run separate "
+            "settings in separate processes, or raise the limit (sysctl -w "
+            "vm.max_map_count=262144).", used, limit)
+    _MAPS["warned"] = high
+    return usage
+
+
 def _on_duration(event: str, duration: float, **kwargs) -> None:
     if event not in (BACKEND_COMPILE_EVENT, TRACE_EVENT):
         return
+    if event == BACKEND_COMPILE_EVENT:
+        check_map_usage()
     fun = str(kwargs.get("fun_name", ""))   # "jit(_dsbd_core)" when compiling, in jax 0.10
     if fun.startswith("jit(") and fun.endswith(")"):
         fun = fun[4:-1]

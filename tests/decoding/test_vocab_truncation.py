@@ -45,12 +45,22 @@ def truncated_pair(draft: str, rows):
     return {"target": toy("target")[1], "draft": truncate_head(dparams, dcfg, rows)}
 
 
-def check_exact(fn, cfg, params, excluded, key=0):
+def check_exact(fn, cfg, params, excluded, key=0, chunk=None):
     """Chi-square of BATCH samples against the target's sampling distribution; the excluded
-    tokens must come out as the first new token at about their target probability."""
-    ids = np.tile(np.asarray(PROMPT, np.int32)[None], (BATCH, 1))
-    out = fn(params, ids, jax.random.key(key), cfg)
-    seqs = np.asarray(out.sequences[:, 0])
+    tokens must come out as the first new token at about their target probability.
+
+    ``chunk``: draw the BATCH samples in calls of ``chunk`` rows (one key per row, split from
+    ``key``; one compiled program) and return the list of outputs. A prompt-rows head has a
+    column per prompt token of the call (``N + B * P``), so one call of 20,000 rows would build
+    20,000 x 40,000 logits per draft pass (about 20 GB at the peak)."""
+    ids = np.tile(np.asarray(PROMPT, np.int32)[None], (chunk or BATCH, 1))
+    if chunk is None:
+        out = fn(params, ids, jax.random.key(key), cfg)
+        seqs = np.asarray(out.sequences[:, 0])
+    else:
+        keys = jax.random.split(jax.random.key(key), BATCH)
+        out = [fn(params, ids, keys[i:i + chunk], cfg) for i in range(0, BATCH, chunk)]
+        seqs = np.concatenate([np.asarray(o.sequences[:, 0]) for o in out])
     exact = ref.exact_sample_dist(target_lp(), PROMPT, cfg.max_new_tokens, cfg.temperature,
                                   cfg.top_k, cfg.top_p, tuple(cfg.eos_token_id or ()), cfg.pad_id)
     res = ref.chi_square_test([tuple(s) for s in seqs.tolist()], exact)
@@ -157,18 +167,25 @@ def test_prompt_rows_dsbd_is_exact_beam_sampling(case):
     rows = subset_without(set(excluded) | set(PROMPT), 6)
     _check_dsbd_beam(case, {"target": toy("target")[1],
                             "draft": truncate_head(dparams, dcfg, rows, prompt_rows=True)},
-                     excluded)
+                     excluded, chunk=1000)
 
 
-def _check_dsbd_beam(case, params, excluded):
+def _check_dsbd_beam(case, params, excluded, chunk=None):
     cfg = _dsbd_cfg(**DSBD_CASES[case])
     single_beam = cfg.single_beam
     W = cfg.min_width
-    ids = np.tile(np.asarray(PROMPT, np.int32)[None], (10_000, 1))
-    out = dsbd_generate(params, ids, jax.random.PRNGKey(11), cfg)
-    rate = float(np.asarray(out.stats["layer_acceptance_rate"])[0])
+    n = 10_000
+    if chunk is None:
+        ids = np.tile(np.asarray(PROMPT, np.int32)[None], (n, 1))
+        outs = [dsbd_generate(params, ids, jax.random.PRNGKey(11), cfg)]
+    else:  # a prompt-rows head: calls of `chunk` rows (check_exact's docstring)
+        ids = np.tile(np.asarray(PROMPT, np.int32)[None], (chunk, 1))
+        keys = jax.random.split(jax.random.key(11), n)
+        outs = [dsbd_generate(params, ids, keys[i:i + chunk], cfg) for i in range(0, n, chunk)]
+    rate = float(np.mean([np.asarray(o.stats["layer_acceptance_rate"])[0] for o in outs]))
     assert 0.05 < rate < 0.95, rate
-    seqs, ll = np.asarray(out.sequences), np.asarray(out.log_likelihoods)
+    seqs = np.concatenate([np.asarray(o.sequences) for o in outs])
+    ll = np.concatenate([np.asarray(o.log_likelihoods) for o in outs])
     samples = collections.Counter(ref.beam_key(s, l) for s, l in zip(seqs, ll))
     exact = ref.exact_beam_sample_dist(target_lp(), PROMPT, [W] * cfg.max_new_tokens,
                                        replacement=cfg.replacement, eos_ids=(4,), pad_id=0,
@@ -255,11 +272,12 @@ def test_prompt_rows_draft_is_exact_and_accepts_more(name):
     dcfg, dparams = toy("close")
     target = toy("target")[1]
     with_rows = {"target": target, "draft": truncate_head(dparams, dcfg, rows, prompt_rows=True)}
-    res, out = check_exact(fn, cfg, with_rows, excluded)
+    res, outs = check_exact(fn, cfg, with_rows, excluded, chunk=1000)
     assert res.pvalue > P_EXACT, res
     plain = {"target": target, "draft": truncate_head(dparams, dcfg, rows)}
     _, out_plain = check_exact(fn, cfg, plain, excluded)
-    key = "acceptance_rate" if "acceptance_rate" in out.stats else "layer_acceptance_rate"
-    acc, acc_plain = (float(np.ravel(np.asarray(o.stats[key]))[0]) for o in (out, out_plain))
+    key = "acceptance_rate" if "acceptance_rate" in out_plain.stats else "layer_acceptance_rate"
+    rate = lambda o: float(np.ravel(np.asarray(o.stats[key]))[0])  # noqa: E731 (layer 0)
+    acc, acc_plain = float(np.mean([rate(o) for o in outs])), rate(out_plain)
     print(f"{name}: p={res.pvalue:.3g}, {key} {acc_plain:.3f} -> {acc:.3f}")
     assert acc > acc_plain
