@@ -4,16 +4,17 @@
 #
 # jax 0.11 needs Python >= 3.12 (its 0.11.0 changelog drops 3.11), and the development machine
 # has 3.11, so `pip index versions jax` there stops at 0.10.2. This script builds a Debian trixie
-# root (Python 3.13) with debootstrap, installs jax/jaxlib 0.11.2 and the project's pure-Python
-# dependencies into a venv inside it, and runs pytest there over the bind-mounted checkout.
+# root (Python 3.13) with debootstrap, installs the project there with its own dependency list
+# (on Python >= 3.12 it admits jax 0.11.x; JAX_VERSION pins which) and pytest's tools into a venv,
+# and runs pytest over the bind-mounted checkout.
 # Needs root and the Debian and PyPI registries; about 5 minutes to build, 10 to run.
 # torch is left out (PyPI's Linux torch needs several GB of CUDA packages): tests that build
 # models with torch skip or fail on the import, and so do those that need the offline weight
 # and dataset packages; the summary line counts them with the others.
-#   sudo bash scripts/jax011_check.sh [ROOT_DIR] [pytest args...]   (default /work/trixie)
+#   sudo bash scripts/jax011_check.sh [ROOT_DIR] [pytest args...]   (default $TMPDIR/dsbd-trixie)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT="${1:-/work/trixie}"; shift || true
+ROOT="${1:-${TMPDIR:-/tmp}/dsbd-trixie}"; shift || true
 JAX=${JAX_VERSION:-0.11.2}
 if [ ! -x "$ROOT/usr/bin/python3" ]; then
   command -v debootstrap >/dev/null || apt-get install -y -q debootstrap
@@ -22,18 +23,18 @@ if [ ! -x "$ROOT/usr/bin/python3" ]; then
 fi
 cp /etc/resolv.conf "$ROOT/etc/"
 cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"  # a proxy's CA
-mkdir -p "$ROOT/work/repo" "$ROOT/proc"
+mkdir -p "$ROOT/repo" "$ROOT/proc"
 mountpoint -q "$ROOT/proc" || mount --bind /proc "$ROOT/proc"
-mountpoint -q "$ROOT/work/repo" || mount --bind "$PWD" "$ROOT/work/repo"
+mountpoint -q "$ROOT/repo" || mount --bind "$PWD" "$ROOT/repo"
 chroot "$ROOT" bash -c "
   set -e
   [ -x /opt/v/bin/python ] || python3 -m venv /opt/v
-  /opt/v/bin/pip install -q jax==$JAX jaxlib==$JAX flax==0.12.8 optax==0.2.8 chex==0.1.92 \
-    transformers==5.23.0 'numpy>=1.26' 'safetensors>=0.4' gguf==0.19.0 'jinja2>=3.1' \
-    'pyyaml>=6' 'tqdm>=4.60' 'pytest>=8' 'hypothesis>=6' 'scipy>=1.11' import-linter==2.16
+  # the test extra without torch, matplotlib and the notebook tools (see above)
+  /opt/v/bin/pip install -q /repo jax==$JAX jaxlib==$JAX 'pytest>=8' 'hypothesis>=6' \
+    'scipy>=1.11' import-linter==2.16
   /opt/v/bin/python -c 'import sys, jax, jaxlib, flax; print(sys.version.split()[0], \"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__, \"flax\", flax.__version__)'
-  cd /work/repo
-  export PYTHONPATH=/work/repo:/work/repo/tests HOME=/root
+  cd /repo
+  export PYTHONPATH=/repo:/repo/tests HOME=/root
   if [ \$# -gt 0 ]; then exec /opt/v/bin/python -m pytest -q -p no:cacheprovider -rfE \"\$@\"; fi
   for g in tests/decoding tests/models tests/training tests/parallel tests/eval tests/test_*.py; do
     echo \"== \$g\"

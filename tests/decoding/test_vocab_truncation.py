@@ -45,22 +45,24 @@ def truncated_pair(draft: str, rows):
     return {"target": toy("target")[1], "draft": truncate_head(dparams, dcfg, rows)}
 
 
-def check_exact(fn, cfg, params, excluded, key=0, chunk=None):
-    """Chi-square of BATCH samples against the target's sampling distribution; the excluded
-    tokens must come out as the first new token at about their target probability.
-
-    ``chunk``: draw the BATCH samples in calls of ``chunk`` rows (one key per row, split from
-    ``key``; one compiled program) and return the list of outputs. A prompt-rows head has a
-    column per prompt token of the call (``N + B * P``), so one call of 20,000 rows would build
-    20,000 x 40,000 logits per draft pass (about 20 GB at the peak)."""
-    ids = np.tile(np.asarray(PROMPT, np.int32)[None], (chunk or BATCH, 1))
+def draws(fn, cfg, params, n, key, chunk=None):
+    """The outputs of ``n`` rows of PROMPT: one call with ``key``, or (``chunk``) calls of
+    ``chunk`` rows with one key per row split from ``key`` (one compiled program). A prompt-rows
+    head has a column per prompt token of the call (``N + B * P``), so one call of 20,000 rows
+    would build 20,000 x 40,000 logits per draft pass (about 20 GB at the peak)."""
+    ids = np.tile(np.asarray(PROMPT, np.int32)[None], (chunk or n, 1))
     if chunk is None:
-        out = fn(params, ids, jax.random.key(key), cfg)
-        seqs = np.asarray(out.sequences[:, 0])
-    else:
-        keys = jax.random.split(jax.random.key(key), BATCH)
-        out = [fn(params, ids, keys[i:i + chunk], cfg) for i in range(0, BATCH, chunk)]
-        seqs = np.concatenate([np.asarray(o.sequences[:, 0]) for o in out])
+        return [fn(params, ids, key, cfg)]
+    keys = jax.random.split(key, n)
+    return [fn(params, ids, keys[i:i + chunk], cfg) for i in range(0, n, chunk)]
+
+
+def check_exact(fn, cfg, params, excluded, key=0, chunk=None):
+    """Chi-square of BATCH samples (:func:`draws`) against the target's sampling distribution;
+    the excluded tokens must come out as the first new token at about their target
+    probability. Returns the test's result and the list of outputs."""
+    outs = draws(fn, cfg, params, BATCH, jax.random.key(key), chunk)
+    seqs = np.concatenate([np.asarray(o.sequences[:, 0]) for o in outs])
     exact = ref.exact_sample_dist(target_lp(), PROMPT, cfg.max_new_tokens, cfg.temperature,
                                   cfg.top_k, cfg.top_p, tuple(cfg.eos_token_id or ()), cfg.pad_id)
     res = ref.chi_square_test([tuple(s) for s in seqs.tolist()], exact)
@@ -70,7 +72,7 @@ def check_exact(fn, cfg, params, excluded, key=0, chunk=None):
         want[s[0]] += pr
     for t in excluded:
         assert want[t] > 0.05 and first[t] > 0.5 * want[t] * BATCH, (t, first[t], want[t])
-    return res, out
+    return res, outs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def test_truncated_draft_is_exact(name):
     cfg = make()
     excluded = left_out(2)
     params = truncated_pair("close", subset_without(excluded, 6))
-    res, out = check_exact(fn, cfg, params, excluded)
+    res, (out,) = check_exact(fn, cfg, params, excluded)
     acc = float(out.stats["acceptance_rate"])
     print(f"{name}, truncated draft without {excluded}: p={res.pvalue:.3g} "
           f"(chi2={res.statistic:.1f}, dof={res.dof}), acceptance={acc:.3f}")
@@ -174,14 +176,7 @@ def _check_dsbd_beam(case, params, excluded, chunk=None):
     cfg = _dsbd_cfg(**DSBD_CASES[case])
     single_beam = cfg.single_beam
     W = cfg.min_width
-    n = 10_000
-    if chunk is None:
-        ids = np.tile(np.asarray(PROMPT, np.int32)[None], (n, 1))
-        outs = [dsbd_generate(params, ids, jax.random.PRNGKey(11), cfg)]
-    else:  # a prompt-rows head: calls of `chunk` rows (check_exact's docstring)
-        ids = np.tile(np.asarray(PROMPT, np.int32)[None], (chunk, 1))
-        keys = jax.random.split(jax.random.key(11), n)
-        outs = [dsbd_generate(params, ids, keys[i:i + chunk], cfg) for i in range(0, n, chunk)]
+    outs = draws(dsbd_generate, cfg, params, 10_000, jax.random.PRNGKey(11), chunk)
     rate = float(np.mean([np.asarray(o.stats["layer_acceptance_rate"])[0] for o in outs]))
     assert 0.05 < rate < 0.95, rate
     seqs = np.concatenate([np.asarray(o.sequences) for o in outs])
@@ -275,7 +270,7 @@ def test_prompt_rows_draft_is_exact_and_accepts_more(name):
     res, outs = check_exact(fn, cfg, with_rows, excluded, chunk=1000)
     assert res.pvalue > P_EXACT, res
     plain = {"target": target, "draft": truncate_head(dparams, dcfg, rows)}
-    _, out_plain = check_exact(fn, cfg, plain, excluded)
+    _, (out_plain,) = check_exact(fn, cfg, plain, excluded)
     key = "acceptance_rate" if "acceptance_rate" in out_plain.stats else "layer_acceptance_rate"
     rate = lambda o: float(np.ravel(np.asarray(o.stats[key]))[0])  # noqa: E731 (layer 0)
     acc, acc_plain = float(np.mean([rate(o) for o in outs])), rate(out_plain)
