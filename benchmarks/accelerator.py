@@ -23,7 +23,8 @@ whole decode is one ``lax.while_loop`` (no host round trip per iteration), float
 and stops at ``--budget-s`` (default 420 s; the rest is listed under ``skipped``).
 
 Usage: python benchmarks/accelerator.py [--out results/gpu/DEVICE.json] [--budget-s 420]
-       [--pairs qwen llama] [--layouts stacked per_layer] [--methods ...] [--max-new-tokens 32]
+       [--pairs qwen llama] [--dtypes bfloat16 float32] [--layouts stacked per_layer]
+       [--methods ...] [--batches 1 8] [--slots 512 4096] [--max-new-tokens 32]
        python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, bfloat16
        stacked + float32 per_layer: a check of every code path; --methods to run fewer)
 A GPU machine runs ``scripts/gpu_bench.sh OUTDIR``.
@@ -240,6 +241,9 @@ def main(argv=None):
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer"],
                     choices=["stacked", "per_layer"])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
+                    choices=["bfloat16", "float32"],
+                    help="bfloat16 runs every pair, float32 the first pair only")
     ap.add_argument("--slots", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -262,10 +266,12 @@ def main(argv=None):
         f"{getattr(device, 'device_kind', 'device').replace(' ', '_')}.json")
     budget = Budget(args.budget_s)
     runs = []
-    plan = [(p, "bfloat16", lay) for p in pairs for lay in args.layouts]
-    plan += [(next(iter(pairs)), "float32", lay) for lay in args.layouts]
+    plan = [(p, "bfloat16", lay) for p in pairs for lay in args.layouts
+            if "bfloat16" in args.dtypes]
+    plan += [(next(iter(pairs)), "float32", lay) for lay in args.layouts
+             if "float32" in args.dtypes]
     if args.small:  # every code path once: both dtypes, both layouts, decoders in the first
-        plan = [plan[0], plan[-1]]
+        plan = list(dict.fromkeys([plan[0], plan[-1]]))
     for i, (pname, dtype, layout) in enumerate(plan):
         label = f"{pname} {dtype} {layout}"
         if not budget.ok(label):

@@ -43,7 +43,7 @@ from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.kernels import project
-from dsbd_jax.models.vocab import split_head, truncated_logits
+from dsbd_jax.models.vocab import split_head, tied_logits, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
 
@@ -270,7 +270,7 @@ class LlamaForCausalLM(nn.Module):
         if head is not None:  # truncated head (dsbd_jax.models.vocab): N rows, the rest -inf
             return truncated_logits(h, head, cfg.vocab_size), KVCache(new_k, new_v)
         if cfg.tie_word_embeddings:
-            logits = embed.attend(h)
+            logits = tied_logits(h, embed.embedding.astype(dt))
         else:
             logits = _dense(cfg.vocab_size, False, dt, "lm_head")(h)
         return softcap(logits.astype(jnp.float32), cfg.final_logit_softcap), KVCache(new_k, new_v)

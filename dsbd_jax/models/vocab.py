@@ -37,6 +37,7 @@ always including ``keep`` (e.g. the EOS ids).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +64,24 @@ def head_rows(params) -> Optional[jax.Array]:
     return None if head is None else head["rows"]
 
 
+def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
+    """``h [..., d]`` times a tied head (the embedding ``[V, d]``, transposed): ``[..., V]``, as
+    ``nn.Embed.attend`` computes it, except for the operand order of a single row.
+
+    One row (``h`` holds one vector: a one-token step at batch 1) is computed with the
+    embedding as the left operand, ``E h^T``. XLA:CPU runs ``h E^T`` for one row 1.2x (jaxlib
+    0.10.2) to 5.1x (0.11.2) slower than ``E h^T`` at the 0.5B draft's 151,936 x 896 head
+    (``benchmarks/tied_head.py``, ``results/tied_head.json``). Both orders give the same
+    product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
+    full tied head and by a truncated tied head (:func:`truncated_logits`), so a truncated
+    head with every row reproduces the full logits bit for bit."""
+    if math.prod(h.shape[:-1]) == 1:
+        col = jax.lax.dot_general(embedding, jnp.reshape(h, (1, h.shape[-1])),
+                                  (((1,), (1,)), ((), ())))  # [V, 1]
+        return jnp.reshape(col, h.shape[:-1] + (embedding.shape[0],))
+    return jnp.dot(h, embedding.T)
+
+
 def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
     """float32 logits ``[.., V]``: ``h [.., d]`` times the head's ``N`` rows, ``-inf`` elsewhere.
     The products are computed as ``nn.Dense`` / ``nn.Embed.attend`` compute the full head (same
@@ -71,7 +90,7 @@ def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
         kernel = head["kernel"].astype(h.dtype)
         part = jax.lax.dot_general(h, kernel, (((h.ndim - 1,), (0,)), ((), ())))
     else:
-        part = jnp.dot(h, head["embedding"].astype(h.dtype).T)
+        part = tied_logits(h, head["embedding"].astype(h.dtype))
     full = jnp.full(h.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., head["rows"]].set(part.astype(jnp.float32))
 

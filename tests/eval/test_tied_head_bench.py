@@ -1,0 +1,27 @@
+"""benchmarks/tied_head.py in its ``--small`` mode: every order and form of a tied head's product
+computes the same logits (the script checks it) and lands in the JSON with its timings; and
+benchmarks/jax_versions.py's table of items from an accelerator.py result."""
+
+import json
+
+from bench_setup import load_bench
+
+
+def test_small_run_times_every_variant(tmp_path):
+    bench = load_bench("tied_head")
+    out = tmp_path / "th.json"
+    bench.main(["--small", "--rows", "1", "3", "--repeats", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and data["vocab"] == 4096
+    for rows in ("1", "3"):
+        names = {k.split(" | ")[0] for k in data["ms"][rows]}
+        assert names == set(bench.VARIANTS), names
+        assert all(v > 0 for v in data["ms"][rows].values())
+
+
+def test_jax_versions_items():
+    bench = load_bench("jax_versions")
+    result = {"runs": [{"forward": {"draft 1 token @512": {"ms": 2.0}},
+                        "decoders": {"1": {"sample": {"ms_per_iteration": 3.0}}}}]}
+    assert bench._items(result) == {"forward draft 1 token @512": 2.0,
+                                    "sample batch 1 ms/iteration": 3.0}
