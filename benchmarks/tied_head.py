@@ -12,8 +12,13 @@ of ``dsbd_jax.models.cpu_options`` this XLA accepts, interleaved round by round,
 * ``rows one by one``: M products of one row, each as ``E h_i^T``;
 * ``kernel [d, V]``: an untied copy of the head (``V * d`` more memory), for reference.
 
+With ``--forward``, also whole forward passes of a draft with the 0.5B Qwen shapes (random
+weights, float32, per-layer, 512 cache slots) at 1 token, 4 rows and 16 rows, tied against
+untied (``dsbd_jax.models.vocab.untie_head``), interleaved, under the host's options
+(``cpu_options``, as the decoders run).
+
 Usage: python benchmarks/tied_head.py [--vocab 151936 --dim 896] [--rows 1 2 4 8 16]
-       [--repeats 7] [--out results/tied_head.json]
+       [--repeats 7] [--forward] [--out results/tied_head.json]
        python benchmarks/tied_head.py --small   (a 4096 x 64 head: a check, seconds)
 """
 
@@ -34,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cpu_options import CANDIDATES, candidates, interleaved_min  # noqa: E402
-from dsbd_jax.models.vocab import tied_logits  # noqa: E402
+from dsbd_jax.models.vocab import tied_logits, untie_head  # noqa: E402
 
 
 def _e_ht(h, E):
@@ -54,6 +59,39 @@ VARIANTS = {
 }
 
 
+def forward_passes(small, repeats):
+    """``{shape: {"tied": ms, "untied": ms}}``: draft forward passes, interleaved, minimum."""
+    from dsbd_jax.models import llama
+    from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.config import ModelConfig
+    from dsbd_jax.models.cpu_options import tuned_jit
+    shape = (dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16) if small else
+             dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                  num_heads=14, num_kv_heads=2, head_dim=64))
+    cfg = ModelConfig(**shape, rope_theta=1e6, attention_bias=True, architecture="qwen2",
+                      max_position_embeddings=32768, tie_word_embeddings=True)
+    params = llama.init_params(cfg, jax.random.PRNGKey(0), "per_layer")
+    up, ucfg = untie_head(params, cfg)
+    models = {"tied": (cfg, params), "untied": (ucfg, up)}
+    slots = 64 if small else 512
+    res = {}
+    for name, (B, T) in {"1 token": (1, 1), "4 rows": (4, 1), "16 rows": (16, 1)}.items():
+        calls = {}
+        for kind, (c, p) in models.items():
+            tokens = jnp.ones((B, T), jnp.int32)
+            pos = jnp.full((B, T), slots - 1, jnp.int32)
+            mask = jnp.ones((B, T, slots + T), bool)
+            f = tuned_jit(lambda p, cache, c=c, tokens=tokens, pos=pos, mask=mask:
+                          llama.forward(c, p, tokens, pos, mask, cache)[0])
+            calls[kind] = functools.partial(f, p, empty_cache(c, B, slots))
+        t = interleaved_min(calls, repeats)
+        res[name] = {k: 1e3 * v for k, v in t.items()}
+        print(f"draft forward {name}: " + "  ".join(f"{k}={v:.1f} ms"
+                                                    for k, v in res[name].items()), flush=True)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=151936)
@@ -61,6 +99,8 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--forward", action="store_true",
+                    help="also whole draft forward passes, tied against untied")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "tied_head.json"))
     args = ap.parse_args(argv)
     V, d = (4096, 64) if args.small else (args.vocab, args.dim)
@@ -83,6 +123,8 @@ def main(argv=None):
               flush=True)
     out = {"machine": machine_info(), "vocab": V, "dim": d, "dtype": "float32",
            "figure": "ms per product, minimum over rounds", "ms": table}
+    if args.forward:
+        out["forward"] = forward_passes(args.small, args.repeats)
     write_json(args.out, out)
     print(f"wrote {args.out}")
     return out

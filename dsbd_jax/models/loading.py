@@ -46,6 +46,7 @@ from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
                                      preset_tokenizer)
 from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
+from dsbd_jax.models.vocab import untie_head as untie
 
 __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
            "read_config"]
@@ -127,7 +128,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                head_rows: Optional[int] = None,
                vocab_table: Optional[Union[str, os.PathLike]] = None,
                prompt_rows: bool = False,
-               kernel_blocks: Union[str, Dict[str, int], None] = None) -> LoadedModel:
+               kernel_blocks: Union[str, Dict[str, int], None] = None,
+               untie_head: bool = False) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -157,6 +159,12 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
         nothing off the CPU or for small models) or ``{"down_proj": 64, ...}``.
         ``info["kernel_blocks"]`` records what was applied.
+      untie_head: give a tied head (the embedding doubling as the head: the hub's Qwen2.5-0.5B,
+        Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
+        ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
+        with 2-16 rows (a draft at batch 2+, beams) is 2-24x slower than an untied one
+        (``docs/results.md``). Applied before ``head_rows``; ``info["untied_head"]`` says
+        whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)
     if prompt_rows and head_rows is None:
@@ -167,6 +175,9 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                         progress=progress, cache_params=cache_params, revision=revision)
     if layout == "per_layer":
         unstack_layers_(model.params)
+    model.info["untied_head"] = bool(untie_head and model.config.tie_word_embeddings)
+    if untie_head:
+        model.params, model.config = untie(model.params, model.config)
     if head_rows is not None:
         table = Path(vocab_table) if vocab_table is not None else find_table(source, cache_dir)
         counts, _ = load_table(table)

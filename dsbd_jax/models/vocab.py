@@ -36,6 +36,7 @@ always including ``keep`` (e.g. the EOS ids).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -69,7 +70,7 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
     ``nn.Embed.attend`` computes it, except for the operand order of a single row.
 
     One row (``h`` holds one vector: a one-token step at batch 1) is computed with the
-    embedding as the left operand, ``E h^T``. XLA:CPU runs ``h E^T`` for one row 1.2x (jaxlib
+    embedding as the left operand, ``E h^T``. XLA:CPU runs ``h E^T`` for one row 1.1x (jaxlib
     0.10.2) to 5.1x (0.11.2) slower than ``E h^T`` at the 0.5B draft's 151,936 x 896 head
     (``benchmarks/tied_head.py``, ``results/tied_head.json``). Both orders give the same
     product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
@@ -80,6 +81,28 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
                                   (((1,), (1,)), ((), ())))  # [V, 1]
         return jnp.reshape(col, h.shape[:-1] + (embedding.shape[0],))
     return jnp.dot(h, embedding.T)
+
+
+def untie_head(params, config):
+    """``(params, config)`` with a tied head as its own ``[d, V]`` kernel (``params["lm_head"]``,
+    the embedding transposed and copied) and ``tie_word_embeddings=False``: the same model, at
+    the cost of ``V * d`` more parameters (545 MB for the 0.5B Qwen draft in float32).
+
+    Why: on the CPU under the per-host option ``eigen_dot``, a tied head with 2-16 rows takes
+    2-24x as long as the same product with an ``[d, V]`` kernel (``benchmarks/tied_head.py``;
+    4 rows of a 151,936 x 896 head: 673 against 36 ms). Logits equal the tied model's to float
+    rounding. An untied model is returned unchanged; a truncated head must be untied before
+    truncation (untie first, then :func:`truncate_head`)."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
+    if not config.tie_word_embeddings:
+        return params, config
+    if VOCAB_HEAD in params:
+        raise ValueError("these parameters have a truncated head: untie the full model's "
+                         "parameters, then truncate")
+    embedding = params["embed"]["embedding"]
+    out = dict(params, lm_head={"kernel": jnp.array(embedding.T)})  # a copy in [d, V] order
+    return out, dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:

@@ -10,13 +10,15 @@ from bench_setup import load_bench
 def test_small_run_times_every_variant(tmp_path):
     bench = load_bench("tied_head")
     out = tmp_path / "th.json"
-    bench.main(["--small", "--rows", "1", "3", "--repeats", "1", "--out", str(out)])
+    bench.main(["--small", "--rows", "1", "3", "--repeats", "1", "--forward", "--out", str(out)])
     data = json.loads(out.read_text())
     assert data["machine"]["cpu_model"] and data["vocab"] == 4096
     for rows in ("1", "3"):
         names = {k.split(" | ")[0] for k in data["ms"][rows]}
         assert names == set(bench.VARIANTS), names
         assert all(v > 0 for v in data["ms"][rows].values())
+    assert set(data["forward"]) == {"1 token", "4 rows", "16 rows"}
+    assert all(set(v) == {"tied", "untied"} for v in data["forward"].values())
 
 
 def test_jax_versions_items():

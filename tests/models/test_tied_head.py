@@ -13,7 +13,7 @@ import pytest
 
 from dsbd_jax.models import llama
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.vocab import tied_logits, truncate_head
+from dsbd_jax.models.vocab import tied_logits, truncate_head, untie_head
 
 V, D = 300, 32
 
@@ -72,3 +72,39 @@ def test_tied_model_forward_and_full_truncation(B, T):
     # a truncated tied head with every row: the same logits, bit for bit
     cut = truncate_head(params, cfg, np.arange(V))
     np.testing.assert_array_equal(_logits(cfg, cut, B, T), full)
+
+
+def test_untie_head_same_logits_and_truncation():
+    cfg, params = _tied_model()
+    up, ucfg = untie_head(params, cfg)
+    assert not ucfg.tie_word_embeddings and cfg.tie_word_embeddings
+    assert up["lm_head"]["kernel"].shape == (D, V) and "lm_head" not in params
+    for B, T in ((1, 1), (2, 1), (1, 3)):
+        np.testing.assert_allclose(_logits(ucfg, up, B, T), _logits(cfg, params, B, T),
+                                   rtol=1e-4, atol=1e-5)
+    # untie, then truncate: a truncated head with every row is the untied logits bit for bit
+    cut = truncate_head(up, ucfg, np.arange(V))
+    assert "kernel" in cut["vocab_head"] and "lm_head" not in cut
+    np.testing.assert_array_equal(_logits(ucfg, cut, 2, 1), _logits(ucfg, up, 2, 1))
+    # an untied model is returned as it is; a truncated one is refused
+    assert untie_head(up, ucfg)[0] is up
+    with pytest.raises(ValueError, match="untie the full model"):
+        untie_head(truncate_head(params, cfg, [1, 2]), cfg)
+    with pytest.raises(TypeError):
+        untie_head([params], cfg)
+
+
+def test_load_model_untie_head(tmp_path):
+    from test_loading import hf_config, hf_tensors, write_hf
+
+    from dsbd_jax.models.loading import load_model
+    write_hf(tmp_path / "m", hf_config(tie_word_embeddings=True), hf_tensors(seed=1, tied=True))
+    tied = load_model(tmp_path / "m", progress=False)
+    untied = load_model(tmp_path / "m", progress=False, untie_head=True, head_rows=None)
+    assert untied.info["untied_head"] and not tied.info["untied_head"]
+    assert not untied.config.tie_word_embeddings
+    np.testing.assert_array_equal(np.asarray(untied.params["lm_head"]["kernel"]),
+                                  np.asarray(tied.params["embed"]["embedding"]).T)
+    B, T = 2, 1
+    np.testing.assert_allclose(_logits(untied.config, untied.params, B, T),
+                               _logits(tied.config, tied.params, B, T), rtol=1e-4, atol=1e-5)
