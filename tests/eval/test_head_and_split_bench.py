@@ -1,6 +1,7 @@
-"""benchmarks/tied_head.py in its ``--small`` mode: every order and form of a tied head's product
-computes the same logits (the script checks it) and lands in the JSON with its timings; and
-benchmarks/jax_versions.py's table of items from an accelerator.py result."""
+"""Three benchmarks in their ``--small`` modes, each of which checks that its forms compute the
+same product: benchmarks/tied_head.py (the orders and forms of a tied head, and whole tied and
+untied draft passes) and benchmarks/split_products.py (split kernels) land in their JSON with
+their timings; benchmarks/jax_versions.py's items from an accelerator.py result."""
 
 import json
 
@@ -27,3 +28,15 @@ def test_jax_versions_items():
                         "decoders": {"1": {"sample": {"ms_per_iteration": 3.0}}}}]}
     assert bench._items(result) == {"forward draft 1 token @512": 2.0,
                                     "sample batch 1 ms/iteration": 3.0}
+
+
+def test_split_products_small(tmp_path):
+    bench = load_bench("split_products")
+    out = tmp_path / "sp.json"
+    bench.main(["--small", "--rows", "1", "4", "--repeats", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and (data["din"], data["dout"]) == (64, 256)
+    for rows in ("1", "4"):
+        forms = {k.split(" | ")[0] for k in data["ms"][rows]}
+        assert {"plain", "split2", "split_in", "blocks2"} <= forms, forms
+        assert all(v > 0 for v in data["ms"][rows].values())
