@@ -12,10 +12,11 @@ of ``dsbd_jax.models.cpu_options`` this XLA accepts, interleaved round by round,
 * ``rows one by one``: M products of one row, each as ``E h_i^T``;
 * ``kernel [d, V]``: an untied copy of the head (``V * d`` more memory), for reference.
 
-With ``--forward``, also whole forward passes of a draft with the 0.5B Qwen shapes (random
-weights, float32, per-layer, 512 cache slots) at 1 token, 4 rows and 16 rows, tied against
-untied (``dsbd_jax.models.vocab.untie_head``), interleaved, under the host's options
-(``cpu_options``, as the decoders run).
+With ``--forward``, also whole decode-step forward passes of the draft of
+``benchmarks/accelerator.py``'s Qwen pair (the 0.5B shapes; random weights, float32, per-layer,
+512 cache slots) at 1 token, 4 rows and 16 rows, tied against untied
+(``dsbd_jax.models.vocab.untie_head``), interleaved, under the host's options
+(``benchmarks/draft_levers.py``'s ``pass_call``, compiled as the decoders are).
 
 Usage: python benchmarks/tied_head.py [--vocab 151936 --dim 896] [--rows 1 2 4 8 16]
        [--repeats 7] [--forward] [--out results/tied_head.json]
@@ -60,32 +61,23 @@ VARIANTS = {
 
 
 def forward_passes(small, repeats):
-    """``{shape: {"tied": ms, "untied": ms}}``: draft forward passes, interleaved, minimum."""
+    """``{shape: {"tied": ms, "untied": ms}}``: decode-step forward passes of the draft of
+    ``accelerator.py``'s Qwen pair (``draft_levers.pass_call``: the host's options), tied and
+    untied, interleaved, minimum."""
+    from benchmarks.accelerator import PAIRS, SMALL_PAIRS
+    from benchmarks.draft_levers import pass_call
     from dsbd_jax.models import llama
-    from dsbd_jax.models.cache import empty_cache
     from dsbd_jax.models.config import ModelConfig
-    from dsbd_jax.models.cpu_options import tuned_jit
-    shape = (dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=2,
-                  num_heads=4, num_kv_heads=2, head_dim=16) if small else
-             dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
-                  num_heads=14, num_kv_heads=2, head_dim=64))
-    cfg = ModelConfig(**shape, rope_theta=1e6, attention_bias=True, architecture="qwen2",
-                      max_position_embeddings=32768, tie_word_embeddings=True)
+    shape = (SMALL_PAIRS["tiny"] if small else PAIRS["qwen"])[1]
+    cfg = ModelConfig(**dict(shape, tie_word_embeddings=True), dtype="float32")
     params = llama.init_params(cfg, jax.random.PRNGKey(0), "per_layer")
     up, ucfg = untie_head(params, cfg)
     models = {"tied": (cfg, params), "untied": (ucfg, up)}
     slots = 64 if small else 512
     res = {}
-    for name, (B, T) in {"1 token": (1, 1), "4 rows": (4, 1), "16 rows": (16, 1)}.items():
-        calls = {}
-        for kind, (c, p) in models.items():
-            tokens = jnp.ones((B, T), jnp.int32)
-            pos = jnp.full((B, T), slots - 1, jnp.int32)
-            mask = jnp.ones((B, T, slots + T), bool)
-            f = tuned_jit(lambda p, cache, c=c, tokens=tokens, pos=pos, mask=mask:
-                          llama.forward(c, p, tokens, pos, mask, cache)[0])
-            calls[kind] = functools.partial(f, p, empty_cache(c, B, slots))
-        t = interleaved_min(calls, repeats)
+    for name, B in {"1 token": 1, "4 rows": 4, "16 rows": 16}.items():
+        t = interleaved_min({kind: pass_call(c, p, B, slots, 1)
+                             for kind, (c, p) in models.items()}, repeats)
         res[name] = {k: 1e3 * v for k, v in t.items()}
         print(f"draft forward {name}: " + "  ".join(f"{k}={v:.1f} ms"
                                                     for k, v in res[name].items()), flush=True)

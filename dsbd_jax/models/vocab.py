@@ -101,7 +101,7 @@ def untie_head(params, config):
         raise ValueError("these parameters have a truncated head: untie the full model's "
                          "parameters, then truncate")
     embedding = params["embed"]["embedding"]
-    out = dict(params, lm_head={"kernel": jnp.array(embedding.T)})  # a copy in [d, V] order
+    out = dict(params, lm_head={"kernel": jnp.transpose(embedding)})  # a new [d, V] array
     return out, dataclasses.replace(config, tie_word_embeddings=False)
 
 
