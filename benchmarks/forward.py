@@ -68,13 +68,16 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None):
+def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transposed=False):
     """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
-    this host's choice)."""
+    this host's choice); ``transposed``: every projection kernel transposed
+    (``kernels.transpose_params``)."""
     opts = compiler_options() if options is None else dict(CANDIDATES[options])
     params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
     if blocks:
         params = kernels.block_params(params, blocks)
+    if transposed:
+        params = kernels.transpose_params(params, kernels.transposed_widths(cfg))
     shape = (cfg.num_layers, 1, slots, cfg.num_kv_heads, cfg.head_dim)
     rng = np.random.default_rng(0)
     out = {}
@@ -140,9 +143,10 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="4 layers instead of 28")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer", "per_layer_blocked"],
-                    choices=["stacked", "per_layer", "per_layer_blocked"])
+                    choices=["stacked", "per_layer", "per_layer_blocked",
+                             "per_layer_transposed"])
     ap.add_argument("--blocks", default="auto",
-                    help="per_layer_blocked: 'auto' (this host's choice) or one block width")
+                    help="per_layer_blocked: 'auto' (this host's choice), 'halves' or one block width")
     ap.add_argument("--options", nargs="*", default=[], choices=sorted(CANDIDATES),
                     help="also time the per-layer layout compiled with these XLA:CPU options "
                          "(columns per_layer@NAME); the other columns use this host's choice")
@@ -155,21 +159,26 @@ def main(argv=None):
     res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
            "repeats": args.repeats, "threads": args.threads, "options_choice": choice()}
-    if args.blocks == "auto":
-        blocks = kernels.choose_blocks(cfg)
-    else:
-        blocks = kernels.uniform_blocks(cfg, int(args.blocks))
-    res["blocks"] = blocks
+    blocks = {}
+    if "per_layer_blocked" in args.layouts:  # (auto may measure: only when asked for)
+        blocks = (kernels.choose_blocks(cfg) if args.blocks == "auto"
+                  else kernels.uniform_blocks(cfg, args.blocks))
+        res["blocks"] = blocks
     for layout in args.layouts:
         if layout == "per_layer_blocked":
             if blocks:
                 res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats, blocks)
+        elif layout == "per_layer_transposed":
+            res["transposed_widths"] = kernels.transposed_widths(cfg)
+            res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
+                               transposed=True)
         else:
             res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
     for name in args.options:
         res[f"per_layer@{name}"] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
                                         options=name)
-    ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked")
+    ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked",
+                                         "per_layer_transposed")
                  or c.startswith("per_layer@")]
     if not args.no_transformers:
         res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,

@@ -7,6 +7,18 @@ tok/s over the same prompts, batch 1, EOS off, compile excluded (each configurat
 untimed first); the two trees alternate prompt by prompt so that load from elsewhere hits both.
 JSON with the CPU model.
 
+``--blocks transposed`` compares plain kernels with transposed ones
+(``kernels.transpose_params``, ``load_model(..., kernel_blocks="transposed")``) instead, and
+``--methods`` may add the drafted decoders on the offline pair (the draft loaded too):
+speculative gamma 4 and DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2).
+There the transposed configuration transposes the target (its passes are forests of
+``gamma + 1`` or more rows) and, for speculative sampling only, the draft (one row per draft
+pass at batch 1; DSBD's draft runs ``W_S`` beams per pass).
+
+    .venv/bin/python benchmarks/kernel_blocks.py --blocks transposed \
+        --methods sample beam_sample_W4 speculative_g4 dsbd_beamW4_point \
+        --out results/kernel_transposed.json
+
     .venv/bin/python benchmarks/kernel_blocks.py --out results/kernel_blocks.json
     .venv/bin/python benchmarks/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
 """
@@ -31,6 +43,8 @@ from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models import kernels  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
+PAIR_METHODS = ("speculative_g4", "dsbd_beamW4_point")
 
 
 def main(argv=None):
@@ -39,8 +53,10 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--methods", nargs="+", default=["sample", "beam_sample_W4"],
-                    choices=["sample", "beam_sample_W4"])
-    ap.add_argument("--blocks", default="auto", help="'auto' (this host's choice) or a width")
+                    choices=["sample", "beam_sample_W4", *PAIR_METHODS])
+    ap.add_argument("--draft", default=DRAFT)
+    ap.add_argument("--blocks", default="auto",
+                    help="'auto' (this host's choice), 'halves', a width, or 'transposed'")
     ap.add_argument("--small", action="store_true", help="a tiny random model (a check)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -52,7 +68,7 @@ def main(argv=None):
     if args.small:
         from dsbd_jax.testing import make_tiny_pair
         tmp = Path(tempfile.mkdtemp())
-        args.target = str(make_tiny_pair(tmp / "pair")[0])
+        args.target, args.draft = map(str, make_tiny_pair(tmp / "pair")[:2])
         model = load_model(args.target, progress=False, kernel_blocks=None)
         prompts = [[1, 2, 3], [4, 5, 6, 7]][:args.prompts]
     else:
@@ -60,26 +76,45 @@ def main(argv=None):
         model = load_model(args.target, progress=False, kernel_blocks=None)
         _, prompts = benchmark_prompts(model.tokenizer, args.prompts)
     config = model.config
-    if args.blocks == "auto":
-        blocks = kernels.choose_blocks(config)
+    transposed = args.blocks == kernels.TRANSPOSED
+    if transposed:
+        blocks = kernels.transposed_widths(config)
+        trees = {"plain": model.params, "blocked": kernels.transpose_params(model.params, blocks)}
     else:
-        blocks = kernels.uniform_blocks(config, int(args.blocks))
-    trees = {"plain": model.params, "blocked": kernels.block_params(model.params, blocks)}
+        blocks = (kernels.choose_blocks(config) if args.blocks == "auto"
+                  else kernels.uniform_blocks(config, args.blocks))
+        trees = {"plain": model.params, "blocked": kernels.block_params(model.params, blocks)}
     base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
                 temperature=1.0, top_k=10, top_p=0.8)
-    methods = {"sample": (sample, DecodeConfig(**base)),
-               "beam_sample_W4": (beam_sample, DecodeConfig(num_beams=4, **base))}
+    methods = {"sample": (sample, DecodeConfig(**base), trees),
+               "beam_sample_W4": (beam_sample, DecodeConfig(num_beams=4, **base), trees)}
+    if set(args.methods) & set(PAIR_METHODS):
+        from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+        from dsbd_jax.decoding.speculative import speculative_sample
+        if not transposed:
+            raise SystemExit("the drafted decoders are compared with --blocks transposed only")
+        draft = load_model(args.draft, progress=False, kernel_blocks=None)
+        dt = kernels.transpose_params(draft.params, kernels.transposed_widths(draft.config))
+        pair = {"plain": {"target": model.params, "draft": draft.params},
+                "blocked": {"target": trees["blocked"], "draft": draft.params}}
+        methods["speculative_g4"] = (
+            speculative_sample, DecodeConfig(draft=draft.config, gamma=4, **base),
+            {**pair, "blocked": {**pair["blocked"], "draft": dt}})
+        methods["dsbd_beamW4_point"] = (
+            dsbd_generate, DSBDConfig(draft=draft.config, gamma=2, draft_width=4, threshold=0.7,
+                                      min_width=2, **base), pair)
     P = bucket_length(max(len(p) for p in prompts))
     out = {"machine": machine_info(), "target": args.target, "blocks": blocks,
+           "form": "transposed" if transposed else "blocked",
            "settings": vars(args), "runs": {}}
     for mname in args.methods:
-        fn, cfg = methods[mname]
-        secs = {k: 0.0 for k in trees}
-        toks = {k: 0 for k in trees}
+        fn, cfg, variants = methods[mname]
+        secs = {k: 0.0 for k in variants}
+        toks = {k: 0 for k in variants}
         for i, p in enumerate(prompts):
             ids, lens = pad_prompts([p], length=P)
             key = jax.random.PRNGKey(i)
-            for name, params in trees.items():
+            for name, params in variants.items():
                 if i == 0:  # compile, untimed
                     jax.block_until_ready(fn(params, ids, key, cfg, prompt_lengths=lens))
                 t0 = time.perf_counter()
@@ -87,7 +122,7 @@ def main(argv=None):
                 secs[name] += time.perf_counter() - t0
                 toks[name] += int(np.asarray(res.lengths)[0, int(np.asarray(res.best)[0])])
         rec = {name: {"tokens_per_s": toks[name] / secs[name], "seconds": secs[name],
-                      "tokens": toks[name]} for name in trees}
+                      "tokens": toks[name]} for name in variants}
         rec["blocked_vs_plain"] = rec["blocked"]["tokens_per_s"] / rec["plain"]["tokens_per_s"]
         out["runs"][mname] = rec
         print(f"{mname}: plain {rec['plain']['tokens_per_s']:.2f} tok/s, blocked "

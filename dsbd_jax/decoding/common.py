@@ -496,12 +496,22 @@ def check_params(name: str, config: ModelConfig, params) -> None:
                              f"{ {k: tuple(np.shape(v)) for k, v in head.items()} }")
     got = {jax.tree_util.keystr(p): tuple(np.shape(x))
            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    transposed = set()  # kernels stored transposed, [.., c, n, in] under "kernel_t"
+    for path in [p for p in got if p.endswith("['kernel_t']")
+                 and any(f"['{q}']['kernel_t']" in p for q in PROJECTIONS)]:
+        plain = path[:-len("['kernel_t']")] + "['kernel']"
+        if plain not in got:
+            got[plain] = got.pop(path)
+            transposed.add(plain)
     for path, shape in want.items():
         if path not in got:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
                              f"missing (expected shape {shape})")
         have = got[path]
-        if len(have) == len(shape) + 1 and any(f"['{p}']['kernel']" in path for p in PROJECTIONS):
+        if path in transposed and len(have) == len(shape) + 1:
+            have = have[:-3] + (have[-1], have[-3] * have[-2])  # transposed [.., c, n, in]
+        elif len(have) == len(shape) + 1 and any(f"['{p}']['kernel']" in path
+                                                 for p in PROJECTIONS):
             have = have[:-3] + (have[-2], have[-3] * have[-1])  # blocked [.., c, in, n]
         if have != shape:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "

@@ -22,8 +22,18 @@ sums run in another order).
   cached per host in ``$DSBD_JAX_CACHE/kernel_blocks.json``. A width is taken only if it is
   ``GAIN`` faster in total than ``[in, out]`` and never ``MARGIN`` slower at any ``M``; products
   under ``MIN_ELEMENTS`` weights are never blocked (they are not bound by memory). Off the CPU it
-  is always 0. ``$DSBD_JAX_KERNEL_BLOCKS`` forces a choice: ``auto`` (default), ``none``, or a
-  width for every projection (e.g. ``64``).
+  is always 0. ``$DSBD_JAX_KERNEL_BLOCKS`` forces a choice: ``auto`` (default), ``none``, a
+  width for every projection (e.g. ``64``), or ``halves`` (two blocks per projection). The
+  products are measured under the host's ``compiler_options`` (the options the passes run
+  under), and the cache key names them.
+* **Transposed kernels** (session 7): :func:`transpose_params` stores a projection's kernel as
+  its ``[out, in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`),
+  under the key ``"kernel_t"``; :func:`project_t` runs one row as a matrix-vector product over
+  contiguous rows and more rows as one batched product per block. On the 2-core host the whole
+  1.5B forward takes 0.79x the plain kernels' time at one token, 12 and 16 rows, and 1.12x at
+  four rows (``results/forward_transposed.json``), so it suits a model whose passes are one
+  row (sampling, a speculative draft at batch 1) or forests (DSBD's target), not beams:
+  ``load_model(..., kernel_blocks="transposed")``, opt-in. :func:`unblock_params` converts back.
 
 **Opt-in.** ``load_model(..., kernel_blocks="auto")`` applies :func:`choose_blocks` on the CPU;
 the default is plain kernels, because on the one host measured so far (2-core AVX-512) blocks
@@ -40,19 +50,24 @@ import json
 import logging
 import os
 import time
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
-from dsbd_jax.models.cpu_options import host_key, interleaved_min
+from dsbd_jax.models.cpu_options import choice, compiler_options, host_key, interleaved_min
 
 logger = logging.getLogger("dsbd_jax")
 
 ENV = "DSBD_JAX_KERNEL_BLOCKS"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# two blocks of half the output columns each (the width depends on the shape): a forced choice
+# only (DSBD_JAX_KERNEL_BLOCKS=halves, load_model(kernel_blocks="halves")); its products are
+# faster chained at M = 1..16 but the whole 1.5B forward got 1.22x slower at one token and no
+# faster elsewhere (results/forward_halves.json), so the measurement does not offer it
+HALVES = "halves"
 CANDIDATES = (0, 32, 64, 128)
 PROBE_ROWS = (1, 4, 16)
 PROBE_LAYERS, PROBE_REPEATS = 6, 5
@@ -96,14 +111,83 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return y.reshape(*lead, c * n)
 
 
+# transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks under the key "kernel_t"
+TRANSPOSED = "transposed"
+T_KEY = "kernel_t"
+T_MAX_WIDTH = 1280  # transposed blocks of at most this many output rows (measured: 768-1280 best)
+
+
+def transpose_block(w: jax.Array, n: int) -> jax.Array:
+    """``[..., in, out]`` -> ``[..., out / n, n, in]``: the kernel's rows as ``[out, in]`` (one
+    output per row, contiguous), cut into ``out / n`` blocks of ``n`` rows (``n`` divides
+    ``out``; ``n = out``: one block)."""
+    *lead, din, dout = w.shape
+    if n < 1 or dout % n:
+        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
+    return jnp.reshape(jnp.swapaxes(w, -1, -2), (*lead, dout // n, n, din))
+
+
+def untranspose(w: jax.Array) -> jax.Array:
+    """``[..., c, n, in]`` -> ``[..., in, c * n]`` (the inverse of :func:`transpose_block`)."""
+    *lead, c, n, din = w.shape
+    return jnp.swapaxes(jnp.reshape(w, (*lead, c * n, din)), -1, -2)
+
+
+def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
+    """``x [..., in]`` times a transposed kernel ``[c, n, in]`` (:func:`transpose_block`).
+
+    One row (``x`` of one row in all: a token at batch 1) is a matrix-vector product over the
+    ``[out, in]`` rows (a free reshape), which XLA:CPU runs as dot products of contiguous rows:
+    about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
+    as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
+    matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
+    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``."""
+    c, n, din = kernel_t.shape
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, din)
+    m = xm.shape[0]
+    if m == 1:
+        y = jax.lax.dot_general(xm, kernel_t.reshape(c * n, din), (((1,), (1,)), ((), ())))
+    else:
+        y = jax.lax.dot_general(kernel_t, jnp.broadcast_to(xm, (c,) + xm.shape),
+                                (((2,), (2,)), ((0,), (0,))))  # [c, n, m]
+        y = y.transpose(2, 0, 1).reshape(m, c * n)
+    return y.reshape(*lead, c * n)
+
+
+def transposed_width(dout: int) -> int:
+    """The row-block width of a transposed kernel with ``dout`` outputs: the largest divisor of
+    ``dout`` that splits it in two or more and is 8 to ``T_MAX_WIDTH`` (a multiple of 64 where
+    one fits), else ``dout`` (one block)."""
+    divs = [n for n in range(8, min(dout // 2, T_MAX_WIDTH) + 1) if dout % n == 0]
+    aligned = [n for n in divs if n % 64 == 0]
+    return max(aligned or divs or [dout])
+
+
+def transposed_widths(config) -> Dict[str, int]:
+    """``{projection: row-block width}`` of :func:`transposed_width` for every projection."""
+    return {p: transposed_width(dout) for p, (_, dout) in projection_shapes(config).items()}
+
+
 def width_fits(n: int, dout: int) -> bool:
     """Whether blocks of ``n`` columns split ``dout`` output columns (into two or more)."""
     return n > 0 and dout % n == 0 and n < dout
 
 
-def uniform_blocks(config, n: int) -> Dict[str, int]:
-    """``{projection: n}`` for every projection of ``config`` that width ``n`` fits."""
-    return {p: n for p, (_, dout) in projection_shapes(config).items() if width_fits(n, dout)}
+def width_of(candidate: Union[int, str], dout: int) -> int:
+    """The block width of a candidate (a width, or ``"halves"``) for ``dout`` output columns;
+    0 when it does not fit (``[in, out]`` kept)."""
+    n = dout // 2 if candidate == HALVES else int(candidate)
+    return n if width_fits(n, dout) else 0
+
+
+def uniform_blocks(config, n: Union[int, str]) -> Dict[str, int]:
+    """``{projection: width}`` for every projection of ``config`` that the width ``n`` (an int,
+    its digits, or ``"halves"``: half of each projection's output columns) fits."""
+    if n != HALVES and not str(n).isdigit():
+        raise ValueError(f"a block width must be a positive int or {HALVES!r}, got {n!r}")
+    out = {p: width_of(n, dout) for p, (_, dout) in projection_shapes(config).items()}
+    return {p: w for p, w in out.items() if w}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,15 +197,16 @@ def _is_blocked(w, stacked: bool) -> bool:
     return w.ndim == (4 if stacked else 3)
 
 
-def _projections(params):
-    """``[(path tuple, stacked?)]`` of every projection kernel of a tree (either layout)."""
+def _projections(params, key: str = "kernel"):
+    """``[(path tuple, stacked?)]`` of every projection kernel of a tree (either layout) stored
+    under ``key`` (``"kernel"``, or ``T_KEY`` for transposed kernels)."""
     out = []
 
     def walk(tree, path):
         for k, v in tree.items():
             if isinstance(v, Mapping):
                 walk(v, path + (k,))
-            elif k == "kernel" and path and path[-1] in PROJECTIONS:
+            elif k == key and path and path[-1] in PROJECTIONS:
                 out.append((path + (k,), path[0] == "layers"))
     walk(params, ())
     return out
@@ -131,6 +216,14 @@ def _replace(params, path, value):
     if len(path) == 1:
         return {**params, path[0]: value}
     return {**params, path[0]: _replace(params[path[0]], path[1:], value)}
+
+
+def _rename(params, path, key: str, value):
+    """``params`` with the leaf at ``path`` removed and ``value`` put beside it under ``key``."""
+    parent = _get(params, path[:-1])
+    new = {k: v for k, v in parent.items() if k != path[-1]}
+    new[key] = value
+    return _replace(params, path[:-1], new) if len(path) > 1 else new
 
 
 def _get(params, path):
@@ -157,13 +250,36 @@ def block_params(params, blocks: Mapping[str, int]):
 
 
 def unblock_params(params):
-    """``params`` with every blocked projection kernel back in ``[in, out]`` form (the same
-    tree object when nothing is blocked)."""
+    """``params`` with every blocked or transposed projection kernel back in ``[in, out]`` form
+    under ``"kernel"`` (the same tree object when there is none)."""
     for path, stacked in _projections(params):
         w = _get(params, path)
         if _is_blocked(w, stacked):
             params = _replace(params, path, unblock(w))
+    for path, _ in _projections(params, T_KEY):
+        params = _rename(params, path, "kernel", untranspose(_get(params, path)))
     return params
+
+
+def transpose_params(params, widths: Mapping[str, int]):
+    """``params`` with the kernel of every projection named in ``widths`` (``{"up_proj": 1280,
+    ...}``, e.g. :func:`transposed_widths`) transposed into row blocks of that width
+    (:func:`transpose_block`) under the key ``"kernel_t"``; any form is accepted as input (a new
+    tree; the input is not changed). :func:`unblock_params` converts back."""
+    bad = sorted(set(widths) - set(PROJECTIONS))
+    if bad:
+        raise ValueError(f"unknown projections {bad}; transpose_params knows {list(PROJECTIONS)}")
+    params = unblock_params(params)
+    for path, _ in _projections(params):
+        n = int(widths.get(path[-2], 0))
+        if n:
+            params = _rename(params, path, T_KEY, transpose_block(_get(params, path), n))
+    return params
+
+
+def transposed_of(params) -> Dict[str, int]:
+    """``{projection: row-block width}`` of the transposed kernels of a tree (empty: none)."""
+    return {path[-2]: int(_get(params, path).shape[-2]) for path, _ in _projections(params, T_KEY)}
 
 
 def blocks_of(params) -> Dict[str, int]:
@@ -187,10 +303,12 @@ def projection_shapes(config) -> Dict[str, tuple]:
 # ---------------------------------------------------------------------------------------------
 # the per-host choice
 def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_LAYERS,
-            repeats=PROBE_REPEATS, candidates: Sequence[int] = CANDIDATES
+            repeats=PROBE_REPEATS, candidates: Sequence[Union[int, str]] = CANDIDATES
             ) -> Dict[int, Dict[int, float]]:
     """``{width: {M: min seconds}}`` of ``layers`` products ``[M, din] x [din, dout]`` with the
-    kernel unblocked (width 0) or blocked, candidates interleaved round by round. The products
+    kernel unblocked (width 0) or blocked (each candidate that fits, ``"halves"`` as its width),
+    candidates interleaved round by round, compiled with this host's ``compiler_options``
+    (:mod:`dsbd_jax.models.cpu_options`: the options the model's passes run under). The products
     are chained (each one's input is the previous one's output): XLA:CPU runs independent
     products side by side, which flatters the single-threaded blocked products (measured: 2.6
     against 4.6 ms per 8960x1536 product at M = 4 when 28 run independently, while the whole
@@ -203,9 +321,10 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
             y = project(x, w)
             x = jnp.tile(y, (1, -(-din // dout)))[:, :din]
         return x
-    f = jax.jit(chain)
+    f = jax.jit(chain, compiler_options=compiler_options())
+    widths = sorted({0} | {width_of(c, dout) for c in candidates})
     trees = {n: [jnp.asarray(w) if n == 0 else block(jnp.asarray(w), n) for w in ws]
-             for n in candidates if n == 0 or width_fits(n, dout)}
+             for n in widths}
     best: Dict[int, Dict[int, float]] = {n: {} for n in trees}
     for M in rows:
         x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(dt))
@@ -238,18 +357,28 @@ def _read_cache() -> dict:
 
 def _forced() -> Optional[str]:
     v = os.environ.get(ENV, "auto").strip() or "auto"
-    if v not in ("auto", "none") and not v.isdigit():
-        raise ValueError(f"${ENV} must be 'auto', 'none' or a block width such as 64, got {v!r}")
+    if v not in ("auto", "none", HALVES) and not v.isdigit():
+        raise ValueError(f"${ENV} must be 'auto', 'none', 'halves' or a block width such as 64, "
+                         f"got {v!r}")
     return v
+
+
+def choose_key(din: int, dout: int, dtype: str) -> str:
+    """The cache key of a shape's choice: the host, the compiler options in use (the products
+    are measured under them), the shape, the dtype and the block candidates (a new candidate is
+    measured, not hidden behind an old choice)."""
+    return (f"{host_key()} | options {choice()} | {din}x{dout} {dtype} | "
+            f"blocks {','.join(str(c) for c in CANDIDATES)}")
 
 
 @functools.lru_cache(maxsize=None)
 def _choose(din: int, dout: int, dtype: str) -> int:
     if din * dout < MIN_ELEMENTS:
         return 0
-    key, cached = f"{host_key()} | {din}x{dout} {dtype}", _read_cache()
-    if key in cached and cached[key].get("choice") in CANDIDATES:
-        return int(cached[key]["choice"])
+    key, cached = choose_key(din, dout, dtype), _read_cache()
+    n = cached.get(key, {}).get("choice")
+    if isinstance(n, int) and (n == 0 or width_fits(n, dout)):
+        return n
     times = measure(din, dout, dtype)
     n = pick(times)
     cached[key] = {"choice": n, "min_ms": {str(w): {str(m): round(1e3 * s, 3) for m, s in t.items()}
@@ -270,7 +399,7 @@ def choose_blocks(config, dtype=None) -> Dict[str, int]:
         return {}
     shapes = projection_shapes(config)
     if forced != "auto":
-        return uniform_blocks(config, int(forced))
+        return uniform_blocks(config, forced)
     dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
     t0 = time.perf_counter()
     out = {p: _choose(din, dout, dt) for p, (din, dout) in shapes.items()}

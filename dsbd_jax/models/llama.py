@@ -42,7 +42,7 @@ import numpy as np
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import tuned_jit
-from dsbd_jax.models.kernels import project
+from dsbd_jax.models.kernels import T_KEY, project, project_t
 from dsbd_jax.models.vocab import split_head, tied_logits, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
@@ -120,19 +120,23 @@ def softcap(x: jax.Array, cap) -> jax.Array:
 class Dense(nn.Module):
     """``nn.Dense`` (same parameter names and ``[in, out]`` kernel, same product) that also runs
     a blocked kernel ``[out / n, in, n]`` (:mod:`dsbd_jax.models.kernels`): the kernel's rank
-    tells which."""
+    tells which; or, under the key ``"kernel_t"``, a transposed kernel ``[out / n, n, in]``."""
     features: int
     use_bias: bool
     dtype: jnp.dtype
 
     @nn.compact
     def __call__(self, x):
-        if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
-            kernel = self.get_variable("params", "kernel")
+        if self.has_variable("params", T_KEY):  # a transposed kernel [out / n, n, in]
+            y = project_t(x.astype(self.dtype),
+                          self.get_variable("params", T_KEY).astype(self.dtype))
         else:
-            kernel = self.param("kernel", nn.initializers.normal(0.02),
-                                (x.shape[-1], self.features), self.dtype)
-        y = project(x.astype(self.dtype), kernel.astype(self.dtype))
+            if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
+                kernel = self.get_variable("params", "kernel")
+            else:
+                kernel = self.param("kernel", nn.initializers.normal(0.02),
+                                    (x.shape[-1], self.features), self.dtype)
+            y = project(x.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,),
                                self.dtype).astype(self.dtype)

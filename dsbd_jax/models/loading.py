@@ -41,7 +41,9 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import block_params, choose_blocks
+from dsbd_jax.models.kernels import (HALVES, TRANSPOSED, block_params, choose_blocks,
+                                     transpose_params, transposed_of, transposed_widths,
+                                     uniform_blocks)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
                                      preset_tokenizer)
@@ -157,8 +159,13 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       kernel_blocks: blocked projection kernels for XLA:CPU's few-row products
         (:mod:`dsbd_jax.models.kernels`, opt-in): ``None`` (default: plain ``[in, out]``
         kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
-        nothing off the CPU or for small models) or ``{"down_proj": 64, ...}``.
-        ``info["kernel_blocks"]`` records what was applied.
+        nothing off the CPU or for small models), ``"halves"`` (every projection as two blocks
+        of half its output columns), ``{"down_proj": 64, ...}``, or ``"transposed"``: every
+        projection kernel stored as its ``[out, in]`` rows
+        (:func:`dsbd_jax.models.kernels.transpose_params`), for a model that mostly runs one
+        row per pass (sampling or a speculative draft at batch 1: faster there, slower at 2-4
+        rows on the CPU, ``docs/results.md``). ``info["kernel_blocks"]`` and
+        ``info["kernel_transposed"]`` record what was applied.
       untie_head: give a tied head (the embedding doubling as the head: the hub's Qwen2.5-0.5B,
         Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
         ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
@@ -195,12 +202,18 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
             notice(f"measured projection kernel blocks for this host in "
                    f"{time.perf_counter() - t0:.0f} s: {kernel_blocks or 'none'} "
                    f"(cached; DSBD_JAX_KERNEL_BLOCKS=none turns blocking off)", progress)
+    elif isinstance(kernel_blocks, str) and kernel_blocks == HALVES:
+        kernel_blocks = uniform_blocks(model.config, HALVES)
+    elif isinstance(kernel_blocks, str) and kernel_blocks == TRANSPOSED:
+        model.params = transpose_params(model.params, transposed_widths(model.config))
+        kernel_blocks = None
     elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
-        raise ValueError(f"kernel_blocks must be 'auto', None or {{projection: width}}, got "
-                         f"{kernel_blocks!r}")
+        raise ValueError(f"kernel_blocks must be 'auto', 'halves', 'transposed', None or "
+                         f"{{projection: width}}, got {kernel_blocks!r}")
     if kernel_blocks:
         model.params = block_params(model.params, kernel_blocks)
     model.info["kernel_blocks"] = dict(kernel_blocks or {})
+    model.info["kernel_transposed"] = transposed_of(model.params)
     return model
 
 

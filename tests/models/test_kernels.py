@@ -127,6 +127,12 @@ def test_choose_blocks(monkeypatch, tmp_path):
     assert kernels.choose_blocks(config) == {}
     monkeypatch.setenv(kernels.ENV, "16")  # every projection whose output 16 divides (not = 16)
     assert kernels.choose_blocks(config) == {"gate_proj": 16, "up_proj": 16}  # q, o: 16 wide
+    monkeypatch.setenv(kernels.ENV, "halves")  # half of every projection's output columns
+    halves = kernels.choose_blocks(config)
+    shapes = kernels.projection_shapes(config)
+    assert halves == {p: dout // 2 for p, (_, dout) in shapes.items()}
+    for p, n in halves.items():
+        assert kernels.width_of(kernels.HALVES, shapes[p][1]) == n and shapes[p][1] == 2 * n
     monkeypatch.setenv(kernels.ENV, "big")
     with pytest.raises(ValueError, match="DSBD_JAX_KERNEL_BLOCKS"):
         kernels.choose_blocks(config)
@@ -136,10 +142,13 @@ def test_choose_blocks(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels, "PROBE_REPEATS", 1)
     monkeypatch.setenv(kernels.ENV, "auto")
     n = kernels._choose(64, 256, "float32")
-    assert n in kernels.CANDIDATES
-    entry = [v for k, v in __import__("json").loads(kernels.cache_file().read_text()).items()
-             if k.endswith("64x256 float32")][0]
+    assert n in (0, 32, 64, 128)
+    entry = __import__("json").loads(kernels.cache_file().read_text())[
+        kernels.choose_key(64, 256, "float32")]
     assert entry["choice"] == n and set(entry["min_ms"]) == {"0", "32", "64", "128"}
+    # a cached choice made under other compiler options or candidates is not reused
+    assert "options " in kernels.choose_key(64, 256, "float32")
+    assert "blocks 0,32,64,128" in kernels.choose_key(64, 256, "float32")
     kernels._choose.cache_clear()
     assert kernels._choose(64, 256, "float32") == n  # read back from the cache
     kernels._choose.cache_clear()

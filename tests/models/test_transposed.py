@@ -1,0 +1,168 @@
+"""Transposed projection kernels (``kernels.transpose_params``, ``load_model(...,
+kernel_blocks="transposed")``): the product for one row and for several, tree conversion in both
+weight layouts and back, the trace-time shape check, the forward and decoders on transposed
+trees, and every place that needs ``[in, out]`` kernels. Run with ``PYTHONPATH=tests``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import exact_reference as ref
+from dsbd_jax.decoding.beam import beam_sample
+from dsbd_jax.decoding.common import DecodeConfig, check_params
+from dsbd_jax.models import kernels
+from dsbd_jax.models.cache import empty_cache
+from dsbd_jax.models.llama import convert_layout, forward
+
+
+def model(layout="per_layer"):
+    config, params = ref.toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
+    return config, convert_layout(params, layout)
+
+
+def test_product_for_one_row_and_for_several():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((2, 24, 48)), jnp.float32)  # a stacked [L, in, out]
+    for n in (4, 16, 24, 48):
+        t = kernels.transpose_block(w, n)
+        assert t.shape == (2, 48 // n, n, 24)
+        np.testing.assert_array_equal(np.asarray(kernels.untranspose(t)), np.asarray(w))
+        # row j of block c is output column c * n + j
+        np.testing.assert_array_equal(np.asarray(t[1, -1, 0]), np.asarray(w[1, :, 48 - n]))
+        for lead in ((1,), (1, 1), (2,), (3,), (2, 5)):
+            x = jnp.asarray(rng.standard_normal(lead + (24,)), jnp.float32)
+            np.testing.assert_allclose(np.asarray(kernels.project_t(x, t[1])),
+                                       np.asarray(x @ w[1]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not divide"):
+        kernels.transpose_block(w, 5)
+
+
+def test_one_row_is_a_matrix_vector_product_on_the_rows():
+    """One row contracts the ``[out, in]`` rows (no batched product, no transpose of the
+    weight); several rows run one batched product per block."""
+    t = jnp.zeros((7, 1280, 1536), jnp.float32)
+    one = jax.make_jaxpr(kernels.project_t)(jnp.zeros((1, 1, 1536)), t)
+    dots = [e for e in one.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 1 and dots[0].params["dimension_numbers"] == (((1,), (1,)), ((), ()))
+    assert "transpose" not in {e.primitive.name for e in one.eqns}
+    four = jax.make_jaxpr(kernels.project_t)(jnp.zeros((4, 1536)), t)
+    dots = [e for e in four.eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 1 and dots[0].params["dimension_numbers"] == (((2,), (2,)), ((0,), (0,)))
+
+
+def test_widths():
+    assert kernels.transposed_width(8960) == 1280  # 7 blocks
+    assert kernels.transposed_width(1536) == 768
+    assert kernels.transposed_width(4864) == 1216  # 4 blocks (64 x 19)
+    assert kernels.transposed_width(256) == 128
+    assert kernels.transposed_width(30) == 15  # no multiple of 64 fits: the largest divisor
+    assert kernels.transposed_width(7) == 7  # a prime: one block
+    for dout in range(1, 3000, 37):
+        n = kernels.transposed_width(dout)
+        assert dout % n == 0 and (n <= kernels.T_MAX_WIDTH or n == dout)
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "stacked"])
+def test_transposed_tree_gives_the_same_forward(layout):
+    config, params = model(layout)
+    widths = kernels.transposed_widths(config)
+    t = kernels.transpose_params(params, widths)
+    assert kernels.transposed_of(t) == widths and kernels.transposed_of(params) == {}
+    assert not any("'kernel'" in jax.tree_util.keystr(p) and "proj" in jax.tree_util.keystr(p)
+                   for p, _ in jax.tree_util.tree_flatten_with_path(t)[0])
+    back = kernels.unblock_params(t)
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # from a blocked tree, and partly transposed
+    blocked = kernels.block_params(params, {"up_proj": 8})
+    part = kernels.transpose_params(blocked, {"down_proj": 8})
+    assert kernels.transposed_of(part) == {"down_proj": 8} and kernels.blocks_of(part) == {}
+    # convert_layout carries transposed kernels across layouts
+    other = "stacked" if layout == "per_layer" else "per_layer"
+    assert kernels.transposed_of(convert_layout(t, other)) == widths
+    check_params("target", config, t)  # the trace-time check knows transposed kernels
+    check_params("target", config, part)
+    B, S = 2, 8
+    cache = empty_cache(config, B, S)
+    for Bx, T in ((1, 1), (2, 1), (2, 3)):  # one row in all, and several
+        c = jax.tree.map(lambda a: a[:, :Bx], cache)
+        tok = jnp.asarray(np.random.default_rng(T).integers(0, 12, (Bx, T)), jnp.int32)
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (Bx, T))
+        mask = jnp.concatenate([jnp.zeros((Bx, T, S), bool),
+                                jnp.tril(jnp.ones((T, T), bool))[None].repeat(Bx, 0)], -1)
+        want, kv = forward(config, params, tok, pos, mask, c)
+        for tree in (t, part):
+            got, kv2 = forward(config, tree, tok, pos, mask, c)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(kv2.k), np.asarray(kv.k), rtol=1e-5, atol=1e-5)
+
+
+def test_check_params_rejects_a_transposed_kernel_of_the_wrong_size():
+    config, params = model()
+    bad = kernels.transpose_params(params, {"down_proj": 8})
+    w = bad["layers_0"]["mlp"]["down_proj"]["kernel_t"]
+    bad["layers_0"]["mlp"]["down_proj"]["kernel_t"] = w[:, :, :5]
+    with pytest.raises(ValueError, match=r"layers_0.*down_proj.*expected shape \(32, 16\)"):
+        check_params("draft", config, bad)
+    with pytest.raises(ValueError, match="unknown projections"):
+        kernels.transpose_params(params, {"lm_head": 4})
+
+
+def test_decoders_on_a_transposed_tree():
+    """Beam sampling (several rows per pass) and speculative sampling with a transposed draft
+    (one row per draft pass) give what the plain trees give."""
+    from dsbd_jax.decoding.speculative import speculative_sample
+    config, params = model()
+    t = kernels.transpose_params(params, kernels.transposed_widths(config))
+    cfg = DecodeConfig(target=config, max_new_tokens=6, num_beams=3, top_k=6)
+    ids = jnp.asarray([[1, 2, 3, 4], [5, 6, 7, 0]], jnp.int32)
+    lens = jnp.asarray([4, 3], jnp.int32)
+    want = beam_sample(params, ids, jax.random.key(0), cfg, prompt_lengths=lens)
+    got = beam_sample(t, ids, jax.random.key(0), cfg, prompt_lengths=lens)
+    np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
+    np.testing.assert_allclose(np.asarray(got.log_likelihoods),
+                               np.asarray(want.log_likelihoods), rtol=1e-5, atol=1e-5)
+    dconfig, dparams = ref.toy_model(vocab=12, seed=4, layers=1, hidden=16, intermediate=32)
+    scfg = DecodeConfig(target=config, draft=dconfig, max_new_tokens=6, gamma=3, top_k=6)
+    one = ids[:1]
+    want = speculative_sample({"target": params, "draft": dparams}, one, jax.random.key(1), scfg)
+    got = speculative_sample({"target": params,
+                              "draft": kernels.transpose_params(
+                                  dparams, kernels.transposed_widths(dconfig))},
+                             one, jax.random.key(1), scfg)
+    np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
+
+
+def test_load_model_transposed_and_unblocking_users(bench_pair, tmp_path):
+    from dsbd_jax import load_model
+    from dsbd_jax.training.export import save_hf
+    t, _, _, _ = bench_pair
+    plain = load_model(t, progress=False)
+    tr = load_model(t, progress=False, kernel_blocks="transposed")
+    assert tr.info["kernel_blocks"] == {}
+    assert tr.info["kernel_transposed"] == kernels.transposed_widths(tr.config)
+    assert kernels.transposed_of(tr.params) == tr.info["kernel_transposed"]
+    assert plain.info["kernel_transposed"] == {}
+    save_hf(tmp_path / "b", tr.config, tr.params)  # export writes [in, out] kernels back out
+    again = load_model(str(tmp_path / "b"), progress=False)
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_transposed_benchmark_small(tmp_path):
+    import json
+    from bench_setup import load_bench
+    bench = load_bench("kernel_blocks")
+    out = tmp_path / "kt.json"
+    bench.main(["--small", "--blocks", "transposed", "--max-new-tokens", "2", "--prompts", "1",
+                "--methods", "sample", "speculative_g4", "dsbd_beamW4_point", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and data["form"] == "transposed"
+    for m in ("sample", "speculative_g4", "dsbd_beamW4_point"):
+        run = data["runs"][m]
+        assert run["plain"]["tokens"] == run["blocked"]["tokens"] == 2
+        assert run["blocked_vs_plain"] > 0
