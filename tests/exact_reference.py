@@ -133,6 +133,26 @@ class LogProbFn:
         return self.cache[prefix]
 
 
+def assert_same_forward(config: ModelConfig, params, trees, shapes, slots: int = 8) -> None:
+    """Every tree of ``trees`` (the same model as ``params`` with its projection kernels in
+    another form) gives ``params``' logits and keys, to float rounding, for each pass shape
+    ``(batch, tokens)`` of ``shapes`` over an empty cache of ``slots`` slots."""
+    from dsbd_jax.models.cache import empty_cache
+    cache = empty_cache(config, max(b for b, _ in shapes), slots)
+    for B, T in shapes:
+        c = jax.tree.map(lambda a: a[:, :B], cache)
+        tok = jnp.asarray(np.random.default_rng(T).integers(0, config.vocab_size, (B, T)),
+                          jnp.int32)
+        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        mask = jnp.concatenate([jnp.zeros((B, T, slots), bool),
+                                jnp.tril(jnp.ones((T, T), bool))[None].repeat(B, 0)], -1)
+        want, kv = dmodel.forward(config, params, tok, pos, mask, c)
+        for tree in trees:
+            got, kv2 = dmodel.forward(config, tree, tok, pos, mask, c)
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(kv2.k), np.asarray(kv.k), rtol=1e-5, atol=1e-5)
+
+
 def make_lp_fn(config: ModelConfig, params) -> LogProbFn:
     """Cached ``prefix (tuple of ids) -> np.float64 log-probs [V]`` of the next token."""
     return LogProbFn(config, params)

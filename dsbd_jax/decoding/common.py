@@ -27,7 +27,7 @@ from jax.experimental import checkify
 
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import PROJECTIONS
+from dsbd_jax.models.kernels import PROJECTIONS, T_KEY, plain_shape
 from dsbd_jax.models.llama import forward, init_params, params_layout
 from dsbd_jax.models.vocab import split_head
 from dsbd_jax.models.vocab import with_prompt_rows as _extend_head
@@ -496,23 +496,17 @@ def check_params(name: str, config: ModelConfig, params) -> None:
                              f"{ {k: tuple(np.shape(v)) for k, v in head.items()} }")
     got = {jax.tree_util.keystr(p): tuple(np.shape(x))
            for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    transposed = set()  # kernels stored transposed, [.., c, n, in] under "kernel_t"
-    for path in [p for p in got if p.endswith("['kernel_t']")
-                 and any(f"['{q}']['kernel_t']" in p for q in PROJECTIONS)]:
-        plain = path[:-len("['kernel_t']")] + "['kernel']"
-        if plain not in got:
-            got[plain] = got.pop(path)
-            transposed.add(plain)
     for path, shape in want.items():
+        key = "kernel"
+        projection = any(f"['{p}']['kernel']" in path for p in PROJECTIONS)
+        if projection and path not in got:  # stored transposed (kernels.transpose_params)?
+            stored = path[:-len("['kernel']")] + f"['{T_KEY}']"
+            if stored in got:
+                got[path], key = got.pop(stored), T_KEY
         if path not in got:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
                              f"missing (expected shape {shape})")
-        have = got[path]
-        if path in transposed and len(have) == len(shape) + 1:
-            have = have[:-3] + (have[-1], have[-3] * have[-2])  # transposed [.., c, n, in]
-        elif len(have) == len(shape) + 1 and any(f"['{p}']['kernel']" in path
-                                                 for p in PROJECTIONS):
-            have = have[:-3] + (have[-2], have[-3] * have[-1])  # blocked [.., c, in, n]
+        have = plain_shape(key, got[path], len(shape)) if projection else got[path]
         if have != shape:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "
                              f"shape {shape}, got {got[path]}")

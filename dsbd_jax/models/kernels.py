@@ -197,6 +197,21 @@ def _is_blocked(w, stacked: bool) -> bool:
     return w.ndim == (4 if stacked else 3)
 
 
+def plain_shape(key: str, shape: tuple, plain_rank: int) -> tuple:
+    """The ``[..., in, out]`` shape of a projection kernel stored under ``key`` (``"kernel"``
+    or ``T_KEY``) with ``shape``, whose plain form has rank ``plain_rank`` (2, or 3 with a
+    stacked layer axis): blocked ``[.., c, in, n]`` and transposed ``[.., c, n, in]`` kernels
+    have one axis more; any other shape is returned as it is."""
+    shape = tuple(shape)
+    if len(shape) != plain_rank + 1:
+        return shape
+    if key == T_KEY:
+        c, n, din = shape[-3:]
+    else:
+        c, din, n = shape[-3:]
+    return shape[:-3] + (din, c * n)
+
+
 def _projections(params, key: str = "kernel"):
     """``[(path tuple, stacked?)]`` of every projection kernel of a tree (either layout) stored
     under ``key`` (``"kernel"``, or ``T_KEY`` for transposed kernels)."""

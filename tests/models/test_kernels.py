@@ -14,8 +14,7 @@ import exact_reference as ref
 from dsbd_jax.decoding.common import DecodeConfig, check_params
 from dsbd_jax.decoding.beam import beam_sample
 from dsbd_jax.models import kernels
-from dsbd_jax.models.cache import empty_cache
-from dsbd_jax.models.llama import Dense, convert_layout, forward
+from dsbd_jax.models.llama import Dense, convert_layout
 
 BLOCKS = {"q_proj": 8, "k_proj": 4, "v_proj": 8, "o_proj": 8, "gate_proj": 16,
           "up_proj": 8, "down_proj": 4}
@@ -70,17 +69,8 @@ def test_blocked_tree_gives_the_same_forward(layout):
     other = "stacked" if layout == "per_layer" else "per_layer"
     assert kernels.blocks_of(convert_layout(blocked, other)) == BLOCKS
     check_params("target", config, blocked)  # the trace-time check knows blocked kernels
-    B, S = 2, 8
-    cache = empty_cache(config, B, S)
-    for T in (1, 3):  # one row per call (padded to two inside) and several
-        tok = jnp.asarray(np.random.default_rng(T).integers(0, 12, (B, T)), jnp.int32)
-        pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-        mask = jnp.concatenate([jnp.zeros((B, T, S), bool),
-                                jnp.tril(jnp.ones((T, T), bool))[None].repeat(B, 0)], -1)
-        want, kv = forward(config, params, tok, pos, mask, cache)
-        got, kv2 = forward(config, blocked, tok, pos, mask, cache)
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(np.asarray(kv2.k), np.asarray(kv.k), rtol=1e-5, atol=1e-5)
+    # one row per call (padded to two inside) and several
+    ref.assert_same_forward(config, params, [blocked], [(2, 1), (2, 3)])
 
 
 def test_check_params_rejects_a_blocked_kernel_of_the_wrong_size():
