@@ -19,7 +19,9 @@ Each figure is the median of ``--repeats`` timed calls after one warm-up call. W
 
 * ours, ``per_layer@NAME`` for each ``--options NAME``: the per-layer layout compiled with
   that candidate of :data:`dsbd_jax.models.cpu_options.CANDIDATES` (e.g. ``default`` and
-  ``eigen_dot``, side by side); the other columns use this host's choice (``options_choice``).
+  ``eigen_dot``, side by side), and ``per_layer_transposed@NAME`` likewise when
+  ``per_layer_transposed`` is among the layouts; the other columns use the options that go with
+  their kernels on this host (``options_choice``).
 
 Usage: python benchmarks/forward.py [--repeats 5] [--threads 2] [--out results/forward.json]
        [--layouts stacked per_layer per_layer_blocked] [--blocks auto|N] [--options A B]
@@ -70,9 +72,10 @@ def median_time(fn, repeats: int) -> float:
 
 def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transposed=False):
     """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
-    this host's choice); ``transposed``: every projection kernel transposed
+    this host's choice for the kernels' form); ``transposed``: every projection kernel transposed
     (``kernels.transpose_params``)."""
-    opts = compiler_options() if options is None else dict(CANDIDATES[options])
+    opts = (compiler_options("transposed" if transposed else "plain") if options is None
+            else dict(CANDIDATES[options]))
     params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
     if blocks:
         params = kernels.block_params(params, blocks)
@@ -148,8 +151,9 @@ def main(argv=None):
     ap.add_argument("--blocks", default="auto",
                     help="per_layer_blocked: 'auto' (this host's choice), 'halves' or one block width")
     ap.add_argument("--options", nargs="*", default=[], choices=sorted(CANDIDATES),
-                    help="also time the per-layer layout compiled with these XLA:CPU options "
-                         "(columns per_layer@NAME); the other columns use this host's choice")
+                    help="also time the per-layer layout (and per_layer_transposed, if asked "
+                         "for) compiled with these XLA:CPU options (columns per_layer@NAME); "
+                         "the other columns use this host's choice")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "forward.json"))
     args = ap.parse_args(argv)
     missing = [o for o in args.options if o not in candidates()]
@@ -158,7 +162,8 @@ def main(argv=None):
     cfg = qwen15b_config(4 if args.small else 28)
     res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
-           "repeats": args.repeats, "threads": args.threads, "options_choice": choice()}
+           "repeats": args.repeats, "threads": args.threads, "options_choice": choice(),
+           "options_choice_transposed": choice("transposed")}
     blocks = {}
     if "per_layer_blocked" in args.layouts:  # (auto may measure: only when asked for)
         blocks = (kernels.choose_blocks(cfg) if args.blocks == "auto"
@@ -177,9 +182,13 @@ def main(argv=None):
     for name in args.options:
         res[f"per_layer@{name}"] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
                                         options=name)
+        if "per_layer_transposed" in args.layouts:
+            res[f"per_layer_transposed@{name}"] = ours(cfg, "per_layer", args.slots, args.filled,
+                                                       args.repeats, options=name,
+                                                       transposed=True)
     ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked",
                                          "per_layer_transposed")
-                 or c.startswith("per_layer@")]
+                 or c.startswith("per_layer@") or c.startswith("per_layer_transposed@")]
     if not args.no_transformers:
         res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,
                                                 args.threads)

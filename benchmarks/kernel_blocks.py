@@ -11,9 +11,9 @@ JSON with the CPU model.
 (``kernels.transpose_params``, ``load_model(..., kernel_blocks="transposed")``) instead, and
 ``--methods`` may add the drafted decoders on the offline pair (the draft loaded too):
 speculative gamma 4 and DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2).
-There the transposed configuration transposes the target (its passes are forests of
-``gamma + 1`` or more rows) and, for speculative sampling only, the draft (one row per draft
-pass at batch 1; DSBD's draft runs ``W_S`` beams per pass).
+There the transposed configuration transposes both the target and the draft. Each
+configuration runs under the compiler options chosen for its kernels' form
+(``cpu_options.choice(form)``; ``options`` in the JSON).
 
     .venv/bin/python benchmarks/kernel_blocks.py --blocks transposed \
         --methods sample beam_sample_W4 speculative_g4 dsbd_beamW4_point \
@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models import kernels  # noqa: E402
+from dsbd_jax.models import cpu_options, kernels  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -97,15 +97,17 @@ def main(argv=None):
         dt = kernels.transpose_params(draft.params, kernels.transposed_widths(draft.config))
         pair = {"plain": {"target": model.params, "draft": draft.params},
                 "blocked": {"target": trees["blocked"], "draft": draft.params}}
+        pair["blocked"]["draft"] = dt  # both models transposed, as load_model would store them
         methods["speculative_g4"] = (
-            speculative_sample, DecodeConfig(draft=draft.config, gamma=4, **base),
-            {**pair, "blocked": {**pair["blocked"], "draft": dt}})
+            speculative_sample, DecodeConfig(draft=draft.config, gamma=4, **base), pair)
         methods["dsbd_beamW4_point"] = (
             dsbd_generate, DSBDConfig(draft=draft.config, gamma=2, draft_width=4, threshold=0.7,
                                       min_width=2, **base), pair)
     P = bucket_length(max(len(p) for p in prompts))
     out = {"machine": machine_info(), "target": args.target, "blocks": blocks,
            "form": "transposed" if transposed else "blocked",
+           "options": {"plain": cpu_options.choice("plain"),
+                       "blocked": cpu_options.choice("transposed" if transposed else "plain")},
            "settings": vars(args), "runs": {}}
     for mname in args.methods:
         fn, cfg, variants = methods[mname]

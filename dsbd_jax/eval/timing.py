@@ -61,6 +61,8 @@ def machine_info() -> Dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "cpu_options": cpu_options.choice(),
         "compiler_options": cpu_options.compiler_options(),
+        # programs whose projection kernels are transposed run under their own form's choice
+        "cpu_options_transposed": cpu_options.choice("transposed"),
     }
 
 

@@ -13,14 +13,20 @@ the winner:
 * ``CANDIDATES``: named ``compiler_options`` dicts (``"default"`` is XLA's own, ``{}``).
   :func:`supported` drops those the installed XLA rejects (option names move between jax
   releases), so the same code runs on jax 0.10 and 0.11.
-* ``choice()``: the name in use. ``$DSBD_JAX_CPU_OPTIONS`` forces one (a name of
-  ``CANDIDATES``, or ``auto``, the default). With ``auto`` on a CPU backend the winner is read
-  from ``$DSBD_JAX_CACHE/cpu_options.json`` (default ``~/.cache/dsbd_jax``) keyed by CPU model,
-  core count, jax version and the candidate names, else measured (a few seconds: chained
-  ``up``/``down`` product pairs of the 1.5B shape at ``M`` = 1, 4, 16) and written there.
-  Logged once. Off the CPU the choice is always ``"default"``.
-* ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's,
-  fixed when the function is first called or lowered (one jit object, so no extra compiles).
+* ``choice(form="plain")``: the name in use for programs whose projection kernels are stored
+  in ``form`` (``FORMS``: ``"plain"`` ``[in, out]`` or ``"transposed"``, see
+  :mod:`dsbd_jax.models.kernels`). The best options depend on the form: on the 2-core host plain
+  kernels run fastest with ``eigen_dot``, transposed kernels with XLA's default (YNNPACK), where
+  their 2-16-row products take 0.5-0.6x the plain kernels' time. ``$DSBD_JAX_CPU_OPTIONS``
+  forces one name for both forms (a name of ``CANDIDATES``, or ``auto``, the default). With
+  ``auto`` on a CPU backend the winner is read from ``$DSBD_JAX_CACHE/cpu_options.json``
+  (default ``~/.cache/dsbd_jax``) keyed by CPU model, core count, jax version, the candidate
+  names and the form, else measured (a few seconds: chained ``up``/``down`` product pairs of
+  the 1.5B shape at ``M`` = 1, 4, 16, in that form) and written there. Logged once per form.
+  Off the CPU the choice is always ``"default"``.
+* ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's
+  for the form of the kernels among the call's arguments, fixed when first called or lowered
+  (one jit object per distinct choice, so no extra compiles).
 * :func:`interleaved_min`: the timing loop shared with :mod:`dsbd_jax.models.kernels`.
 
 What the candidates change: ``single_thread_eigen`` only schedules work (which threads run a
@@ -43,6 +49,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.products import (TRANSPOSED, form_of, project_t, transpose_block,
+                                      transposed_width)
+
 logger = logging.getLogger("dsbd_jax")
 
 ENV = "DSBD_JAX_CPU_OPTIONS"
@@ -59,6 +68,11 @@ SAME_BITS = ("default", "single_thread_eigen")
 PROBE_ROWS = (1, 4, 16)
 PROBE_IN, PROBE_OUT, PROBE_LAYERS, PROBE_REPEATS = 1536, 8960, 4, 7
 MARGIN = 0.05  # a candidate replaces "default" only if >= 5% faster in total, never 5% slower
+# the stored forms of projection kernels (dsbd_jax.models.products): each form has its own
+# choice, measured on its own products (on the 2-core host, plain kernels run fastest on Eigen,
+# transposed kernels on XLA's default YNNPACK: results/forward_transposed_options.json)
+PLAIN = "plain"
+FORMS = (PLAIN, TRANSPOSED)
 
 
 def cpu_model() -> str:
@@ -78,10 +92,17 @@ def host_key() -> str:
     return f"{cpu_model()} | {os.cpu_count()} cpus | jax {jax.__version__}"
 
 
-def options_key() -> str:
-    """The cache key of the choice: the host and the candidates this XLA accepts (a new
-    candidate is measured, not hidden behind an old choice)."""
-    return f"{host_key()} | {','.join(sorted(candidates()))}"
+def options_key(form: str = PLAIN) -> str:
+    """The cache key of the choice for kernels in ``form`` (``FORMS``): the host and the
+    candidates this XLA accepts (a new candidate is measured, not hidden behind an old choice)."""
+    _check_form(form)
+    tail = "" if form == PLAIN else f" | {form} kernels"
+    return f"{host_key()} | {','.join(sorted(candidates()))}{tail}"
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"kernel form must be one of {FORMS}, got {form!r}")
 
 
 def cache_file() -> Path:
@@ -124,20 +145,29 @@ def candidates() -> Dict[str, Mapping[str, object]]:
 
 
 def measure(rows=PROBE_ROWS, din=PROBE_IN, dout=PROBE_OUT, layers=PROBE_LAYERS,
-            repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
+            repeats=PROBE_REPEATS, form: str = PLAIN) -> Dict[str, Dict[int, float]]:
     """``{candidate: {M: min seconds}}`` of ``layers`` chained up/down product pairs
-    ``[M, din] x [din, dout] x [dout, din]`` (:func:`interleaved_min` over ``repeats``). The
-    products are chained as in a forward pass: XLA:CPU runs independent products side by side,
-    which would flatter single-threaded variants."""
+    ``[M, din] x [din, dout] x [dout, din]`` (:func:`interleaved_min` over ``repeats``), with
+    the kernels in ``form``: ``"plain"`` ``[in, out]``, or ``"transposed"`` (row blocks run by
+    :func:`dsbd_jax.models.products.project_t`, the model's own product). The products are
+    chained as in a forward pass: XLA:CPU runs independent products side by side, which would
+    flatter single-threaded variants."""
+    _check_form(form)
     rng = np.random.default_rng(0)
-    ups = [jnp.asarray(rng.standard_normal((din, dout), np.float32) / np.sqrt(din))
+    ups = [jnp.asarray(rng.standard_normal((din, dout), np.float32) / np.float32(np.sqrt(din)))
            for _ in range(layers)]
-    downs = [jnp.asarray(rng.standard_normal((dout, din), np.float32) / np.sqrt(dout))
+    downs = [jnp.asarray(rng.standard_normal((dout, din), np.float32) / np.float32(np.sqrt(dout)))
              for _ in range(layers)]
+    if form == TRANSPOSED:
+        ups = [transpose_block(u, transposed_width(dout)) for u in ups]
+        downs = [transpose_block(d, transposed_width(din)) for d in downs]
+        product = project_t
+    else:
+        product = jnp.matmul
 
     def body(x, ups, downs):
         for u, d in zip(ups, downs):
-            x = (x @ u) @ d
+            x = product(product(x, u), d)
         return x
     fns = {name: jax.jit(body, compiler_options=dict(opts))
            for name, opts in candidates().items()}
@@ -170,8 +200,10 @@ def _read_cache() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def choice() -> str:
-    """The candidate in use in this process (see the module docstring); decided once."""
+def choice(form: str = PLAIN) -> str:
+    """The candidate in use in this process for programs whose projection kernels are in
+    ``form`` (``FORMS``; see the module docstring); decided once per form."""
+    _check_form(form)
     forced = os.environ.get(ENV, "auto").strip() or "auto"
     if forced != "auto" and forced not in CANDIDATES:
         raise ValueError(f"${ENV} must be 'auto' or one of {sorted(CANDIDATES)}, got {forced!r}")
@@ -183,11 +215,11 @@ def choice() -> str:
     elif forced != "auto":
         name, how = forced, f"${ENV}"
     else:
-        key, cached = options_key(), _read_cache()
+        key, cached = options_key(form), _read_cache()
         if cached.get(key, {}).get("choice") in candidates():
             name, how = cached[key]["choice"], f"cached in {cache_file()}"
         else:
-            times = measure()
+            times = measure(form=form)
             name, how = pick(times), f"measured, written to {cache_file()}"
             cached[key] = {"choice": name, "min_ms": {n: {str(m): 1e3 * s for m, s in t.items()}
                                                      for n, t in times.items()}}
@@ -196,13 +228,15 @@ def choice() -> str:
                 cache_file().write_text(json.dumps(cached, indent=2))
             except OSError as e:  # a read-only home: keep the choice for this process only
                 how = f"measured, not cached ({e})"
-    logger.info("XLA:CPU compiler options: %s %s (%s)", name, dict(CANDIDATES[name]), how)
+    logger.info("XLA:CPU compiler options for %s kernels: %s %s (%s)", form, name,
+                dict(CANDIDATES[name]), how)
     return name
 
 
-def compiler_options() -> Dict[str, object]:
-    """The ``compiler_options`` of the choice in use (``{}`` off the CPU)."""
-    return dict(CANDIDATES[choice()])
+def compiler_options(form: str = PLAIN) -> Dict[str, object]:
+    """The ``compiler_options`` of the choice in use for kernels in ``form`` (``{}`` off the
+    CPU)."""
+    return dict(CANDIDATES[choice(form)])
 
 
 def _nested_options_error(e: Exception) -> bool:
@@ -212,9 +246,14 @@ def _nested_options_error(e: Exception) -> bool:
 
 
 class tuned_jit:
-    """``jax.jit(fun, compiler_options=compiler_options(), **jit_kwargs)``, built on first use
-    (call, ``lower``, ``trace``, ...) so that importing the library measures nothing. Use as
+    """``jax.jit(fun, compiler_options=compiler_options(form), **jit_kwargs)``, built on first
+    use (call, ``lower``, ``trace``, ...) so that importing the library measures nothing. Use as
     ``@functools.partial(tuned_jit, static_argnames=...)`` where ``jax.jit`` would go.
+
+    ``form`` is the form of the projection kernels among the call's arguments
+    (:func:`dsbd_jax.models.products.form_of`: ``"transposed"`` when any is transposed), so a
+    program runs under the options measured for its own products. One ``jax.jit`` per distinct
+    choice of options: when both forms choose the same options, both share one jit object.
 
     Called inside another trace (the user's own ``jax.jit``, ``ShardedDecoder``'s jit, a
     ``vmap``), it runs as a plain ``jax.jit(fun, **jit_kwargs)``: jax accepts
@@ -223,27 +262,56 @@ class tuned_jit:
 
     def __init__(self, fun, **jit_kwargs):
         self._fun, self._jit_kwargs = fun, jit_kwargs
+        self._jits: Dict[str, Callable] = {}
         functools.update_wrapper(self, fun)
 
-    @functools.cached_property
+    def for_form(self, form: str = PLAIN):
+        """The ``jax.jit`` object for programs whose kernels are in ``form``."""
+        name = choice(form)
+        if name not in self._jits:
+            self._jits[name] = jax.jit(self._fun, compiler_options=dict(CANDIDATES[name]),
+                                       **self._jit_kwargs)
+        return self._jits[name]
+
+    @property
     def jitted(self):
-        return jax.jit(self._fun, compiler_options=compiler_options(), **self._jit_kwargs)
+        """The ``jax.jit`` object for plain kernels (``for_form("plain")``)."""
+        return self.for_form(PLAIN)
 
     @functools.cached_property
     def plain(self):
         return jax.jit(self._fun, **self._jit_kwargs)
 
+    def _for_args(self, args, kwargs):
+        return self.for_form(form_of((args, kwargs)))
+
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             return self.plain(*args, **kwargs)
         try:
-            return self.jitted(*args, **kwargs)
+            return self._for_args(args, kwargs)(*args, **kwargs)
         except ValueError as e:  # under a trace although no argument is a tracer
             if not _nested_options_error(e):
                 raise
             return self.plain(*args, **kwargs)
 
+    def lower(self, *args, **kwargs):
+        return self._for_args(args, kwargs).lower(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        return self._for_args(args, kwargs).trace(*args, **kwargs)
+
+    def eval_shape(self, *args, **kwargs):
+        return self._for_args(args, kwargs).eval_shape(*args, **kwargs)
+
+    def clear_cache(self):
+        """Drop the compiled programs of every form (and of the plain fallback)."""
+        for j in self._jits.values():
+            j.clear_cache()
+        if "plain" in self.__dict__:
+            self.plain.clear_cache()
+
     def __getattr__(self, name):
-        if name.startswith("__") or name in ("_fun", "_jit_kwargs", "jitted", "plain"):
+        if name.startswith("__") or name in ("_fun", "_jit_kwargs", "_jits", "plain"):
             raise AttributeError(name)
         return getattr(self.jitted, name)

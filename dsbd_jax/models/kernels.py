@@ -29,16 +29,25 @@ sums run in another order).
 * **Transposed kernels** (session 7): :func:`transpose_params` stores a projection's kernel as
   its ``[out, in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`),
   under the key ``"kernel_t"``; :func:`project_t` runs one row as a matrix-vector product over
-  contiguous rows and more rows as one batched product per block. On the 2-core host the whole
-  1.5B forward takes 0.79x the plain kernels' time at one token, 12 and 16 rows, and 1.12x at
-  four rows (``results/forward_transposed.json``), so it suits a model whose passes are one
-  row (sampling, a speculative draft at batch 1) or forests (DSBD's target), not beams:
-  ``load_model(..., kernel_blocks="transposed")``, opt-in. :func:`unblock_params` converts back.
+  contiguous rows and more rows as one batched product per block. :func:`unblock_params`
+  converts back. The products live in :mod:`dsbd_jax.models.products`.
+* **The form follows the host, the options follow the form** (session 8). The best compiler
+  options depend on the kernels' form: on the 2-core host plain kernels run fastest on Eigen
+  (``eigen_dot``), transposed kernels on XLA's default YNNPACK, where their 2-16-row products
+  take 0.5-0.6x the plain kernels' time. So :func:`dsbd_jax.models.cpu_options.choice` is
+  measured per form, and ``tuned_jit`` compiles a call whose arguments hold transposed kernels
+  under the transposed form's options. :func:`choose_form` then times both forms, each under
+  its own options, on a model's MLP shape (chained pairs at ``M = 1, 4, 16``; transposed only
+  if ``GAIN`` faster in total and never ``MARGIN`` slower), cached per host and shape;
+  ``load_model(..., kernel_blocks="measured")``, the default, applies it. On the 2-core host
+  it picks transposed: the 1.5B forward takes 0.64-0.82x the plain kernels' time at 1-16 rows
+  and every decoder runs faster (``results/forward_transposed_options.json``,
+  ``results/kernel_transposed_options.json``).
 
-**Opt-in.** ``load_model(..., kernel_blocks="auto")`` applies :func:`choose_blocks` on the CPU;
-the default is plain kernels, because on the one host measured so far (2-core AVX-512) blocks
-made whole forward passes slower (width 64: 1.74x at one token; width 128: 1.29x at one token,
-0.88x at four rows; ``benchmarks/forward.py --blocks N``) and the measurement chose none. Code that
+**Blocked kernels are opt-in.** ``load_model(..., kernel_blocks="auto")`` applies
+:func:`choose_blocks` on the CPU; on the one host measured so far (2-core AVX-512) blocks made
+whole forward passes slower (width 64: 1.74x at one token; width 128: 1.29x at one token, 0.88x
+at four rows; ``benchmarks/forward.py --blocks N``) and the measurement chose none. Code that
 needs ``[in, out]`` kernels (distillation, export to Hugging Face files, sharding over a mesh)
 calls :func:`unblock_params` first; ``ShardedDecoder.place`` and ``distill`` do it themselves.
 """
@@ -58,6 +67,9 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
 from dsbd_jax.models.cpu_options import choice, compiler_options, host_key, interleaved_min
+from dsbd_jax.models.products import (T_KEY, T_MAX_WIDTH, TRANSPOSED, block, form_of,  # noqa: F401
+                                      project, project_t, transpose_block, transposed_width,
+                                      unblock, untranspose)
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -74,94 +86,6 @@ PROBE_LAYERS, PROBE_REPEATS = 6, 5
 MIN_ELEMENTS = 1 << 21  # in * out below this: never blocked (fits in cache, not memory-bound)
 GAIN = 0.10    # a width must be 10% faster than [in, out] over PROBE_ROWS in total ...
 MARGIN = 0.05  # ... and never 5% slower at any M
-
-
-# ---------------------------------------------------------------------------------------------
-# the product
-def block(w: jax.Array, n: int) -> jax.Array:
-    """``[..., in, out]`` -> ``[..., out / n, in, n]`` (``n`` must divide ``out``)."""
-    *lead, din, dout = w.shape
-    if n < 1 or dout % n:
-        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
-    nl = len(lead)
-    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
-    return jnp.transpose(jnp.reshape(w, (*lead, din, dout // n, n)), perm)
-
-
-def unblock(w: jax.Array) -> jax.Array:
-    """``[..., c, in, n]`` -> ``[..., in, c * n]`` (the inverse of :func:`block`)."""
-    *lead, c, din, n = w.shape
-    nl = len(lead)
-    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
-    return jnp.reshape(jnp.transpose(w, perm), (*lead, din, c * n))
-
-
-def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x [..., in]`` times ``kernel`` (``[in, out]``, or blocked ``[out / n, in, n]``)."""
-    if kernel.ndim == 2:  # the Flax Dense product, unchanged
-        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-    c, din, n = kernel.shape
-    lead = x.shape[:-1]
-    xm = x.reshape(-1, din)
-    m = xm.shape[0]
-    if m == 1:
-        xm = jnp.pad(xm, ((0, 1), (0, 0)))
-    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), kernel)
-    y = y.transpose(1, 0, 2).reshape(xm.shape[0], c * n)[:m]
-    return y.reshape(*lead, c * n)
-
-
-# transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks under the key "kernel_t"
-TRANSPOSED = "transposed"
-T_KEY = "kernel_t"
-T_MAX_WIDTH = 1280  # transposed blocks of at most this many output rows (measured: 768-1280 best)
-
-
-def transpose_block(w: jax.Array, n: int) -> jax.Array:
-    """``[..., in, out]`` -> ``[..., out / n, n, in]``: the kernel's rows as ``[out, in]`` (one
-    output per row, contiguous), cut into ``out / n`` blocks of ``n`` rows (``n`` divides
-    ``out``; ``n = out``: one block)."""
-    *lead, din, dout = w.shape
-    if n < 1 or dout % n:
-        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
-    return jnp.reshape(jnp.swapaxes(w, -1, -2), (*lead, dout // n, n, din))
-
-
-def untranspose(w: jax.Array) -> jax.Array:
-    """``[..., c, n, in]`` -> ``[..., in, c * n]`` (the inverse of :func:`transpose_block`)."""
-    *lead, c, n, din = w.shape
-    return jnp.swapaxes(jnp.reshape(w, (*lead, c * n, din)), -1, -2)
-
-
-def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
-    """``x [..., in]`` times a transposed kernel ``[c, n, in]`` (:func:`transpose_block`).
-
-    One row (``x`` of one row in all: a token at batch 1) is a matrix-vector product over the
-    ``[out, in]`` rows (a free reshape), which XLA:CPU runs as dot products of contiguous rows:
-    about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
-    as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
-    matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
-    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``."""
-    c, n, din = kernel_t.shape
-    lead = x.shape[:-1]
-    xm = x.reshape(-1, din)
-    m = xm.shape[0]
-    if m == 1:
-        y = jax.lax.dot_general(xm, kernel_t.reshape(c * n, din), (((1,), (1,)), ((), ())))
-    else:
-        y = jax.lax.dot_general(kernel_t, jnp.broadcast_to(xm, (c,) + xm.shape),
-                                (((2,), (2,)), ((0,), (0,))))  # [c, n, m]
-        y = y.transpose(2, 0, 1).reshape(m, c * n)
-    return y.reshape(*lead, c * n)
-
-
-def transposed_width(dout: int) -> int:
-    """The row-block width of a transposed kernel with ``dout`` outputs: the largest divisor of
-    ``dout`` that splits it in two or more and is 8 to ``T_MAX_WIDTH`` (a multiple of 64 where
-    one fits), else ``dout`` (one block)."""
-    divs = [n for n in range(8, min(dout // 2, T_MAX_WIDTH) + 1) if dout % n == 0]
-    aligned = [n for n in divs if n % 64 == 0]
-    return max(aligned or divs or [dout])
 
 
 def transposed_widths(config) -> Dict[str, int]:
@@ -422,3 +346,98 @@ def choose_blocks(config, dtype=None) -> Dict[str, int]:
     logger.info("kernel blocks for %s: %s (%.1f s; cache %s)", dt, out or "none",
                 time.perf_counter() - t0, cache_file())
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-host choice of form: plain or transposed kernels, each under its own options
+FORM_ENV = "DSBD_JAX_KERNEL_FORM"
+MEASURED = "measured"  # load_model(kernel_blocks="measured"): the form this choice picks
+FORM_LAYERS = 4  # chained MLP pairs per probe (a pair per layer, as in a forward pass)
+
+
+def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=FORM_LAYERS,
+                  repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
+    """``{form: {M: min seconds}}`` of ``layers`` chained MLP pairs ``[M, din] x [din, dout] x
+    [dout, din]`` with plain kernels (:func:`project`) and with transposed kernels
+    (:func:`project_t`), each compiled under the compiler options chosen for its own form
+    (:func:`dsbd_jax.models.cpu_options.choice`), interleaved round by round."""
+    rng = np.random.default_rng(0)
+    dt = jnp.dtype(dtype)
+    ups = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]
+    downs = [rng.standard_normal((dout, din), np.float32).astype(dt) for _ in range(layers)]
+    calls = {}
+    for form, product, prep in (
+            ("plain", project, lambda w: jnp.asarray(w)),
+            (TRANSPOSED, project_t,
+             lambda w: transpose_block(jnp.asarray(w), transposed_width(w.shape[1])))):
+        def chain(x, us, ds, product=product):
+            for u, d in zip(us, ds):
+                x = product(product(x, u), d)
+            return x
+        f = jax.jit(chain, compiler_options=compiler_options(form))
+        calls[form] = (f, [prep(u) for u in ups], [prep(d) for d in downs])
+    best: Dict[str, Dict[int, float]] = {form: {} for form in calls}
+    for M in rows:
+        x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(dt))
+        t = interleaved_min({form: functools.partial(f, x, us, ds)
+                             for form, (f, us, ds) in calls.items()}, repeats)
+        for form in calls:
+            best[form][M] = t[form]
+    return best
+
+
+def pick_form(times: Mapping[str, Mapping[int, float]]) -> str:
+    """``"transposed"`` if its total over the probe rows is ``GAIN`` below the plain kernels'
+    and it is never ``MARGIN`` slower at any ``M``; else ``"plain"``."""
+    base, t = times["plain"], times[TRANSPOSED]
+    ok = (sum(t.values()) < (1 - GAIN) * sum(base.values())
+          and all(t[m] <= (1 + MARGIN) * base[m] for m in base))
+    return TRANSPOSED if ok else "plain"
+
+
+def form_key(din: int, dout: int, dtype: str) -> str:
+    """The cache key of a shape's form choice: the host, the options of each form (each form is
+    measured under its own), the shape and the dtype."""
+    return (f"form | {host_key()} | options plain {choice('plain')}, transposed "
+            f"{choice(TRANSPOSED)} | {din}x{dout} {dtype}")
+
+
+@functools.lru_cache(maxsize=None)
+def _choose_form(din: int, dout: int, dtype: str) -> str:
+    if din * dout < MIN_ELEMENTS:
+        return "plain"
+    key, cached = form_key(din, dout, dtype), _read_cache()
+    form = cached.get(key, {}).get("choice")
+    if form in ("plain", TRANSPOSED):
+        return form
+    times = measure_forms(din, dout, dtype)
+    form = pick_form(times)
+    cached[key] = {"choice": form, "min_ms": {f: {str(m): round(1e3 * s, 3) for m, s in t.items()}
+                                              for f, t in times.items()}}
+    try:
+        cache_file().parent.mkdir(parents=True, exist_ok=True)
+        cache_file().write_text(json.dumps(cached, indent=2))
+    except OSError as e:  # a read-only home: keep the choice for this process only
+        logger.info("kernel form: not cached (%s)", e)
+    return form
+
+
+def choose_form(config, dtype=None) -> str:
+    """``"plain"`` or ``"transposed"``: the faster form of projection kernels for ``config``'s
+    MLP shape on this host, each form timed under its own compiler options (a few seconds once
+    per host and shape, then cached in ``$DSBD_JAX_CACHE/kernel_blocks.json``). Plain off the
+    CPU and for models whose MLP has under ``MIN_ELEMENTS`` weights. ``$DSBD_JAX_KERNEL_FORM``
+    forces ``plain`` or ``transposed`` (default ``auto``)."""
+    forced = os.environ.get(FORM_ENV, "auto").strip() or "auto"
+    if forced not in ("auto", "plain", TRANSPOSED):
+        raise ValueError(f"${FORM_ENV} must be 'auto', 'plain' or 'transposed', got {forced!r}")
+    if forced != "auto":
+        return forced
+    if jax.default_backend() != "cpu":
+        return "plain"
+    dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
+    t0 = time.perf_counter()
+    form = _choose_form(config.hidden_size, config.intermediate_size, dt)
+    logger.info("kernel form for %dx%d %s: %s (%.1f s; cache %s)", config.hidden_size,
+                config.intermediate_size, dt, form, time.perf_counter() - t0, cache_file())
+    return form

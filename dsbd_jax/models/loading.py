@@ -41,9 +41,9 @@ from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gg
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import (HALVES, TRANSPOSED, block_params, choose_blocks,
-                                     transpose_params, transposed_of, transposed_widths,
-                                     uniform_blocks)
+from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params, choose_blocks,
+                                     choose_form, transpose_params, transposed_of,
+                                     transposed_widths, uniform_blocks)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
                                      preset_tokenizer)
@@ -130,7 +130,7 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                head_rows: Optional[int] = None,
                vocab_table: Optional[Union[str, os.PathLike]] = None,
                prompt_rows: bool = False,
-               kernel_blocks: Union[str, Dict[str, int], None] = None,
+               kernel_blocks: Union[str, Dict[str, int], None] = "measured",
                untie_head: bool = False) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
@@ -156,16 +156,21 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       prompt_rows: with ``head_rows``, also keep the full head so that every drafted decoder
         adds the tokens of its prompts to the rows (``truncate_head(prompt_rows=True)``;
         ``info["prompt_rows"]``).
-      kernel_blocks: blocked projection kernels for XLA:CPU's few-row products
-        (:mod:`dsbd_jax.models.kernels`, opt-in): ``None`` (default: plain ``[in, out]``
-        kernels), ``"auto"`` (the widths measured for this host and these shapes, cached;
-        nothing off the CPU or for small models), ``"halves"`` (every projection as two blocks
-        of half its output columns), ``{"down_proj": 64, ...}``, or ``"transposed"``: every
-        projection kernel stored as its ``[out, in]`` rows
-        (:func:`dsbd_jax.models.kernels.transpose_params`), for a model that mostly runs one
-        row per pass (sampling or a speculative draft at batch 1: faster there, slower at 2-4
-        rows on the CPU, ``docs/results.md``). ``info["kernel_blocks"]`` and
-        ``info["kernel_transposed"]`` record what was applied.
+      kernel_blocks: the stored form of the attention and MLP projection kernels, for XLA:CPU's
+        few-row products (:mod:`dsbd_jax.models.kernels`). ``"measured"`` (default): plain
+        ``[in, out]`` kernels or transposed ones (``[out, in]`` rows in blocks,
+        :func:`dsbd_jax.models.kernels.transpose_params`), whichever this host runs faster for
+        this model's MLP shape, each form under its own compiler options
+        (:func:`dsbd_jax.models.kernels.choose_form`: a few seconds once per host and shape,
+        cached; plain off the CPU and for small models; ``$DSBD_JAX_KERNEL_FORM`` forces one).
+        On the 2-core host it picks transposed for the 1.5B target: the forward takes 0.64-0.82x
+        the plain kernels' time at 1-16 rows, beam sampling W=4 runs 1.28x faster
+        (``docs/results.md``). ``"transposed"``: transposed whatever the measurement says.
+        ``None``: plain kernels. ``"auto"``: blocked kernels ``[out / n, in, n]`` of the widths
+        measured for this host (nothing off the CPU or for small models); ``"halves"``: every
+        projection as two blocks of half its output columns; ``{"down_proj": 64, ...}``: given
+        widths. ``info["kernel_blocks"]`` and ``info["kernel_transposed"]`` record what was
+        applied. Every form gives the same outputs up to float rounding.
       untie_head: give a tied head (the embedding doubling as the head: the hub's Qwen2.5-0.5B,
         Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
         ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
@@ -204,12 +209,19 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                    f"(cached; DSBD_JAX_KERNEL_BLOCKS=none turns blocking off)", progress)
     elif isinstance(kernel_blocks, str) and kernel_blocks == HALVES:
         kernel_blocks = uniform_blocks(model.config, HALVES)
-    elif isinstance(kernel_blocks, str) and kernel_blocks == TRANSPOSED:
-        model.params = transpose_params(model.params, transposed_widths(model.config))
+    elif isinstance(kernel_blocks, str) and kernel_blocks in (TRANSPOSED, MEASURED):
+        t0 = time.perf_counter()
+        form = TRANSPOSED if kernel_blocks == TRANSPOSED else choose_form(model.config, dtype)
+        if time.perf_counter() - t0 > 1.0:  # measured now (later loads read the cache)
+            notice(f"measured the projection kernel form for this host in "
+                   f"{time.perf_counter() - t0:.0f} s: {form} (cached; "
+                   f"DSBD_JAX_KERNEL_FORM=plain|transposed forces one)", progress)
+        if form == TRANSPOSED:
+            model.params = transpose_params(model.params, transposed_widths(model.config))
         kernel_blocks = None
     elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
-        raise ValueError(f"kernel_blocks must be 'auto', 'halves', 'transposed', None or "
-                         f"{{projection: width}}, got {kernel_blocks!r}")
+        raise ValueError(f"kernel_blocks must be 'measured', 'transposed', 'auto', 'halves', "
+                         f"None or {{projection: width}}, got {kernel_blocks!r}")
     if kernel_blocks:
         model.params = block_params(model.params, kernel_blocks)
     model.info["kernel_blocks"] = dict(kernel_blocks or {})

@@ -1,0 +1,117 @@
+"""The projection products behind :mod:`dsbd_jax.models.kernels`: ``x`` times a kernel in
+each stored form (plain ``[in, out]``, blocked ``[out / n, in, n]``, transposed ``[out / n, n,
+in]`` under the key ``T_KEY``), and the conversions between the forms. Pure functions of
+arrays with no dependency inside the package, so that both the model (through
+:mod:`~dsbd_jax.models.kernels`) and the per-host measurement of compiler options
+(:mod:`~dsbd_jax.models.cpu_options`, which times each form under each candidate) use the
+very same products. See :mod:`dsbd_jax.models.kernels` for what each form is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+
+
+def block(w: jax.Array, n: int) -> jax.Array:
+    """``[..., in, out]`` -> ``[..., out / n, in, n]`` (``n`` must divide ``out``)."""
+    *lead, din, dout = w.shape
+    if n < 1 or dout % n:
+        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
+    nl = len(lead)
+    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
+    return jnp.transpose(jnp.reshape(w, (*lead, din, dout // n, n)), perm)
+
+
+def unblock(w: jax.Array) -> jax.Array:
+    """``[..., c, in, n]`` -> ``[..., in, c * n]`` (the inverse of :func:`block`)."""
+    *lead, c, din, n = w.shape
+    nl = len(lead)
+    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
+    return jnp.reshape(jnp.transpose(w, perm), (*lead, din, c * n))
+
+
+def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x [..., in]`` times ``kernel`` (``[in, out]``, or blocked ``[out / n, in, n]``)."""
+    if kernel.ndim == 2:  # the Flax Dense product, unchanged
+        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    c, din, n = kernel.shape
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, din)
+    m = xm.shape[0]
+    if m == 1:
+        xm = jnp.pad(xm, ((0, 1), (0, 0)))
+    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), kernel)
+    y = y.transpose(1, 0, 2).reshape(xm.shape[0], c * n)[:m]
+    return y.reshape(*lead, c * n)
+
+
+# transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks under the key "kernel_t"
+TRANSPOSED = "transposed"
+T_KEY = "kernel_t"
+T_MAX_WIDTH = 1280  # transposed blocks of at most this many output rows (measured: 768-1280 best)
+
+
+def transpose_block(w: jax.Array, n: int) -> jax.Array:
+    """``[..., in, out]`` -> ``[..., out / n, n, in]``: the kernel's rows as ``[out, in]`` (one
+    output per row, contiguous), cut into ``out / n`` blocks of ``n`` rows (``n`` divides
+    ``out``; ``n = out``: one block)."""
+    *lead, din, dout = w.shape
+    if n < 1 or dout % n:
+        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
+    return jnp.reshape(jnp.swapaxes(w, -1, -2), (*lead, dout // n, n, din))
+
+
+def untranspose(w: jax.Array) -> jax.Array:
+    """``[..., c, n, in]`` -> ``[..., in, c * n]`` (the inverse of :func:`transpose_block`)."""
+    *lead, c, n, din = w.shape
+    return jnp.swapaxes(jnp.reshape(w, (*lead, c * n, din)), -1, -2)
+
+
+def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
+    """``x [..., in]`` times a transposed kernel ``[c, n, in]`` (:func:`transpose_block`).
+
+    One row (``x`` of one row in all: a token at batch 1) is a matrix-vector product over the
+    ``[out, in]`` rows (a free reshape), which XLA:CPU runs as dot products of contiguous rows:
+    about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
+    as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
+    matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
+    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``."""
+    c, n, din = kernel_t.shape
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, din)
+    m = xm.shape[0]
+    if m == 1:
+        y = jax.lax.dot_general(xm, kernel_t.reshape(c * n, din), (((1,), (1,)), ((), ())))
+    else:
+        y = jax.lax.dot_general(kernel_t, jnp.broadcast_to(xm, (c,) + xm.shape),
+                                (((2,), (2,)), ((0,), (0,))))  # [c, n, m]
+        y = y.transpose(2, 0, 1).reshape(m, c * n)
+    return y.reshape(*lead, c * n)
+
+
+def transposed_width(dout: int) -> int:
+    """The row-block width of a transposed kernel with ``dout`` outputs: the largest divisor of
+    ``dout`` that splits it in two or more and is 8 to ``T_MAX_WIDTH`` (a multiple of 64 where
+    one fits), else ``dout`` (one block)."""
+    divs = [n for n in range(8, min(dout // 2, T_MAX_WIDTH) + 1) if dout % n == 0]
+    aligned = [n for n in divs if n % 64 == 0]
+    return max(aligned or divs or [dout])
+
+
+def form_of(tree) -> str:
+    """``"transposed"`` when any mapping in the pytree ``tree`` (a parameter tree, or a call's
+    arguments) holds a transposed kernel (key ``T_KEY``), else ``"plain"``. Walks the mappings,
+    lists and tuples only (no leaf is touched)."""
+    stack = [tree]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Mapping):
+            if T_KEY in t:
+                return TRANSPOSED
+            stack.extend(t.values())
+        elif isinstance(t, (list, tuple)):
+            stack.extend(t)
+    return "plain"

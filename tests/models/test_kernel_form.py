@@ -1,0 +1,165 @@
+"""Compiler options that follow the kernels' form, and the per-host choice of form (issue 21):
+``cpu_options.choice(form)`` is measured per form, ``tuned_jit`` compiles a call whose
+arguments hold transposed kernels under the transposed form's options, ``kernels.choose_form``
+picks plain or transposed kernels per host and shape (forced, cached, measured), and
+``load_model(kernel_blocks="measured")`` applies it. Run with ``PYTHONPATH=tests``."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import exact_reference as ref
+from dsbd_jax.models import cpu_options as co
+from dsbd_jax.models import kernels
+from dsbd_jax.models import llama
+from dsbd_jax.models.products import form_of
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """Own cache dir, nothing forced, every per-process choice forgotten."""
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
+    for env in (co.ENV, kernels.FORM_ENV):
+        monkeypatch.delenv(env, raising=False)
+    choice, choose = co.choice, kernels._choose_form  # (a test may replace co.choice)
+    choice.cache_clear()
+    choose.cache_clear()
+    yield tmp_path
+    choice.cache_clear()
+    choose.cache_clear()
+
+
+def _toy():
+    config, params = ref.toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
+    return config, llama.convert_layout(params, "per_layer")
+
+
+def test_form_of_finds_a_transposed_kernel_anywhere():
+    config, params = _toy()
+    assert form_of(params) == "plain"
+    t = kernels.transpose_params(params, {"down_proj": 8})
+    assert form_of(t) == "transposed"
+    # among a call's arguments: nested in dicts, tuples, lists
+    assert form_of(((jnp.ones(2),), {"pair": [{"x": 1}, {"target": t}]})) == "transposed"
+    assert form_of(((jnp.ones(2), params), {})) == "plain"
+
+
+def test_each_form_is_measured_and_cached_apart(fresh, monkeypatch):
+    monkeypatch.setattr(co, "PROBE_IN", 64)
+    monkeypatch.setattr(co, "PROBE_OUT", 128)
+    monkeypatch.setattr(co, "PROBE_REPEATS", 2)
+    names = {f: co.choice(f) for f in co.FORMS}
+    cached = json.loads((fresh / "cpu_options.json").read_text())
+    keys = {f: co.options_key(f) for f in co.FORMS}
+    assert keys["plain"] != keys["transposed"] and keys["transposed"].endswith("transposed kernels")
+    for f in co.FORMS:
+        assert cached[keys[f]]["choice"] == names[f]
+        assert set(cached[keys[f]]["min_ms"]) == set(co.candidates())
+    with pytest.raises(ValueError, match="kernel form must be one of"):
+        co.choice("sideways")
+    # a forced name holds for both forms
+    co.choice.cache_clear()
+    monkeypatch.setenv(co.ENV, "single_thread_eigen")
+    assert {co.choice(f) for f in co.FORMS} == {"single_thread_eigen"}
+
+
+def test_measure_times_the_transposed_product(monkeypatch):
+    times = co.measure(rows=(1, 3), din=32, dout=64, layers=2, repeats=1, form="transposed")
+    assert set(times) == set(co.candidates())
+    assert all(set(t) == {1, 3} and all(0 < v < 10 for v in t.values()) for t in times.values())
+
+
+def test_tuned_jit_compiles_each_form_under_its_own_options(fresh, monkeypatch):
+    """A call with transposed kernels runs the program compiled with the transposed form's
+    options, a call with plain kernels the plain form's; both give the same numbers (to float
+    rounding), and a second call of either form compiles nothing."""
+    if "eigen_dot" not in co.candidates():
+        pytest.skip("this XLA rejects eigen_dot's options")
+    choices = {"plain": "eigen_dot", "transposed": "default"}
+    monkeypatch.setattr(co, "choice", lambda form="plain": choices[form])
+    config, params = _toy()
+    tparams = kernels.transpose_params(params, kernels.transposed_widths(config))
+    traces = []
+
+    def logits(p, tokens):
+        traces.append(form_of(p))
+        return llama._logits_fn(config, p, tokens)
+    tj = co.tuned_jit(logits)
+    tokens = jnp.asarray([[1, 2, 3], [4, 5, 6]], jnp.int32)
+    a = np.asarray(tj(params, tokens))
+    b = np.asarray(tj(tparams, tokens))
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    assert set(tj._jits) == {"eigen_dot", "default"} and traces == ["plain", "transposed"]
+    tj(params, tokens), tj(tparams, tokens)
+    assert traces == ["plain", "transposed"]  # no retrace, no recompilation
+    # the programs differ where the options do: YNNPACK fusions only without eigen_dot
+    hlo = {f: tj.lower(p, tokens).compile().as_text() for f, p in
+           (("plain", params), ("transposed", tparams))}
+    assert "__ynn_fusion" not in hlo["plain"]
+    # both forms choosing the same options share one jit object
+    choices["transposed"] = "eigen_dot"
+    tj2 = co.tuned_jit(logits)
+    tj2(params, tokens), tj2(tparams, tokens)
+    assert list(tj2._jits) == ["eigen_dot"]
+
+
+def test_pick_form_rule():
+    base = {1: 1.0, 4: 2.0, 16: 4.0}
+    assert kernels.pick_form({"plain": base, "transposed": {1: 0.8, 4: 1.5, 16: 2.6}}) == \
+        "transposed"
+    # faster in total, but slower at one M: plain stays
+    assert kernels.pick_form({"plain": base, "transposed": {1: 1.2, 4: 1.0, 16: 2.0}}) == "plain"
+    # not GAIN faster in total
+    assert kernels.pick_form({"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}) == "plain"
+
+
+def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
+    config, _ = _toy()
+    assert kernels.choose_form(config) == "plain"  # tiny shapes: never measured, never transposed
+    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
+    assert kernels.choose_form(config) == "transposed"
+    monkeypatch.setenv(kernels.FORM_ENV, "diagonal")
+    with pytest.raises(ValueError, match="DSBD_JAX_KERNEL_FORM must be"):
+        kernels.choose_form(config)
+    monkeypatch.delenv(kernels.FORM_ENV)
+    # a shape above MIN_ELEMENTS is measured once, then read from the cache
+    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
+    kernels._choose_form.cache_clear()  # (the tiny shape's "plain" above is remembered)
+    monkeypatch.setattr(co, "choice", lambda form="plain": "default")
+    calls = []
+
+    def fake_measure(din, dout, dtype):
+        calls.append((din, dout, dtype))
+        return {"plain": {1: 2.0, 4: 3.0, 16: 5.0}, "transposed": {1: 1.0, 4: 2.0, 16: 3.0}}
+    monkeypatch.setattr(kernels, "measure_forms", fake_measure)
+    assert kernels.choose_form(config) == "transposed"
+    assert calls == [(16, 32, "float32")]
+    cached = json.loads(kernels.cache_file().read_text())
+    assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "transposed"
+    kernels._choose_form.cache_clear()
+    assert kernels.choose_form(config) == "transposed" and len(calls) == 1
+
+
+def test_measure_forms_runs_both_products():
+    times = kernels.measure_forms(32, 64, rows=(1, 3), layers=2, repeats=1)
+    assert set(times) == {"plain", "transposed"}
+    assert all(set(t) == {1, 3} and all(0 < v < 10 for v in t.values()) for t in times.values())
+
+
+def test_load_model_measured(bench_pair, fresh, monkeypatch):
+    from dsbd_jax.models.loading import load_model
+    t = str(bench_pair[0])
+    plain = load_model(t, progress=False, kernel_blocks="measured")  # tiny: plain
+    assert plain.info["kernel_transposed"] == {} and form_of(plain.params) == "plain"
+    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
+    tr = load_model(t, progress=False, kernel_blocks="measured")
+    assert tr.info["kernel_transposed"] == kernels.transposed_widths(tr.config)
+    assert form_of(tr.params) == "transposed"
+    np.testing.assert_array_equal(
+        np.asarray(kernels.unblock_params(tr.params)["layers_0"]["mlp"]["up_proj"]["kernel"]),
+        np.asarray(plain.params["layers_0"]["mlp"]["up_proj"]["kernel"]))
