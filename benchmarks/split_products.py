@@ -13,13 +13,18 @@ so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] 
   summed);
 * ``blocks2``: each kernel as a blocked kernel of two blocks (``dsbd_jax.models.kernels`` with
   width ``out / 2``: one batched product);
+* ``transposed``: each kernel as its ``[out, in]`` rows in blocks (``kernels.transpose_block``
+  with ``kernels.transposed_width``, run by ``kernels.project_t``: the library's transposed
+  form, which ``load_model`` picks on the 2-core host);
 * ``torch``: ``F.linear`` with ``[out, in]`` weights, ``--threads`` threads (when installed).
+
+``--forms`` restricts the forms (``torch`` always runs when installed).
 
 Every form computes the same products (checked against ``plain`` first). Interleaved round by
 round, the minimum of ``--repeats`` rounds, in ms per pair. JSON with the CPU model.
 
 Usage: python benchmarks/split_products.py [--din 1536 --dout 8960] [--rows 1 4 8 12 16]
-       [--layers 8] [--repeats 9] [--out results/split_products.json]
+       [--layers 8] [--repeats 9] [--forms plain transposed] [--out results/split_products.json]
        python benchmarks/split_products.py --small   (a 64 x 256 shape: a check, seconds)
 """
 
@@ -68,6 +73,15 @@ def blocks2(x, ups, downs):  # blocked kernels [2, in, out / 2]
     return x
 
 
+def transposed(x, ups, downs):  # transposed kernels [out / n, n, in]
+    for u, d in zip(ups, downs):
+        x = kernels.project_t(kernels.project_t(x, u), d)
+    return x
+
+
+FORMS = ("plain", "split2", "split_in", "blocks2", "transposed")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--din", type=int, default=1536)
@@ -76,6 +90,7 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default=os.path.join(_ROOT, "results", "split_products.json"))
     args = ap.parse_args(argv)
@@ -94,7 +109,11 @@ def main(argv=None):
                      [(J(w[:dout // 2]), J(w[dout // 2:])) for w in downs]),
         "blocks2": (blocks2, [kernels.block(u, dout // 2) for u in U],
                     [kernels.block(d, din // 2) for d in D]),
+        "transposed": (transposed,
+                       [kernels.transpose_block(u, kernels.transposed_width(dout)) for u in U],
+                       [kernels.transpose_block(d, kernels.transposed_width(din)) for d in D]),
     }
+    trees = {k: v for k, v in trees.items() if k in set(args.forms) | {"plain"}}
     fns = {f"{form} | {opt}": (jax.jit(f, compiler_options=dict(CANDIDATES[opt])), a, b)
            for opt in candidates() for form, (f, a, b) in trees.items()}
     torch_chain = None

@@ -274,13 +274,15 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
     return best
 
 
-def pick(times: Mapping[int, Mapping[int, float]]) -> int:
-    """The width to use from :func:`measure`'s figures (0: keep ``[in, out]``)."""
-    base = times[0]
+def pick(times: Mapping, base=0):
+    """The candidate to use from measured figures ``{candidate: {M: seconds}}``: the fastest in
+    total among those ``GAIN`` faster in total than ``base`` and never ``MARGIN`` slower at any
+    ``M``, else ``base`` (:func:`measure`'s widths, 0 = keep ``[in, out]``; :func:`pick_form`)."""
+    ref = times[base]
     total = {n: sum(t.values()) for n, t in times.items()}
-    ok = [n for n, t in times.items() if n and total[n] < (1 - GAIN) * total[0]
-          and all(t[m] <= (1 + MARGIN) * base[m] for m in base)]
-    return min(ok, key=total.get) if ok else 0
+    ok = [n for n, t in times.items() if n != base and total[n] < (1 - GAIN) * total[base]
+          and all(t[m] <= (1 + MARGIN) * ref[m] for m in ref)]
+    return min(ok, key=total.get) if ok else base
 
 
 def cache_file():
@@ -292,6 +294,20 @@ def _read_cache() -> dict:
         return json.loads(cache_file().read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _store(key: str, choice, times: Mapping) -> None:
+    """Write one choice and its figures (``{candidate: {M: seconds}}``, kept in ms) to the
+    cache, merged into the file as it is now (another process may have added entries)."""
+    cached = _read_cache()
+    cached[key] = {"choice": choice, "min_ms": {str(c): {str(m): round(1e3 * s, 3)
+                                                         for m, s in t.items()}
+                                                for c, t in times.items()}}
+    try:
+        cache_file().parent.mkdir(parents=True, exist_ok=True)
+        cache_file().write_text(json.dumps(cached, indent=2))
+    except OSError as e:  # a read-only home: keep the choice for this process only
+        logger.info("kernel choice: not cached (%s)", e)
 
 
 def _forced() -> Optional[str]:
@@ -320,13 +336,7 @@ def _choose(din: int, dout: int, dtype: str) -> int:
         return n
     times = measure(din, dout, dtype)
     n = pick(times)
-    cached[key] = {"choice": n, "min_ms": {str(w): {str(m): round(1e3 * s, 3) for m, s in t.items()}
-                                           for w, t in times.items()}}
-    try:
-        cache_file().parent.mkdir(parents=True, exist_ok=True)
-        cache_file().write_text(json.dumps(cached, indent=2))
-    except OSError as e:  # a read-only home: keep the choice for this process only
-        logger.info("kernel blocks: not cached (%s)", e)
+    _store(key, n, times)
     return n
 
 
@@ -389,10 +399,7 @@ def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=
 def pick_form(times: Mapping[str, Mapping[int, float]]) -> str:
     """``"transposed"`` if its total over the probe rows is ``GAIN`` below the plain kernels'
     and it is never ``MARGIN`` slower at any ``M``; else ``"plain"``."""
-    base, t = times["plain"], times[TRANSPOSED]
-    ok = (sum(t.values()) < (1 - GAIN) * sum(base.values())
-          and all(t[m] <= (1 + MARGIN) * base[m] for m in base))
-    return TRANSPOSED if ok else "plain"
+    return pick({f: times[f] for f in ("plain", TRANSPOSED)}, base="plain")
 
 
 def form_key(din: int, dout: int, dtype: str) -> str:
@@ -412,13 +419,7 @@ def _choose_form(din: int, dout: int, dtype: str) -> str:
         return form
     times = measure_forms(din, dout, dtype)
     form = pick_form(times)
-    cached[key] = {"choice": form, "min_ms": {f: {str(m): round(1e3 * s, 3) for m, s in t.items()}
-                                              for f, t in times.items()}}
-    try:
-        cache_file().parent.mkdir(parents=True, exist_ok=True)
-        cache_file().write_text(json.dumps(cached, indent=2))
-    except OSError as e:  # a read-only home: keep the choice for this process only
-        logger.info("kernel form: not cached (%s)", e)
+    _store(key, form, times)
     return form
 
 

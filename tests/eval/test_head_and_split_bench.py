@@ -38,5 +38,5 @@ def test_split_products_small(tmp_path):
     assert data["machine"]["cpu_model"] and (data["din"], data["dout"]) == (64, 256)
     for rows in ("1", "4"):
         forms = {k.split(" | ")[0] for k in data["ms"][rows]}
-        assert {"plain", "split2", "split_in", "blocks2"} <= forms, forms
+        assert {"plain", "split2", "split_in", "blocks2", "transposed"} <= forms, forms
         assert all(v > 0 for v in data["ms"][rows].values())
