@@ -168,6 +168,9 @@ def main(argv=None):
     target = load_model(args.target, progress=not args.small)
     draft = load_model(args.draft, progress=not args.small)
     V = draft.config.vocab_size
+    # the projection kernels' stored form of each model (load_model's per-host choice)
+    forms = {"target": target.info.get("kernel_transposed") or "plain",
+             "draft": draft.info.get("kernel_transposed") or "plain"}
     if args.small:
         texts = ["def add(a, b):", "What is 12 times 7?"]
         prompts = encode_chat(target.tokenizer, texts, raw=True)
@@ -213,7 +216,7 @@ def main(argv=None):
     slots = max(len(p) for p in prompts) + N
     prompt_len = max(len(p) for p in prompts)
     if args.passes_only:
-        out = {"machine": machine_info(), "settings": dict(vars(args)), "table": str(table),
+        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)), "table": str(table),
                "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
         for B in sorted({1, args.batch}):
             ms = interleaved_medians({d: pass_call(draft.config, p, B, slots, prompt_len)
@@ -244,7 +247,7 @@ def main(argv=None):
         fn = prompt_acc if mv.has_prompt_rows(params) else plain_acc
         return heldout_acceptance(fn, params, data, min(args.batch, len(prompts)))
     if args.acceptance_only:
-        out = {"machine": machine_info(), "settings": dict(vars(args)), "table": str(table),
+        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)), "table": str(table),
                "table_meta": meta, "drafts": {}}
         for dname, dparams in drafts.items():
             acc = acceptance(dparams)
@@ -268,7 +271,7 @@ def main(argv=None):
             min_width=2, **base_cfg)),
     }
     batches = sorted({1, args.batch})
-    out = {"machine": machine_info(),
+    out = {"machine": machine_info(), "kernel_forms": forms,
            "settings": {k: v for k, v in vars(args).items()}, "table": str(table),
            "table_meta": meta, "references": {}, "drafts": {}}
     for B in batches:
