@@ -216,8 +216,8 @@ def main(argv=None):
     slots = max(len(p) for p in prompts) + N
     prompt_len = max(len(p) for p in prompts)
     if args.passes_only:
-        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)), "table": str(table),
-               "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
+        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
+               "table": str(table), "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
         for B in sorted({1, args.batch}):
             ms = interleaved_medians({d: pass_call(draft.config, p, B, slots, prompt_len)
                                       for d, p in drafts.items()}, args.repeats)
@@ -247,8 +247,8 @@ def main(argv=None):
         fn = prompt_acc if mv.has_prompt_rows(params) else plain_acc
         return heldout_acceptance(fn, params, data, min(args.batch, len(prompts)))
     if args.acceptance_only:
-        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)), "table": str(table),
-               "table_meta": meta, "drafts": {}}
+        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
+               "table": str(table), "table_meta": meta, "drafts": {}}
         for dname, dparams in drafts.items():
             acc = acceptance(dparams)
             out["drafts"][dname] = {"acceptance": acc}

@@ -96,8 +96,8 @@ def main(argv=None):
         draft = load_model(args.draft, progress=False, kernel_blocks=None)
         dt = kernels.transpose_params(draft.params, kernels.transposed_widths(draft.config))
         pair = {"plain": {"target": model.params, "draft": draft.params},
-                "blocked": {"target": trees["blocked"], "draft": draft.params}}
-        pair["blocked"]["draft"] = dt  # both models transposed, as load_model would store them
+                # both models transposed, as load_model stores them where that is faster
+                "blocked": {"target": trees["blocked"], "draft": dt}}
         methods["speculative_g4"] = (
             speculative_sample, DecodeConfig(draft=draft.config, gamma=4, **base), pair)
         methods["dsbd_beamW4_point"] = (

@@ -133,6 +133,13 @@ class LogProbFn:
         return self.cache[prefix]
 
 
+
+def kernel_model(layout: str = "per_layer") -> Tuple[ModelConfig, dict]:
+    """The two-layer toy model (vocabulary 12, seed 3) that the projection-kernel tests share
+    (blocked, transposed, the choice of form), converted to ``layout``."""
+    config, params = toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
+    return config, dmodel.convert_layout(params, layout)
+
 def assert_same_forward(config: ModelConfig, params, trees, shapes, slots: int = 8) -> None:
     """Every tree of ``trees`` (the same model as ``params`` with its projection kernels in
     another form) gives ``params``' logits and keys, to float rounding, for each pass shape

@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Mapping
+from typing import Callable, Dict, Hashable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +144,32 @@ def candidates() -> Dict[str, Mapping[str, object]]:
     return {n: o for n, o in CANDIDATES.items() if n == "default" or supported(n)}
 
 
+def mlp_pairs(form: str, din: int, dout: int, layers: int, dtype="float32"):
+    """``(chain, ups, downs)``: ``layers`` random MLP pairs (``up [din, dout]``, ``down [dout,
+    din]``, scaled by one over the root of their fan-in) stored in ``form`` (``FORMS``), and
+    ``chain(x, ups, downs)``, which runs them one after another as a forward pass does (each
+    product waits for the previous one) with the model's own product for that form
+    (:func:`dsbd_jax.models.products.project_t` for transposed kernels). The probe of
+    :func:`measure` and of :func:`dsbd_jax.models.kernels.measure_forms`."""
+    _check_form(form)
+    rng = np.random.default_rng(0)
+    dt = jnp.dtype(dtype)
+
+    def weights(fan_in, fan_out):
+        w = rng.standard_normal((fan_in, fan_out), np.float32) / np.float32(np.sqrt(fan_in))
+        w = jnp.asarray(w.astype(dt))
+        return transpose_block(w, transposed_width(fan_out)) if form == TRANSPOSED else w
+    ups = [weights(din, dout) for _ in range(layers)]
+    downs = [weights(dout, din) for _ in range(layers)]
+    product = project_t if form == TRANSPOSED else jnp.matmul
+
+    def chain(x, ups, downs):
+        for u, d in zip(ups, downs):
+            x = product(product(x, u), d)
+        return x
+    return chain, ups, downs
+
+
 def measure(rows=PROBE_ROWS, din=PROBE_IN, dout=PROBE_OUT, layers=PROBE_LAYERS,
             repeats=PROBE_REPEATS, form: str = PLAIN) -> Dict[str, Dict[int, float]]:
     """``{candidate: {M: min seconds}}`` of ``layers`` chained up/down product pairs
@@ -152,23 +178,8 @@ def measure(rows=PROBE_ROWS, din=PROBE_IN, dout=PROBE_OUT, layers=PROBE_LAYERS,
     :func:`dsbd_jax.models.products.project_t`, the model's own product). The products are
     chained as in a forward pass: XLA:CPU runs independent products side by side, which would
     flatter single-threaded variants."""
-    _check_form(form)
+    body, ups, downs = mlp_pairs(form, din, dout, layers)
     rng = np.random.default_rng(0)
-    ups = [jnp.asarray(rng.standard_normal((din, dout), np.float32) / np.float32(np.sqrt(din)))
-           for _ in range(layers)]
-    downs = [jnp.asarray(rng.standard_normal((dout, din), np.float32) / np.float32(np.sqrt(dout)))
-             for _ in range(layers)]
-    if form == TRANSPOSED:
-        ups = [transpose_block(u, transposed_width(dout)) for u in ups]
-        downs = [transpose_block(d, transposed_width(din)) for d in downs]
-        product = project_t
-    else:
-        product = jnp.matmul
-
-    def body(x, ups, downs):
-        for u, d in zip(ups, downs):
-            x = product(product(x, u), d)
-        return x
     fns = {name: jax.jit(body, compiler_options=dict(opts))
            for name, opts in candidates().items()}
     best: Dict[str, Dict[int, float]] = {name: {} for name in fns}
@@ -192,11 +203,29 @@ def pick(times: Mapping[str, Mapping[int, float]]) -> str:
     return min(ok, key=total.get) if ok else "default"
 
 
-def _read_cache() -> dict:
+def read_cache(path: Path) -> dict:
+    """The JSON cache of per-host choices at ``path`` (``{}`` when missing or unreadable)."""
     try:
-        return json.loads(cache_file().read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def write_cache(path: Path, key: str, choice, times: Mapping) -> Optional[OSError]:
+    """Store one measured choice under ``key`` in the JSON cache at ``path``, with its figures
+    ``{candidate: {M: seconds}}`` kept in ms, merged into the file as it is now (another process
+    may have added entries). Returns the error when the file cannot be written (a read-only
+    home: the choice then holds for this process only), else ``None``."""
+    cached = read_cache(path)
+    cached[key] = {"choice": choice, "min_ms": {str(c): {str(m): round(1e3 * s, 3)
+                                                         for m, s in t.items()}
+                                                for c, t in times.items()}}
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(cached, indent=2))
+    except OSError as e:
+        return e
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,19 +244,15 @@ def choice(form: str = PLAIN) -> str:
     elif forced != "auto":
         name, how = forced, f"${ENV}"
     else:
-        key, cached = options_key(form), _read_cache()
+        key, cached = options_key(form), read_cache(cache_file())
         if cached.get(key, {}).get("choice") in candidates():
             name, how = cached[key]["choice"], f"cached in {cache_file()}"
         else:
             times = measure(form=form)
             name, how = pick(times), f"measured, written to {cache_file()}"
-            cached[key] = {"choice": name, "min_ms": {n: {str(m): 1e3 * s for m, s in t.items()}
-                                                     for n, t in times.items()}}
-            try:
-                cache_file().parent.mkdir(parents=True, exist_ok=True)
-                cache_file().write_text(json.dumps(cached, indent=2))
-            except OSError as e:  # a read-only home: keep the choice for this process only
-                how = f"measured, not cached ({e})"
+            error = write_cache(cache_file(), key, name, times)
+            if error is not None:
+                how = f"measured, not cached ({error})"
     logger.info("XLA:CPU compiler options for %s kernels: %s %s (%s)", form, name,
                 dict(CANDIDATES[name]), how)
     return name

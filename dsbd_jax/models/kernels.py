@@ -55,7 +55,6 @@ calls :func:`unblock_params` first; ``ShardedDecoder.place`` and ``distill`` do 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
@@ -66,7 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
-from dsbd_jax.models.cpu_options import choice, compiler_options, host_key, interleaved_min
+from dsbd_jax.models.cpu_options import (choice, compiler_options, host_key, interleaved_min,
+                                         mlp_pairs, read_cache, write_cache)
 from dsbd_jax.models.products import (T_KEY, T_MAX_WIDTH, TRANSPOSED, block, form_of,  # noqa: F401
                                       project, project_t, transpose_block, transposed_width,
                                       unblock, untranspose)
@@ -290,24 +290,15 @@ def cache_file():
 
 
 def _read_cache() -> dict:
-    try:
-        return json.loads(cache_file().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_cache(cache_file())
 
 
-def _store(key: str, choice, times: Mapping) -> None:
-    """Write one choice and its figures (``{candidate: {M: seconds}}``, kept in ms) to the
-    cache, merged into the file as it is now (another process may have added entries)."""
-    cached = _read_cache()
-    cached[key] = {"choice": choice, "min_ms": {str(c): {str(m): round(1e3 * s, 3)
-                                                         for m, s in t.items()}
-                                                for c, t in times.items()}}
-    try:
-        cache_file().parent.mkdir(parents=True, exist_ok=True)
-        cache_file().write_text(json.dumps(cached, indent=2))
-    except OSError as e:  # a read-only home: keep the choice for this process only
-        logger.info("kernel choice: not cached (%s)", e)
+def _store(key: str, chosen, times: Mapping) -> None:
+    """Write one measured choice and its figures to this module's cache
+    (:func:`dsbd_jax.models.cpu_options.write_cache`)."""
+    error = write_cache(cache_file(), key, chosen, times)
+    if error is not None:  # a read-only home: keep the choice for this process only
+        logger.info("kernel choice: not cached (%s)", error)
 
 
 def _forced() -> Optional[str]:
@@ -368,24 +359,15 @@ FORM_LAYERS = 4  # chained MLP pairs per probe (a pair per layer, as in a forwar
 def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=FORM_LAYERS,
                   repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
     """``{form: {M: min seconds}}`` of ``layers`` chained MLP pairs ``[M, din] x [din, dout] x
-    [dout, din]`` with plain kernels (:func:`project`) and with transposed kernels
-    (:func:`project_t`), each compiled under the compiler options chosen for its own form
+    [dout, din]`` (:func:`dsbd_jax.models.cpu_options.mlp_pairs`) with plain and with
+    transposed kernels, each compiled under the compiler options chosen for its own form
     (:func:`dsbd_jax.models.cpu_options.choice`), interleaved round by round."""
+    calls = {}
+    for form in ("plain", TRANSPOSED):
+        chain, ups, downs = mlp_pairs(form, din, dout, layers, dtype)
+        calls[form] = (jax.jit(chain, compiler_options=compiler_options(form)), ups, downs)
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
-    ups = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]
-    downs = [rng.standard_normal((dout, din), np.float32).astype(dt) for _ in range(layers)]
-    calls = {}
-    for form, product, prep in (
-            ("plain", project, lambda w: jnp.asarray(w)),
-            (TRANSPOSED, project_t,
-             lambda w: transpose_block(jnp.asarray(w), transposed_width(w.shape[1])))):
-        def chain(x, us, ds, product=product):
-            for u, d in zip(us, ds):
-                x = product(product(x, u), d)
-            return x
-        f = jax.jit(chain, compiler_options=compiler_options(form))
-        calls[form] = (f, [prep(u) for u in ups], [prep(d) for d in downs])
     best: Dict[str, Dict[int, float]] = {form: {} for form in calls}
     for M in rows:
         x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(dt))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -34,13 +33,8 @@ def fresh(monkeypatch, tmp_path):
     choose.cache_clear()
 
 
-def _toy():
-    config, params = ref.toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
-    return config, llama.convert_layout(params, "per_layer")
-
-
 def test_form_of_finds_a_transposed_kernel_anywhere():
-    config, params = _toy()
+    config, params = ref.kernel_model()
     assert form_of(params) == "plain"
     t = kernels.transpose_params(params, {"down_proj": 8})
     assert form_of(t) == "transposed"
@@ -82,7 +76,7 @@ def test_tuned_jit_compiles_each_form_under_its_own_options(fresh, monkeypatch):
         pytest.skip("this XLA rejects eigen_dot's options")
     choices = {"plain": "eigen_dot", "transposed": "default"}
     monkeypatch.setattr(co, "choice", lambda form="plain": choices[form])
-    config, params = _toy()
+    config, params = ref.kernel_model()
     tparams = kernels.transpose_params(params, kernels.transposed_widths(config))
     traces = []
 
@@ -119,7 +113,7 @@ def test_pick_form_rule():
 
 
 def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
-    config, _ = _toy()
+    config, _ = ref.kernel_model()
     assert kernels.choose_form(config) == "plain"  # tiny shapes: never measured, never transposed
     monkeypatch.setenv(kernels.FORM_ENV, "transposed")
     assert kernels.choose_form(config) == "transposed"

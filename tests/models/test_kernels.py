@@ -20,9 +20,7 @@ BLOCKS = {"q_proj": 8, "k_proj": 4, "v_proj": 8, "o_proj": 8, "gate_proj": 16,
           "up_proj": 8, "down_proj": 4}
 
 
-def model(layout="per_layer"):
-    config, params = ref.toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
-    return config, convert_layout(params, layout)
+model = ref.kernel_model
 
 
 def test_product_and_round_trip():

@@ -17,9 +17,7 @@ from dsbd_jax.models import kernels
 from dsbd_jax.models.llama import convert_layout
 
 
-def model(layout="per_layer"):
-    config, params = ref.toy_model(vocab=12, seed=3, layers=2, hidden=16, intermediate=32)
-    return config, convert_layout(params, layout)
+model = ref.kernel_model
 
 
 def test_product_for_one_row_and_for_several():
