@@ -187,6 +187,10 @@ def main(argv=None):
         texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
         table = args.vocab_table or mv.find_table(args.draft)
     counts, meta = mv.load_table(table)
+    # recorded relative to the checkout when it is the bundled table (no path of this machine)
+    root = Path(__file__).resolve().parent.parent
+    table_name = (str(Path(table).resolve().relative_to(root))
+                  if Path(table).resolve().is_relative_to(root) else str(table))
     keep = draft.config.eos_token_id or ()
 
     drafts = {"base": draft.params}
@@ -217,7 +221,7 @@ def main(argv=None):
     prompt_len = max(len(p) for p in prompts)
     if args.passes_only:
         out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
-               "table": str(table), "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
+               "table": table_name, "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
         for B in sorted({1, args.batch}):
             ms = interleaved_medians({d: pass_call(draft.config, p, B, slots, prompt_len)
                                       for d, p in drafts.items()}, args.repeats)
@@ -248,7 +252,7 @@ def main(argv=None):
         return heldout_acceptance(fn, params, data, min(args.batch, len(prompts)))
     if args.acceptance_only:
         out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
-               "table": str(table), "table_meta": meta, "drafts": {}}
+               "table": table_name, "table_meta": meta, "drafts": {}}
         for dname, dparams in drafts.items():
             acc = acceptance(dparams)
             out["drafts"][dname] = {"acceptance": acc}
@@ -272,7 +276,7 @@ def main(argv=None):
     }
     batches = sorted({1, args.batch})
     out = {"machine": machine_info(), "kernel_forms": forms,
-           "settings": {k: v for k, v in vars(args).items()}, "table": str(table),
+           "settings": {k: v for k, v in vars(args).items()}, "table": table_name,
            "table_meta": meta, "references": {}, "drafts": {}}
     for B in batches:
         for name, fn, cfg in (("sample", sample, DecodeConfig(target=target.config, **base_cfg)),
