@@ -28,12 +28,17 @@ AdamW moments (6 GB more) and, at batch 4 x ~384 tokens, about 4.3 GB of float32
 the backward pass (24 layers) plus ~1 GB for the head (logits only at the 128 stored positions
 per row, ``forward(logits_at=...)``): ~13 GB, so it fits in 24 GB. LoRA rank 16 trains 8.8M
 parameters: weights + activations, ~7 GB (bfloat16 forward: about half the activations).
+The target (7.1 GB in float32 for the offline pair) is needed only for the rollouts:
+``dsbd distill`` (:func:`dsbd_jax.training.recipe.run_recipe`) makes them with
+:func:`prepare_data`, frees the target, then trains. Each ``log.jsonl`` step record holds the
+process's RSS (``rss_gb``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
@@ -296,27 +301,58 @@ def _load_data(path: Path):
         return {k: z[k] for k in z.files}
 
 
+def _rss_gb() -> float:
+    """This process's resident memory in GB (Linux ``/proc``; elsewhere its peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+def prepare_data(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, run_dir,
+                 eos_token_id=None, progress: bool = True) -> Dict[str, Dict[str, np.ndarray]]:
+    """The run's rollouts ``{"train": .., "heldout": ..}`` (:func:`make_rollouts`), made once and
+    stored in ``run_dir/data_{train,heldout}.npz``, then read from there.
+
+    The target is needed only to make them: once both files exist ``target`` may be ``None``
+    (``run_recipe`` frees the target before training, 7 GB for the offline pair's)."""
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    key = jax.random.key(dc.seed)
+    datas = {}
+    for name, prompts, k in (("train", train_prompts, 1), ("heldout", heldout_prompts, 2)):
+        f = run / f"data_{name}.npz"
+        if not f.exists():
+            if target is None:
+                raise ValueError(f"{f} does not exist: the target model is needed to make the "
+                                 "rollouts (pass target=(config, params))")
+            dcf, dp = draft
+            _save_data(f, make_rollouts(target, (dcf, unblock_params(dp)), prompts, dc,
+                                        jax.random.fold_in(key, k), eos_token_id,
+                                        progress=progress))
+        datas[name] = _load_data(f)
+    return datas
+
+
 # ---------------------------------------------------------------------------------------------
 def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, run_dir,
             eos_token_id=None, tokenizer=None, progress: bool = True,
             stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Distil ``draft`` towards ``target`` (each ``(config, params)``) into ``run_dir``.
 
-    Resumes from ``run_dir/state.npz`` when it exists. ``stop_after``: stop (with a checkpoint)
+    ``target`` may be ``None`` when the run's rollouts exist (:func:`prepare_data`). Resumes
+    from ``run_dir/state.npz`` when it exists. ``stop_after``: stop (with a checkpoint)
     after that many steps of this call, as a kill would (tests). Returns ``{"params": merged
     draft params, "step": steps done, "heldout_acceptance": [(step, value), ...]}``."""
     run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
-    (tc, tp), (dcf, dp) = target, draft
+    dcf, dp = draft
     dp = unblock_params(dp)  # LoRA adapters and the export need [in, out] kernels
     key = jax.random.key(dc.seed)
-    datas = {}
-    for name, prompts, k in (("train", train_prompts, 1), ("heldout", heldout_prompts, 2)):
-        f = run / f"data_{name}.npz"
-        if not f.exists():
-            _save_data(f, make_rollouts(target, (dcf, dp), prompts, dc, jax.random.fold_in(key, k),
-                                        eos_token_id, progress=progress))
-        datas[name] = _load_data(f)
+    datas = prepare_data(target, (dcf, dp), train_prompts, heldout_prompts, dc, run,
+                         eos_token_id, progress)
     trainable = (jax.tree.map(lambda x: x.astype(jnp.float32), dp) if dc.mode == "full"
                  else init_lora(dp, dc.lora_rank, jax.random.fold_in(key, 3)))
     optimizer = make_optimizer(dc)
@@ -357,6 +393,7 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
         if last % dc.checkpoint_every == 0 or last == dc.steps:
             save_state(run / "state.npz", last, (trainable, opt_state))
         rec["elapsed_s"] = round(time.perf_counter() - t0, 3)
+        rec["rss_gb"] = round(_rss_gb(), 2)
         with open(log_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if bar is not None:

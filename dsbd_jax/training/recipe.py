@@ -30,7 +30,7 @@ import yaml
 
 from dsbd_jax.eval.datasets import chat_prompts, encode_chat
 from dsbd_jax.models.loading import list_presets, local_model_dir
-from dsbd_jax.training.distill import DistillConfig, distill
+from dsbd_jax.training.distill import DistillConfig, distill, prepare_data
 
 KEYS = ("name", "models", "target", "draft", "dtype", "run_dir", "train_prompts",
         "heldout_prompts", "distill", "raw", "save_as", "max_prompt_tokens")
@@ -118,9 +118,12 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     if not train or not held:
         raise ValueError(f"{path}: no prompt is at most max_prompt_tokens="
                          f"{r.get('max_prompt_tokens')} tokens long")
-    res = distill((target.config, target.params), (draft.config, draft.params), train, held,
-                  r["distill"], r["run_dir"], eos_token_id=target.config.eos_token_id,
-                  tokenizer=tok, progress=progress, stop_after=stop_after)
+    eos = target.config.eos_token_id
+    prepare_data((target.config, target.params), (draft.config, draft.params), train, held,
+                 r["distill"], r["run_dir"], eos, progress)
+    del target  # only the rollouts need it: training runs without its parameters in memory
+    res = distill(None, (draft.config, draft.params), train, held, r["distill"], r["run_dir"],
+                  eos_token_id=eos, tokenizer=tok, progress=progress, stop_after=stop_after)
     if res["step"] == r["distill"].steps:
         res["name"] = r["save_as"]
         res["link"] = register(r["save_as"], Path(r["run_dir"]) / "model")

@@ -12,7 +12,7 @@ import pytest
 import exact_reference as ref
 from dsbd_jax.decoding.warping import warp_logits
 from dsbd_jax.training import DistillConfig, distill, divergence, target_topk
-from dsbd_jax.training.distill import draft_params, init_lora
+from dsbd_jax.training.distill import draft_params, init_lora, prepare_data
 
 
 def test_tv_is_one_minus_sum_min_on_warped_distributions():
@@ -41,6 +41,23 @@ def test_tv_is_one_minus_sum_min_on_warped_distributions():
                                    rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="divergence must be one of"):
         divergence("js", ld, idx, ps, 1.0, None, 1.0)
+
+
+def test_warped_tv_has_no_gradient_where_the_warped_draft_keeps_one_token():
+    """The property behind the loss advice (losses module doc): where top-p leaves the draft one
+    token, ``q`` is 1 there whatever the logits, so the warped TV's gradient is exactly zero even
+    though the target puts mass elsewhere; forward KL still has a gradient there."""
+    ld = jnp.asarray([[4.0, 1.0, 0.5, 0.0, -1.0, -2.0]])   # the draft: 0.89 on token 0
+    lt = jnp.asarray([[1.0, 1.0, 0.5, 0.0, -1.0, -2.0]])   # the target: tokens 0 and 1 alike
+    idx, p, _ = target_topk(lt, 1.0, None, 0.8, store_k=6)
+    q = np.exp(np.asarray(warp_logits(ld, 1.0, None, 0.8)))
+    assert (q > 0).sum() == 1 and float(np.asarray(p)[0, 1]) > 0.2
+    tv = float(divergence("tv", ld, idx, p, 1.0, None, 0.8)[0])
+    assert tv > 0.2                                          # far from the target ...
+    g_tv = jax.grad(lambda l: divergence("tv", l, idx, p, 1.0, None, 0.8).sum())(ld)
+    np.testing.assert_array_equal(np.asarray(g_tv), 0.0)     # ... and no way to move
+    g_fkl = jax.grad(lambda l: divergence("fkl", l, idx, p, 1.0, None, 0.8).sum())(ld)
+    assert float(jnp.abs(g_fkl).max()) > 0.1
 
 
 def test_config_errors():
@@ -96,6 +113,24 @@ def test_resume_equals_uninterrupted(tmp_path, mode):
     changed = any(not np.array_equal(np.asarray(a), np.asarray(b))
                   for a, b in zip(jax.tree.leaves(full["params"]), jax.tree.leaves(draft[1])))
     assert changed
+
+
+def test_training_needs_the_target_only_for_the_rollouts(tmp_path):
+    """Once a run's rollouts exist, training runs without the target (``dsbd distill`` frees it)
+    and reaches the same parameters; without them, a clear error. Every step logs its RSS."""
+    import json
+    target, draft = pair()
+    dc = DistillConfig(**SMALL)
+    P, H = prompts(8, 0), prompts(4, 1)
+    with pytest.raises(ValueError, match="the target model is needed to make the rollouts"):
+        distill(None, draft, P, H, dc, tmp_path / "b", progress=False)
+    full = distill(target, draft, P, H, dc, tmp_path / "a", progress=False)
+    prepare_data(target, draft, P, H, dc, tmp_path / "b", progress=False)
+    alone = distill(None, draft, P, H, dc, tmp_path / "b", progress=False)
+    for a, b in zip(jax.tree.leaves(full["params"]), jax.tree.leaves(alone["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    recs = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert all(r["rss_gb"] > 0 for r in recs if "loss" in r)
 
 
 def test_lora_starts_at_the_draft_and_bf16_runs(tmp_path):
