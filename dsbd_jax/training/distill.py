@@ -70,7 +70,7 @@ class DistillConfig:
     end_lr_factor: float = 0.1
     weight_decay: float = 0.0
     clip_norm: float = 1.0
-    loss: str = "tv"
+    loss: str = "fkl"              # "tv" has no gradient where top-p keeps one token (losses doc)
     mode: str = "lora"             # "lora" or "full"
     lora_rank: int = 8
     lora_alpha: float = 16.0
