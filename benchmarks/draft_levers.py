@@ -41,11 +41,12 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def pass_call(config, params, B, slots, prompt_len):
-    """A zero-argument call of one decode-step forward: ``[B, 1]`` tokens over ``slots`` cached
-    slots, compiled under the host's XLA:CPU options (``cpu_options.tuned_jit``, as the
-    decoders are). A head with prompt rows gets its ``B * prompt_len`` prompt columns first, as
-    a decoder's program adds them."""
+def pass_call(config, params, B, slots, prompt_len, T=1):
+    """A zero-argument call of one forward over ``[B, T]`` new tokens (``T = 1``: a decode step;
+    more: a speculative chain or a DSBD forest, logits at every new token as the decoders ask)
+    over ``slots`` cached slots, compiled under the host's XLA:CPU options
+    (``cpu_options.tuned_jit``, as the decoders are). A head with prompt rows gets its
+    ``B * prompt_len`` prompt columns first, as a decoder's program adds them."""
     import jax.numpy as jnp
     from dsbd_jax.models import vocab as mv
     from dsbd_jax.models.cache import empty_cache
@@ -53,10 +54,11 @@ def pass_call(config, params, B, slots, prompt_len):
     from dsbd_jax.models.llama import forward
     if mv.has_prompt_rows(params):
         params = mv.with_prompt_rows(params, jnp.ones((B, prompt_len), jnp.int32))
-    f = tuned_jit(lambda p, c, t: forward(config, p, t, jnp.full((B, 1), slots - 1, jnp.int32),
-                                          jnp.ones((B, 1, slots + 1), bool), c)[0])
+    positions = jnp.broadcast_to(slots - T + jnp.arange(T, dtype=jnp.int32), (B, T))
+    f = tuned_jit(lambda p, c, t: forward(config, p, t, positions,
+                                          jnp.ones((B, T, slots + T), bool), c)[0])
     cache = empty_cache(config, B, slots)
-    tok = jnp.ones((B, 1), jnp.int32)
+    tok = jnp.ones((B, T), jnp.int32)
     return lambda: f(params, cache, tok)
 
 
@@ -80,9 +82,34 @@ def pass_ms(config, params, B, slots, repeats, prompt_len=1):
     return interleaved_medians({0: pass_call(config, params, B, slots, prompt_len)}, repeats)[0]
 
 
+def build_drafts(draft, counts, rows, both_rows, prompt_rows, distilled=None):
+    """``{name: draft params}``: ``base``; ``trunc_<N>`` for N in ``rows`` (the head truncated to
+    the table's N most frequent rows, EOS kept) and with ``prompt_rows`` ``trunc_<N>_prompt``;
+    with ``distilled`` (a RUN/model directory) ``distilled``, ``both_<both_rows>`` and
+    ``both_<both_rows>_prompt``."""
+    from dsbd_jax.models import vocab as mv
+    from dsbd_jax.models.loading import load_model
+    keep = draft.config.eos_token_id or ()
+    drafts = {"base": draft.params}
+
+    def truncated(params, prefix, n):
+        drafts[f"{prefix}_{n}"] = mv.truncate_head(params, draft.config,
+                                                   mv.top_rows(counts, n, keep))
+        if prompt_rows:
+            drafts[f"{prefix}_{n}_prompt"] = mv.truncate_head(
+                params, draft.config, mv.top_rows(counts, n, keep), prompt_rows=True)
+    for n in rows:
+        truncated(draft.params, "trunc", n)
+    if distilled:
+        drafts["distilled"] = load_model(distilled, progress=False).params
+        truncated(drafts["distilled"], "both", both_rows)
+    return drafts
+
+
 def run_batched(fn, params, cfg, prompts, B, seed):
     """tok/s of ``fn`` over ``prompts`` in batches of ``B`` (compiled first, untimed), tokens per
-    target call and the mean of the scalar statistics."""
+    target call, the number of timed calls and of loop iterations (summed over the calls) and the
+    mean of the scalar statistics."""
     import jax
     import numpy as np
     from dsbd_jax.decoding.common import pad_prompts
@@ -91,7 +118,7 @@ def run_batched(fn, params, cfg, prompts, B, seed):
     P = max(len(p) for p in prompts)
     from dsbd_jax.decoding.common import bucket_length
     P = bucket_length(P)
-    tokens = seconds = calls = 0
+    tokens = seconds = calls = iterations = 0
     stats = {}
     for i, g in enumerate(groups):
         ids, lens = pad_prompts(g, length=P)
@@ -104,22 +131,30 @@ def run_batched(fn, params, cfg, prompts, B, seed):
         best = np.asarray(out.best)
         tokens += int(np.asarray(out.lengths)[np.arange(B), best].sum())
         calls += int(np.asarray(out.stats["target_calls"])) * B  # every row, every call
+        iterations += int(np.asarray(out.stats["iterations"]))
         for k, v in out.stats.items():
             v = np.asarray(v)
             if v.size == 1 and np.issubdtype(v.dtype, np.floating):
                 stats.setdefault(k, []).append(float(v.reshape(())))
     return {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
-            "tokens_per_target_call": tokens / max(calls, 1),
+            "tokens_per_target_call": tokens / max(calls, 1), "calls": len(groups),
+            "iterations": iterations,
             **{k: float(np.mean(v)) for k, v in stats.items()}}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def pair_args(ap):
+    """The options both draft benchmarks share: ``--small``, ``--target``, ``--draft``,
+    ``--distilled``."""
     ap.add_argument("--small", action="store_true",
                     help="the tiny random pair (dsbd make-tiny-pair), tiny sizes: checks the script")
     ap.add_argument("--target", default=TARGET)
     ap.add_argument("--draft", default=DRAFT)
     ap.add_argument("--distilled", default=None, help="a distilled draft (RUN/model)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    pair_args(ap)
     ap.add_argument("--vocab-table", default=None, help="default: the draft's (find_table)")
     ap.add_argument("--rows", type=int, nargs="+", default=[16384, 32768, 65536])
     ap.add_argument("--both-rows", type=int, default=32768)
@@ -191,23 +226,8 @@ def main(argv=None):
     root = Path(__file__).resolve().parent.parent
     table_name = (str(Path(table).resolve().relative_to(root))
                   if Path(table).resolve().is_relative_to(root) else str(table))
-    keep = draft.config.eos_token_id or ()
-
-    drafts = {"base": draft.params}
-    for n in args.rows:
-        drafts[f"trunc_{n}"] = mv.truncate_head(draft.params, draft.config,
-                                                mv.top_rows(counts, n, keep))
-        if args.prompt_rows:
-            drafts[f"trunc_{n}_prompt"] = mv.truncate_head(
-                draft.params, draft.config, mv.top_rows(counts, n, keep), prompt_rows=True)
-    if args.distilled:
-        dist = load_model(args.distilled, progress=False).params
-        drafts["distilled"] = dist
-        drafts[f"both_{args.both_rows}"] = mv.truncate_head(dist, draft.config,
-                                                           mv.top_rows(counts, args.both_rows, keep))
-        if args.prompt_rows:
-            drafts[f"both_{args.both_rows}_prompt"] = mv.truncate_head(
-                dist, draft.config, mv.top_rows(counts, args.both_rows, keep), prompt_rows=True)
+    drafts = build_drafts(draft, counts, args.rows, args.both_rows, args.prompt_rows,
+                          args.distilled)
 
     decode = set(drafts if args.decode_drafts is None else args.decode_drafts)
     at_batch = decode if args.batch_drafts is None else set(args.batch_drafts)

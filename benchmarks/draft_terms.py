@@ -1,0 +1,368 @@
+"""Issue 20: which term holds each speed target back, every term timed alone in the same run.
+
+For each draft (``base``, ``trunc_<N>_prompt``, ``distilled``, ``both_<N>_prompt``; the names of
+``draft_levers.py``) and batch size, on the same prompts (EOS off, top-k 10 / top-p 0.8):
+
+* the decoders end to end (``run_batched``: compiled first, untimed): sampling, beam sampling
+  W = 4, speculative sampling at each ``--gammas``, single-beam DSBD (g3 / W_S 3 / t 0.9 /
+  W_min 1), DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2);
+* the prompt passes alone (``common.prefill`` of the target and of each draft, the decoders'
+  bucket and cache size) and every forward pass an iteration runs, alone (``pass_call``: the
+  host's XLA:CPU options, the decoder's shapes from ``phase_profile.forward_shapes``);
+* from these, per drafted method: decode ms per iteration (end to end minus the prompt passes;
+  ``--halves`` also differences a run at N / 2 tokens, which needs no prefill estimate), split
+  into draft passes, the target pass and the rest (loop, warps, verification, commits); tokens
+  per iteration (summed over the batch's rows, as the baselines' ms per token are); the issue's
+  ratio end to end and decode only; and the same decode ratio with one term changed at a time,
+  each from measured figures: ``free_draft`` (the draft passes cost nothing),
+  ``one_row_target`` (the target's pass costs what the baseline's own step does: one row per
+  prompt for sampling, the 4 beams for beam sampling), ``all_accepted`` (every draft or layer
+  accepted: ``gamma + 1`` tokens per prompt and iteration, same cost); for single-beam DSBD
+  against speculative sampling, each of its terms set to speculative sampling's
+  (``same_tokens``, ``same_target_pass``, ``same_draft``, ``same_rest``). A target that a change
+  reaches names the term that holds it back; one that no single change reaches is held back by
+  more than one.
+
+Ratios (the issue's targets): speculative / sampling (1.6x), single-beam DSBD / speculative with
+the same draft (0.95x, against speculative gamma 4 and against the best gamma), DSBD beam-W4
+point / beam sampling W = 4 (1.5x). The baselines' decode figure is their own loop's ms per
+token, measured in the same run.
+
+    .venv/bin/python benchmarks/draft_terms.py --out results/draft_terms.json   # ~80 min
+    .venv/bin/python benchmarks/draft_terms.py --report results/draft_terms.json  # the tables
+    # + --distilled runs/distill_qwen_fkl/model: also the distilled drafts
+    .venv/bin/python benchmarks/draft_terms.py --small --out /tmp/draft_terms.json  # tiny pair
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+TARGETS = {"speculative_vs_sample": 1.6, "single_beam_vs_speculative": 0.95,
+           "dsbd_w4_vs_beam_w4": 1.5}
+DSBD_SB = {"gamma": 3, "draft_width": 3, "threshold": 0.9, "min_width": 1, "single_beam": True}
+DSBD_W4 = {"gamma": 2, "draft_width": 4, "threshold": 0.7, "min_width": 2}
+
+
+def prefill_call(config, params, B, P, slots, prompt_len):
+    """A zero-argument call of the decoders' prompt pass (``common.prefill``) over ``[B, P]``
+    tokens into a cache of ``slots``; a head with prompt rows gets its prompt columns first."""
+    import jax.numpy as jnp
+    from dsbd_jax.decoding.common import prefill
+    from dsbd_jax.models import vocab as mv
+    from dsbd_jax.models.cpu_options import tuned_jit
+    if mv.has_prompt_rows(params):
+        params = mv.with_prompt_rows(params, jnp.ones((B, prompt_len), jnp.int32))
+    f = tuned_jit(lambda p, t, n: prefill(config, p, t, n, slots))
+    tok = jnp.ones((B, P), jnp.int32)
+    lens = jnp.full((B,), prompt_len, jnp.int32)
+    return lambda: f(params, tok, lens)
+
+
+def decode_split(run, prefill_ms, passes_ms):
+    """Per-iteration figures of one decoder run: decode ms (end to end minus ``prefill_ms`` per
+    call), tokens per iteration, and the split ``passes_ms`` (``{"draft": ms, "target": ms}``
+    per iteration) / rest."""
+    decode_ms = (1000 * run["seconds"] - run["calls"] * prefill_ms) / run["iterations"]
+    out = {"decode_ms_per_iteration": decode_ms,
+           "tokens_per_iteration": run["tokens"] / run["iterations"],
+           "decode_ms_per_token": decode_ms * run["iterations"] / run["tokens"],
+           "prefill_ms_per_call": prefill_ms}
+    out.update({f"{k}_passes_ms": v for k, v in passes_ms.items()})
+    out["rest_ms"] = decode_ms - sum(passes_ms.values())
+    return out
+
+
+def by_halves(full, half):
+    """The decode cost without any prefill estimate: two runs of one decoder on the same prompts
+    and keys, ``max_new_tokens`` N and N / 2 (the first N / 2 tokens and their iterations are the
+    same in both), differenced: ms per iteration of the second half, and the prompt passes' ms
+    per call that this implies for the full run."""
+    d_iter = full["iterations"] - half["iterations"]
+    ms = 1000 * (full["seconds"] - half["seconds"]) / d_iter
+    return {"decode_ms_per_iteration": ms, "iterations_second_half": d_iter,
+            "tokens_per_iteration_second_half": (full["tokens"] - half["tokens"]) / d_iter,
+            "implied_prefill_ms_per_call":
+                (1000 * full["seconds"] - ms * full["iterations"]) / full["calls"]}
+
+
+def what_if(split, ref_ms_per_token, one_row_target_ms=None, all_tokens=None):
+    """Decode ratio against a baseline's ms per token, as measured and with one term changed."""
+    tpi, ms = split["tokens_per_iteration"], split["decode_ms_per_iteration"]
+    ratio = lambda t, m: t * ref_ms_per_token / m  # noqa: E731
+    out = {"decode": ratio(tpi, ms),
+           "free_draft": ratio(tpi, ms - split.get("draft_passes_ms", 0.0))}
+    if one_row_target_ms is not None:
+        out["one_row_target"] = ratio(tpi, ms - split["target_passes_ms"] + one_row_target_ms)
+    if all_tokens is not None:
+        out["all_accepted"] = ratio(all_tokens, ms)
+    return out
+
+
+def _gamma(method: str) -> int:
+    return int(method[len("speculative_g"):])
+
+
+def single_beam_what_if(sb, spec):
+    """Single-beam DSBD against speculative sampling with the same draft, as measured and with
+    one of its terms set to speculative sampling's: ``same_tokens`` (its tokens per iteration),
+    ``same_target_pass`` (its target pass), ``same_draft`` (its draft passes), ``same_rest``."""
+    def ratio(tpi, ms):
+        return (tpi / ms) / (spec["tokens_per_iteration"] / spec["decode_ms_per_iteration"])
+    tpi, ms = sb["tokens_per_iteration"], sb["decode_ms_per_iteration"]
+    return {"end_to_end": sb["tokens_per_s"] / spec["tokens_per_s"], "decode": ratio(tpi, ms),
+            "same_tokens": ratio(spec["tokens_per_iteration"], ms),
+            "same_target_pass": ratio(tpi, ms - sb["target_passes_ms"] + spec["target_passes_ms"]),
+            "same_draft": ratio(tpi, ms - sb["draft_passes_ms"] + spec["draft_passes_ms"]),
+            "same_rest": ratio(tpi, ms - sb["rest_ms"] + spec["rest_ms"])}
+
+
+def summarize(out):
+    """Add each draft's ``targets`` (per batch) to a run's record: every target's ratio end to
+    end, decode only, and with one term changed (:func:`what_if`, :func:`single_beam_what_if`);
+    ``reached_by`` lists the single changes that reach the target (empty: none does alone).
+    Speculative sampling counts at gamma 4 and at its best gamma (end to end) in the run."""
+    for bname, rec in out["batches"].items():
+        B = int(bname[1:])  # tokens per iteration count every row of the batch
+        refs = rec["references"]
+        s_ms = refs["sample"]["decode_ms_per_token"]
+        b_ms = refs["beam_sample_W4"]["decode_ms_per_token"]
+        e2e = lambda r, ref: r["tokens_per_s"] / refs[ref]["tokens_per_s"]  # noqa: E731
+        for drec in rec["drafts"].values():
+            for r in drec.values():  # the first runs' in-run ratios: replaced by "targets"
+                if isinstance(r, dict):
+                    r.pop("vs_baseline", None)
+            spec = {k: v for k, v in drec.items() if k.startswith("speculative_g")}
+            best = max(spec, key=lambda k: spec[k]["tokens_per_s"])
+            ks = sorted({best, "speculative_g4"} & set(spec), key=_gamma)
+            w4, sb = drec["dsbd_beamW4_point"], drec["dsbd_single_beam"]
+            t = {"speculative_vs_sample": {
+                     k: dict(what_if(spec[k], s_ms, rec["target_one_row_pass_ms"],
+                                     B * (_gamma(k) + 1)), end_to_end=e2e(spec[k], "sample"))
+                     for k in ks},
+                 "dsbd_w4_vs_beam_w4": {"dsbd_beamW4_point": dict(
+                     what_if(w4, b_ms, refs["beam_sample_W4"]["target_passes_ms"],
+                             B * (DSBD_W4["gamma"] + 1)), end_to_end=e2e(w4, "beam_sample_W4"))},
+                 "single_beam_vs_speculative": {k: single_beam_what_if(sb, spec[k]) for k in ks}}
+            for name, per in t.items():
+                for r in per.values():
+                    r["reached_by"] = [c for c, v in r.items()
+                                       if c not in ("decode", "end_to_end")
+                                       and v >= TARGETS[name]]
+            drec["best_speculative"] = best
+            drec["targets"] = t
+    return out
+
+
+def report(out) -> str:
+    """Markdown tables of a run (:func:`summarize` first): every decoder's terms, then every
+    target's ratios."""
+    lines = []
+    for bname, rec in out["batches"].items():
+        refs = rec["references"]
+        lines += [f"**{bname}**: sampling {refs['sample']['tokens_per_s']:.2f} tok/s (decode "
+                  f"{refs['sample']['decode_ms_per_token']:.0f} ms/token, pass alone "
+                  f"{rec['target_one_row_pass_ms']:.0f}), beam W=4 "
+                  f"{refs['beam_sample_W4']['tokens_per_s']:.2f} tok/s (decode "
+                  f"{refs['beam_sample_W4']['decode_ms_per_token']:.0f} ms/token, pass alone "
+                  f"{refs['beam_sample_W4']['target_passes_ms']:.0f}), target prefill "
+                  f"{rec['target_prefill_ms']:.0f} ms", "",
+                  "| draft | method | tok/s | tok/iter | decode ms/iter | draft passes | "
+                  "target pass | rest | prefill ms/call |", "|---|---|---|---|---|---|---|---|---|"]
+        for dname, drec in rec["drafts"].items():
+            for m, r in drec.items():
+                if isinstance(r, dict) and "decode_ms_per_iteration" in r:
+                    lines.append(f"| {dname} | {m} | {r['tokens_per_s']:.2f} | "
+                                 f"{r['tokens_per_iteration']:.2f} | "
+                                 f"{r['decode_ms_per_iteration']:.0f} | "
+                                 f"{r['draft_passes_ms']:.0f} | {r['target_passes_ms']:.0f} | "
+                                 f"{r['rest_ms']:.0f} | {r['prefill_ms_per_call']:.0f} |")
+        lines += ["", "| draft | target (wanted) | against | end to end | decode | with one term "
+                  "changed (decode) | reached by |", "|---|---|---|---|---|---|---|"]
+        for dname, drec in rec["drafts"].items():
+            for name, per in drec["targets"].items():
+                for k, r in per.items():
+                    changed = ", ".join(f"{c} {v:.2f}x" for c, v in r.items()
+                                        if c not in ("decode", "end_to_end", "reached_by"))
+                    lines.append(f"| {dname} | {name} ({TARGETS[name]}x) | {k} | "
+                                 f"{r['end_to_end']:.2f}x | {r['decode']:.2f}x | {changed} | "
+                                 f"{', '.join(r['reached_by']) or 'none alone'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from benchmarks.draft_levers import pair_args
+    pair_args(ap)
+    ap.add_argument("--rows", type=int, default=32768, help="the truncated drafts' head rows")
+    ap.add_argument("--drafts", nargs="+", default=None,
+                    help="default: base trunc_<rows>_prompt, and with --distilled also "
+                         "distilled both_<rows>_prompt")
+    ap.add_argument("--batch-drafts", nargs="+", default=None,
+                    help="drafts also timed at the batches after the first (default: base and "
+                         "the last of --drafts)")
+    ap.add_argument("--gammas", type=int, nargs="+", default=None,
+                    help="speculative sampling's gammas (default 4 5 6; --small: 2)")
+    ap.add_argument("--batches", type=int, nargs="+", default=None,
+                    help="batch sizes (default 1 and the quality config's 4; --small: 1 2)")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--halves", action="store_true",
+                    help="also run every decoder at max_new_tokens / 2 and record its decode "
+                         "cost by differencing (a check of the prefill subtraction)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="the JSON to write (required unless --report)")
+    ap.add_argument("--report", metavar="JSON",
+                    help="no run: recompute the targets of a run's JSON, write them back and "
+                         "print its tables (markdown)")
+    args = ap.parse_args(argv)
+    if args.report:
+        import json
+        from dsbd_jax.eval.timing import write_json
+        out = summarize(json.loads(Path(args.report).read_text()))
+        write_json(args.report, out)
+        print(report(out))
+        return out
+    if not args.out:
+        ap.error("--out is required")
+
+    from benchmarks.draft_levers import build_drafts, interleaved_medians, pass_call, run_batched
+    from benchmarks.phase_profile import forward_shapes
+    from dsbd_jax.decoding.beam import beam_sample
+    from dsbd_jax.decoding.common import DecodeConfig, bucket_length
+    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate, layout
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.decoding.speculative import num_slots, speculative_sample
+    from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
+    from dsbd_jax.eval.timing import machine_info, write_json
+    from dsbd_jax.models import vocab as mv
+    from dsbd_jax.models.loading import load_model
+
+    tmp = Path(tempfile.mkdtemp(prefix="draft_terms_"))
+    if args.small:
+        from dsbd_jax.testing import make_tiny_pair
+        args.target, args.draft = (str(p) for p in make_tiny_pair(tmp / "pair", noise=0.3))
+        args.prompts, args.max_new_tokens, args.repeats = 2, 8, 2
+    args.gammas = args.gammas or ([2] if args.small else [4, 5, 6])
+    args.batches = args.batches or ([1, 2] if args.small else [1, 4])
+    target = load_model(args.target, progress=not args.small)
+    draft = load_model(args.draft, progress=not args.small)
+    if args.small:
+        prompts = encode_chat(target.tokenizer, ["def add(a, b):", "What is 12 times 7?"],
+                              raw=True)
+        args.rows = draft.config.vocab_size // 2
+        counts = mv.count_tokens(prompts, draft.config.vocab_size)
+    else:
+        prompts = benchmark_prompts(target.tokenizer, args.prompts)[1]
+        counts = mv.load_table(mv.find_table(args.draft))[0]
+    if args.small:  # the tiny draft's own directory stands in for a distilled draft
+        args.distilled = args.draft
+    drafts = build_drafts(draft, counts, [args.rows], args.rows, True, args.distilled)
+    names = args.drafts or (["base", f"trunc_{args.rows}_prompt"]
+                            + (["distilled", f"both_{args.rows}_prompt"]
+                               if args.distilled else []))
+    at_batch = set(args.batch_drafts or ["base", names[-1]])
+    unknown = sorted((set(names) | at_batch) - set(drafts))
+    if unknown:
+        raise SystemExit(f"unknown drafts {unknown} (have {sorted(drafts)})")
+
+    N = args.max_new_tokens
+    P = bucket_length(max(len(p) for p in prompts))
+    prompt_len = max(len(p) for p in prompts)
+    warp = dict(temperature=1.0, top_k=10, top_p=0.8, eos_token_id=(), max_new_tokens=N)
+    tc, dc = target.config, draft.config
+    methods = {f"speculative_g{g}": (speculative_sample, DecodeConfig(
+        target=tc, draft=dc, gamma=g, **warp), ("spec", {"gamma": g})) for g in args.gammas}
+    methods["dsbd_single_beam"] = (dsbd_generate, DSBDConfig(target=tc, draft=dc, **DSBD_SB,
+                                                             **warp), ("dsbd", DSBD_SB))
+    methods["dsbd_beamW4_point"] = (dsbd_generate, DSBDConfig(target=tc, draft=dc, **DSBD_W4,
+                                                              **warp), ("dsbd", DSBD_W4))
+    out = {"machine": machine_info(), "settings": dict(vars(args)), "bucket": P,
+           "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
+                            for k, m in (("target", target), ("draft", draft))},
+           "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}
+
+    def timed(fn, params, cfg, B):
+        r = run_batched(fn, params, cfg, prompts, B, args.seed)
+        if args.halves:
+            half = run_batched(fn, params, dataclasses.replace(cfg, max_new_tokens=N // 2),
+                               prompts, B, args.seed)
+            r["by_halves"] = by_halves(r, half)
+        return r
+
+    def log(msg):
+        print(msg, flush=True)
+
+    def halves(r):
+        h = r.get("by_halves")
+        return "" if h is None else (f"; by halves {h['decode_ms_per_iteration']:.1f} ms/iter, "
+                                     f"prefill {h['implied_prefill_ms_per_call']:.0f} ms/call")
+
+    for bi, B in enumerate(args.batches):
+        rec = out["batches"][f"b{B}"] = {"references": {}, "drafts": {}}
+        # the baselines, end to end, and their prompt and decode passes alone
+        refs = {"sample": (sample, DecodeConfig(target=tc, **warp), 1),
+                "beam_sample_W4": (beam_sample, DecodeConfig(target=tc, num_beams=4, **warp), 4)}
+        ref_ms = interleaved_medians(
+            {"prefill": prefill_call(tc, target.params, B, P, P + N, prompt_len),
+             **{f"pass_{k}": pass_call(tc, target.params, B * w, P + N, prompt_len)
+                for k, (_, _, w) in refs.items()}}, args.repeats)
+        for name, (fn, cfg, _) in refs.items():
+            r = timed(fn, target.params, cfg, B)
+            r.update(decode_split(r, ref_ms["prefill"], {"target": ref_ms[f"pass_{name}"]}))
+            rec["references"][name] = r
+            log(f"b{B} {name}: {r['tokens_per_s']:.2f} tok/s, decode "
+                f"{r['decode_ms_per_token']:.1f} ms/token (pass alone {ref_ms[f'pass_{name}']:.1f})"
+                + halves(r))
+        rec["target_one_row_pass_ms"] = ref_ms["pass_sample"]
+        rec["target_prefill_ms"] = ref_ms["prefill"]
+        for dname in names if bi == 0 else [n for n in names if n in at_batch]:
+            dparams = drafts[dname]
+            both = {"target": target.params, "draft": dparams}
+            drec = rec["drafts"][dname] = {}
+            for mname, (fn, cfg, (kind, s)) in methods.items():
+                if kind == "spec":  # prefill and passes over the same cache
+                    pre_slots = t_slots = d_slots = num_slots(cfg, P)
+                else:  # prefill per beam, then Wc beams (+ the draft's forest scratch) per row
+                    lay = layout(cfg, P)
+                    pre_slots, t_slots, d_slots = lay.S, lay.Wc * lay.S, lay.Wc * lay.S + lay.Td
+                calls = {"prefill_target": prefill_call(tc, target.params, B, P, pre_slots,
+                                                        prompt_len),
+                         "prefill_draft": prefill_call(dc, dparams, B, P, pre_slots, prompt_len)}
+                owner = {}  # pass name -> the model it runs
+                for i, (model, rows, T, _) in enumerate(forward_shapes(kind, s, P, N)):
+                    mc, mp, slots = ((dc, dparams, d_slots) if model == "draft"
+                                     else (tc, target.params, t_slots))
+                    k = f"pass{i}_{model}_{rows * B}x{T}"
+                    owner[k] = model
+                    calls[k] = pass_call(mc, mp, B * rows, slots, prompt_len, T)
+                ms = interleaved_medians(calls, args.repeats)
+                passes = {m: sum(ms[k] for k, o in owner.items() if o == m)
+                          for m in ("draft", "target")}
+                r = timed(fn, both, cfg, B)
+                r["passes_alone_ms"] = ms
+                r.update(decode_split(r, ms["prefill_target"] + ms["prefill_draft"], passes))
+                drec[mname] = r
+                log(f"b{B} {dname} {mname}: {r['tokens_per_s']:.2f} tok/s, "
+                    f"{r['tokens_per_iteration']:.2f} tok/iter, {r['decode_ms_per_iteration']:.0f} "
+                    f"ms/iter = draft {passes['draft']:.0f} + target {passes['target']:.0f} + "
+                    f"rest {r['rest_ms']:.0f}" + halves(r))
+        summarize(out)
+        write_json(args.out, out)  # after every batch: a partial run keeps what it measured
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
