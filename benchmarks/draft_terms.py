@@ -28,7 +28,7 @@ the same draft (0.95x, against speculative gamma 4 and against the best gamma), 
 point / beam sampling W = 4 (1.5x). The baselines' decode figure is their own loop's ms per
 token, measured in the same run.
 
-    .venv/bin/python benchmarks/draft_terms.py --out results/draft_terms.json   # ~80 min
+    .venv/bin/python benchmarks/draft_terms.py --out results/draft_terms.json   # ~95 min
     .venv/bin/python benchmarks/draft_terms.py --report results/draft_terms.json  # the tables
     # + --distilled runs/distill_qwen_fkl/model: also the distilled drafts
     .venv/bin/python benchmarks/draft_terms.py --small --out /tmp/draft_terms.json  # tiny pair
