@@ -49,8 +49,10 @@ if _ROOT not in sys.path:  # run as a script from a checkout
 
 TARGETS = {"speculative_vs_sample": 1.6, "single_beam_vs_speculative": 0.95,
            "dsbd_w4_vs_beam_w4": 1.5}
-DSBD_SB = {"gamma": 3, "draft_width": 3, "threshold": 0.9, "min_width": 1, "single_beam": True}
-DSBD_W4 = {"gamma": 2, "draft_width": 4, "threshold": 0.7, "min_width": 2}
+from benchmarks.phase_profile import SETTINGS  # noqa: E402  (the profile's method settings)
+
+DSBD_SB = SETTINGS["dsbd_sb"][1]
+DSBD_W4 = SETTINGS["dsbd_w4"][1]
 
 
 def prefill_call(config, params, B, P, slots, prompt_len):
@@ -100,7 +102,7 @@ def what_if(split, ref_ms_per_token, one_row_target_ms=None, all_tokens=None):
     tpi, ms = split["tokens_per_iteration"], split["decode_ms_per_iteration"]
     ratio = lambda t, m: t * ref_ms_per_token / m  # noqa: E731
     out = {"decode": ratio(tpi, ms),
-           "free_draft": ratio(tpi, ms - split.get("draft_passes_ms", 0.0))}
+           "free_draft": ratio(tpi, ms - split["draft_passes_ms"])}
     if one_row_target_ms is not None:
         out["one_row_target"] = ratio(tpi, ms - split["target_passes_ms"] + one_row_target_ms)
     if all_tokens is not None:
@@ -138,9 +140,6 @@ def summarize(out):
         b_ms = refs["beam_sample_W4"]["decode_ms_per_token"]
         e2e = lambda r, ref: r["tokens_per_s"] / refs[ref]["tokens_per_s"]  # noqa: E731
         for drec in rec["drafts"].values():
-            for r in drec.values():  # the first runs' in-run ratios: replaced by "targets"
-                if isinstance(r, dict):
-                    r.pop("vs_baseline", None)
             spec = {k: v for k, v in drec.items() if k.startswith("speculative_g")}
             best = max(spec, key=lambda k: spec[k]["tokens_per_s"])
             ks = sorted({best, "speculative_g4"} & set(spec), key=_gamma)
