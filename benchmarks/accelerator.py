@@ -8,8 +8,9 @@ pair) and weight layout (``stacked``, ``per_layer``), with random weights:
    16 nodes, at 512 and 4096 cache slots; compile time reported apart.
 2. **decoders**: every method (sample, beam sampling W=4, speculative gamma 4, tree, DSBD
    g2 / W_S 4 / t 0.7 / W_min 2) at batch 1 and 8, EOS off: the cost of one iteration inside its
-   compiled loop = (run time - prefill time) / iterations, and its **overhead share** = 1 - (the
-   forward passes one iteration runs, timed alone at the same shapes) / (cost per iteration).
+   compiled loop = (run time - prefill time) / iterations (``None`` where the difference is at or
+   below zero: under the timer's resolution), and its **overhead share** = 1 - (the forward
+   passes one iteration runs, timed alone at the same shapes) / (cost per iteration).
 3. **memory**: parameter bytes, KV-cache bytes of each decoder, the compiled program's temporary
    bytes (``memory_analysis``) and the device's peak (``memory_stats``, where the backend has it).
 4. **projection** (labelled so everywhere): tokens/s = tokens per iteration measured on the CPU
@@ -25,8 +26,9 @@ and stops at ``--budget-s`` (default 420 s; the rest is listed under ``skipped``
 Usage: python benchmarks/accelerator.py [--out results/gpu/DEVICE.json] [--budget-s 420]
        [--pairs qwen llama] [--dtypes bfloat16 float32] [--layouts stacked per_layer]
        [--methods ...] [--batches 1 8] [--slots 512 4096] [--max-new-tokens 32]
-       python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, bfloat16
-       stacked + float32 per_layer: a check of every code path; --methods to run fewer)
+       python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, 32 new
+       tokens, bfloat16 stacked + float32 per_layer: a check of every code path; --methods to
+       run fewer)
 A GPU machine runs ``scripts/gpu_bench.sh OUTDIR``.
 """
 

@@ -31,6 +31,10 @@ token, measured in the same run.
     .venv/bin/python benchmarks/draft_terms.py --out results/draft_terms.json   # ~95 min
     .venv/bin/python benchmarks/draft_terms.py --report results/draft_terms.json  # the tables
     # + --distilled runs/distill_qwen_fkl/model: also the distilled drafts
+    # a sweep of single-beam forests against speculative sampling (~25 min; results/
+    # single_beam_sweep.json): --drafts trunc_32768_prompt --batches 1 --gammas 4 6
+    #   --single-beam-settings 3,2,0.9 4,2,0.9 2,2,0.9 2,3,0.9 --methods speculative_g4
+    #   speculative_g6 dsbd_single_beam dsbd_single_beam_g3w2t0.9 ... (each variant's name)
     .venv/bin/python benchmarks/draft_terms.py --small --out /tmp/draft_terms.json  # tiny pair
 """
 
@@ -128,6 +132,26 @@ def single_beam_what_if(sb, spec):
             "same_rest": ratio(tpi, ms - sb["rest_ms"] + spec["rest_ms"])}
 
 
+def single_beam_name(g, w, t) -> str:
+    """The method name of single-beam DSBD with gamma ``g``, draft width ``w``, threshold ``t``
+    (``dsbd_single_beam`` for the default setting, ``DSBD_SB``)."""
+    if (g, w, t) == (DSBD_SB["gamma"], DSBD_SB["draft_width"], DSBD_SB["threshold"]):
+        return "dsbd_single_beam"
+    return f"dsbd_single_beam_g{g}w{w}t{t:g}"
+
+
+def single_beam_setting(text: str):
+    """``"G,W,T"`` -> ``(G, W, T)`` (``--single-beam-settings``)."""
+    try:
+        g, w, t = text.split(",")
+        g, w, t = int(g), int(w), float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected G,W,T (e.g. 3,2,0.9), got {text!r}") from None
+    if g < 1 or w < 1 or not 0.0 <= t <= 1.0:
+        raise argparse.ArgumentTypeError(f"need G >= 1, W >= 1 and 0 <= T <= 1, got {text!r}")
+    return g, w, t
+
+
 def summarize(out):
     """Add each draft's ``targets`` (per batch) to a run's record: every target's ratio end to
     end, decode only, and with one term changed (:func:`what_if`, :func:`single_beam_what_if`);
@@ -140,18 +164,25 @@ def summarize(out):
         b_ms = refs["beam_sample_W4"]["decode_ms_per_token"]
         e2e = lambda r, ref: r["tokens_per_s"] / refs[ref]["tokens_per_s"]  # noqa: E731
         for drec in rec["drafts"].values():
-            spec = {k: v for k, v in drec.items() if k.startswith("speculative_g")}
+            runs = {k: v for k, v in drec.items() if k not in ("best_speculative", "targets")}
+            spec = {k: v for k, v in runs.items() if k.startswith("speculative_g")}
             best = max(spec, key=lambda k: spec[k]["tokens_per_s"])
             ks = sorted({best, "speculative_g4"} & set(spec), key=_gamma)
-            w4, sb = drec["dsbd_beamW4_point"], drec["dsbd_single_beam"]
             t = {"speculative_vs_sample": {
                      k: dict(what_if(spec[k], s_ms, rec["target_one_row_pass_ms"],
                                      B * (_gamma(k) + 1)), end_to_end=e2e(spec[k], "sample"))
-                     for k in ks},
-                 "dsbd_w4_vs_beam_w4": {"dsbd_beamW4_point": dict(
-                     what_if(w4, b_ms, refs["beam_sample_W4"]["target_passes_ms"],
-                             B * (DSBD_W4["gamma"] + 1)), end_to_end=e2e(w4, "beam_sample_W4"))},
-                 "single_beam_vs_speculative": {k: single_beam_what_if(sb, spec[k]) for k in ks}}
+                     for k in ks}}
+            if "dsbd_beamW4_point" in runs:
+                w4 = runs["dsbd_beamW4_point"]
+                t["dsbd_w4_vs_beam_w4"] = {"dsbd_beamW4_point": dict(
+                    what_if(w4, b_ms, refs["beam_sample_W4"]["target_passes_ms"],
+                            B * (DSBD_W4["gamma"] + 1)), end_to_end=e2e(w4, "beam_sample_W4"))}
+            # the default single-beam setting under the speculative gamma's name; the others
+            # (--single-beam-settings) under "<their name> vs <gamma>"
+            sbs = sorted(k for k in runs if k.startswith("dsbd_single_beam"))
+            t["single_beam_vs_speculative"] = {
+                (k if sbn == "dsbd_single_beam" else f"{sbn} vs {k}"):
+                single_beam_what_if(runs[sbn], spec[k]) for sbn in sbs for k in ks}
             for name, per in t.items():
                 for r in per.values():
                     r["reached_by"] = [c for c, v in r.items()
@@ -214,6 +245,11 @@ def main(argv=None):
                     help="speculative sampling's gammas (default 4 5 6; --small: 2)")
     ap.add_argument("--batches", type=int, nargs="+", default=None,
                     help="batch sizes (default 1 and the quality config's 4; --small: 1 2)")
+    ap.add_argument("--single-beam-settings", type=single_beam_setting, nargs="+", default=[],
+                    metavar="G,W,T", help="also single-beam DSBD with gamma G, draft width W and "
+                    "threshold T (W_min 1), e.g. 3,2,0.9 (named dsbd_single_beam_g3w2t0.9)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="run only these drafted methods (default: all; the baselines always run)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
@@ -287,6 +323,15 @@ def main(argv=None):
                                                              **warp), ("dsbd", DSBD_SB))
     methods["dsbd_beamW4_point"] = (dsbd_generate, DSBDConfig(target=tc, draft=dc, **DSBD_W4,
                                                               **warp), ("dsbd", DSBD_W4))
+    for g, w, t in args.single_beam_settings:  # more single-beam DSBD forests (a sweep)
+        sb = dict(DSBD_SB, gamma=g, draft_width=w, threshold=t)
+        methods[single_beam_name(g, w, t)] = (
+            dsbd_generate, DSBDConfig(target=tc, draft=dc, **sb, **warp), ("dsbd", sb))
+    if args.methods:
+        unknown = sorted(set(args.methods) - set(methods))
+        if unknown:
+            raise SystemExit(f"unknown methods {unknown} (have {sorted(methods)})")
+        methods = {k: v for k, v in methods.items() if k in args.methods}
     out = {"machine": machine_info(), "settings": dict(vars(args)), "bucket": P,
            "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
                             for k, m in (("target", target), ("draft", draft))},

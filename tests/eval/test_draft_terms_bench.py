@@ -109,3 +109,42 @@ def test_single_beam_what_if_and_reached_by():
     t2 = bench.summarize(out)["batches"]["b2"]["drafts"]["base"]["targets"]
     assert t2["speculative_vs_sample"]["speculative_g4"]["all_accepted"] == pytest.approx(
         2 * 500 / 300)
+
+
+def test_single_beam_sweep_options_and_summary():
+    """``--single-beam-settings G,W,T``: parsed and named, bad ones refused; a run holding
+    variants (and no beam-W4 point, as ``--methods`` allows) gets each variant's ratio against
+    each speculative gamma, the default setting keeping its old key; summarizing twice (the
+    ``--report`` path) gives the same targets."""
+    import argparse
+    bench = load_bench("draft_terms")
+    assert bench.single_beam_setting("3,2,0.9") == (3, 2, 0.9)
+    for bad in ("3,2", "a,2,0.9", "0,2,0.9", "3,2,1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.single_beam_setting(bad)
+    sb0 = (bench.DSBD_SB["gamma"], bench.DSBD_SB["draft_width"], bench.DSBD_SB["threshold"])
+    assert bench.single_beam_name(*sb0) == "dsbd_single_beam"
+    assert bench.single_beam_name(4, 2, 0.9) == "dsbd_single_beam_g4w2t0.9"
+    mk = lambda tpi, ms: {"tokens_per_iteration": tpi, "decode_ms_per_iteration": ms,  # noqa: E731
+                          "tokens_per_s": tpi / ms, "draft_passes_ms": 100.0,
+                          "target_passes_ms": ms - 150.0, "rest_ms": 50.0,
+                          "decode_ms_per_token": ms / tpi}
+    ref = {"tokens_per_s": 2.0, "decode_ms_per_token": 100.0, "target_passes_ms": 90.0}
+    runs = {"speculative_g4": mk(4.0, 400.0), "speculative_g6": mk(5.0, 450.0),
+            "dsbd_single_beam": mk(3.0, 400.0), "dsbd_single_beam_g4w2t0.9": mk(3.8, 380.0)}
+    out = {"batches": {"b1": {"references": {"sample": ref, "beam_sample_W4": ref},
+                              "target_one_row_pass_ms": 90.0, "drafts": {"d": dict(runs)}}}}
+    drec = bench.summarize(out)["batches"]["b1"]["drafts"]["d"]
+    t = drec["targets"]
+    assert drec["best_speculative"] == "speculative_g6" and "dsbd_w4_vs_beam_w4" not in t
+    sbt = t["single_beam_vs_speculative"]
+    assert set(sbt) == {"speculative_g4", "speculative_g6",
+                        "dsbd_single_beam_g4w2t0.9 vs speculative_g4",
+                        "dsbd_single_beam_g4w2t0.9 vs speculative_g6"}
+    assert sbt["speculative_g4"]["decode"] == pytest.approx(0.75)
+    v = sbt["dsbd_single_beam_g4w2t0.9 vs speculative_g4"]
+    assert v["decode"] == pytest.approx((3.8 / 380) / (4 / 400))  # 1.0x: reaches 0.95x
+    assert v["reached_by"] == [k for k in v if k not in ("decode", "end_to_end", "reached_by")
+                               and v[k] >= 0.95]
+    again = bench.summarize(out)["batches"]["b1"]["drafts"]["d"]["targets"]
+    assert again == t
