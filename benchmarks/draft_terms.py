@@ -132,24 +132,31 @@ def single_beam_what_if(sb, spec):
             "same_rest": ratio(tpi, ms - sb["rest_ms"] + spec["rest_ms"])}
 
 
-def single_beam_name(g, w, t) -> str:
+def single_beam_name(g, w, t, m=1) -> str:
     """The method name of single-beam DSBD with gamma ``g``, draft width ``w``, threshold ``t``
-    (``dsbd_single_beam`` for the default setting, ``DSBD_SB``)."""
-    if (g, w, t) == (DSBD_SB["gamma"], DSBD_SB["draft_width"], DSBD_SB["threshold"]):
+    and minimum width ``m`` (``dsbd_single_beam`` for the default setting, ``DSBD_SB``)."""
+    if (g, w, t, m) == (DSBD_SB["gamma"], DSBD_SB["draft_width"], DSBD_SB["threshold"],
+                        DSBD_SB["min_width"]):
         return "dsbd_single_beam"
-    return f"dsbd_single_beam_g{g}w{w}t{t:g}"
+    return f"dsbd_single_beam_g{g}w{w}t{t:g}" + (f"m{m}" if m != 1 else "")
 
 
 def single_beam_setting(text: str):
-    """``"G,W,T"`` -> ``(G, W, T)`` (``--single-beam-settings``)."""
+    """``"G,W,T"`` or ``"G,W,T,M"`` -> ``(G, W, T, M)`` (``--single-beam-settings``; M, the
+    minimum width, defaults to 1)."""
     try:
-        g, w, t = text.split(",")
-        g, w, t = int(g), int(w), float(t)
+        parts = text.split(",")
+        if len(parts) not in (3, 4):
+            raise ValueError
+        g, w, t = int(parts[0]), int(parts[1]), float(parts[2])
+        m = int(parts[3]) if len(parts) == 4 else 1
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected G,W,T (e.g. 3,2,0.9), got {text!r}") from None
-    if g < 1 or w < 1 or not 0.0 <= t <= 1.0:
-        raise argparse.ArgumentTypeError(f"need G >= 1, W >= 1 and 0 <= T <= 1, got {text!r}")
-    return g, w, t
+        raise argparse.ArgumentTypeError(f"expected G,W,T[,M] (e.g. 3,2,0.9), got {text!r}") \
+            from None
+    if g < 1 or w < 1 or not 0.0 <= t <= 1.0 or not 1 <= m <= w:
+        raise argparse.ArgumentTypeError(f"need G >= 1, W >= 1, 0 <= T <= 1 and 1 <= M <= W, "
+                                         f"got {text!r}")
+    return g, w, t, m
 
 
 def summarize(out):
@@ -246,8 +253,10 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=None,
                     help="batch sizes (default 1 and the quality config's 4; --small: 1 2)")
     ap.add_argument("--single-beam-settings", type=single_beam_setting, nargs="+", default=[],
-                    metavar="G,W,T", help="also single-beam DSBD with gamma G, draft width W and "
-                    "threshold T (W_min 1), e.g. 3,2,0.9 (named dsbd_single_beam_g3w2t0.9)")
+                    metavar="G,W,T[,M]", help="also single-beam DSBD with gamma G, draft width W, "
+                    "threshold T and minimum width M (default 1), e.g. 3,2,0.9 (named "
+                    "dsbd_single_beam_g3w2t0.9) or 3,2,1,2 (fixed width 2: "
+                    "dsbd_single_beam_g3w2t1m2)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="run only these drafted methods (default: all; the baselines always run)")
     ap.add_argument("--prompts", type=int, default=4)
@@ -323,9 +332,9 @@ def main(argv=None):
                                                              **warp), ("dsbd", DSBD_SB))
     methods["dsbd_beamW4_point"] = (dsbd_generate, DSBDConfig(target=tc, draft=dc, **DSBD_W4,
                                                               **warp), ("dsbd", DSBD_W4))
-    for g, w, t in args.single_beam_settings:  # more single-beam DSBD forests (a sweep)
-        sb = dict(DSBD_SB, gamma=g, draft_width=w, threshold=t)
-        methods[single_beam_name(g, w, t)] = (
+    for g, w, t, m in args.single_beam_settings:  # more single-beam DSBD forests (a sweep)
+        sb = dict(DSBD_SB, gamma=g, draft_width=w, threshold=t, min_width=m)
+        methods[single_beam_name(g, w, t, m)] = (
             dsbd_generate, DSBDConfig(target=tc, draft=dc, **sb, **warp), ("dsbd", sb))
     if args.methods:
         unknown = sorted(set(args.methods) - set(methods))

@@ -112,19 +112,22 @@ def test_single_beam_what_if_and_reached_by():
 
 
 def test_single_beam_sweep_options_and_summary():
-    """``--single-beam-settings G,W,T``: parsed and named, bad ones refused; a run holding
+    """``--single-beam-settings G,W,T[,M]``: parsed and named, bad ones refused; a run holding
     variants (and no beam-W4 point, as ``--methods`` allows) gets each variant's ratio against
     each speculative gamma, the default setting keeping its old key; summarizing twice (the
     ``--report`` path) gives the same targets."""
     import argparse
     bench = load_bench("draft_terms")
-    assert bench.single_beam_setting("3,2,0.9") == (3, 2, 0.9)
-    for bad in ("3,2", "a,2,0.9", "0,2,0.9", "3,2,1.5"):
+    assert bench.single_beam_setting("3,2,0.9") == (3, 2, 0.9, 1)
+    assert bench.single_beam_setting("3,2,1,2") == (3, 2, 1.0, 2)
+    for bad in ("3,2", "a,2,0.9", "0,2,0.9", "3,2,1.5", "3,2,1,3", "3,2,1,2,1"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.single_beam_setting(bad)
     sb0 = (bench.DSBD_SB["gamma"], bench.DSBD_SB["draft_width"], bench.DSBD_SB["threshold"])
+    sb0 = sb0 + (bench.DSBD_SB["min_width"],)
     assert bench.single_beam_name(*sb0) == "dsbd_single_beam"
     assert bench.single_beam_name(4, 2, 0.9) == "dsbd_single_beam_g4w2t0.9"
+    assert bench.single_beam_name(3, 2, 1.0, 2) == "dsbd_single_beam_g3w2t1m2"
     mk = lambda tpi, ms: {"tokens_per_iteration": tpi, "decode_ms_per_iteration": ms,  # noqa: E731
                           "tokens_per_s": tpi / ms, "draft_passes_ms": 100.0,
                           "target_passes_ms": ms - 150.0, "rest_ms": 50.0,
