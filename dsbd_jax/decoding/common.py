@@ -482,7 +482,7 @@ def check_params(name: str, config: ModelConfig, params) -> None:
     if head is not None:  # a truncated vocabulary head (dsbd_jax.models.vocab) replaces lm_head
         want.pop("['lm_head']['kernel']", None)
         n = int(np.shape(head["rows"])[0]) if "rows" in head else 0
-        mat = "kernel" if "kernel" in head else "embedding"
+        mat = next((m for m in ("kernel", T_KEY) if m in head), "embedding")
         need = (config.hidden_size, n) if mat == "kernel" else (n, config.hidden_size)
         full = {"full_kernel": (config.hidden_size, config.vocab_size),
                 "full_embedding": (config.vocab_size, config.hidden_size)}
@@ -503,6 +503,9 @@ def check_params(name: str, config: ModelConfig, params) -> None:
             stored = path[:-len("['kernel']")] + f"['{T_KEY}']"
             if stored in got:
                 got[path], key = got.pop(stored), T_KEY
+        if path == "['lm_head']['kernel']" and path not in got and \
+                f"['lm_head']['{T_KEY}']" in got:  # [V, d] rows (kernels.transpose_head)
+            got[path] = got.pop(f"['lm_head']['{T_KEY}']")[::-1]
         if path not in got:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
                              f"missing (expected shape {shape})")

@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (TRANSPOSED, form_of, project_t, transpose_block,
-                                      transposed_width)
+from dsbd_jax.models.products import (TRANSPOSED, form_of, project, project_t,
+                                      transpose_block, transposed_width)
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -161,7 +161,7 @@ def mlp_pairs(form: str, din: int, dout: int, layers: int, dtype="float32"):
         return transpose_block(w, transposed_width(fan_out)) if form == TRANSPOSED else w
     ups = [weights(din, dout) for _ in range(layers)]
     downs = [weights(dout, din) for _ in range(layers)]
-    product = project_t if form == TRANSPOSED else jnp.matmul
+    product = project_t if form == TRANSPOSED else project  # 16-bit: mixed precision
 
     def chain(x, ups, downs):
         for u, d in zip(ups, downs):

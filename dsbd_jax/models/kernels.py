@@ -197,7 +197,48 @@ def unblock_params(params):
             params = _replace(params, path, unblock(w))
     for path, _ in _projections(params, T_KEY):
         params = _rename(params, path, "kernel", untranspose(_get(params, path)))
-    return params
+    return untranspose_head(params)
+
+
+HEAD = "lm_head"
+VOCAB_HEAD = "vocab_head"  # dsbd_jax.models.vocab.VOCAB_HEAD (a truncated head)
+
+
+def transpose_head(params):
+    """``params`` with the vocabulary head's kernel stored as its ``[out, in]`` rows under
+    ``"kernel_t"``: an untied ``lm_head`` ``[d, V]`` becomes ``[V, d]``, a truncated head's
+    ``"kernel"`` ``[d, N]`` becomes ``[N, d]`` (its ``"full_kernel"`` for prompt rows stays
+    ``[d, V]``: only ``B * P`` columns of it are gathered per call). The form 16-bit models run
+    fastest (:func:`dsbd_jax.models.products.mixed_rows`: one product over contiguous rows); a
+    tied head (the embedding ``[V, d]``) already has it. A new tree; :func:`unblock_params`
+    converts back."""
+    out = dict(params)
+    if HEAD in out and "kernel" in out[HEAD]:
+        head = {k: v for k, v in out[HEAD].items() if k != "kernel"}
+        out[HEAD] = {**head, T_KEY: jnp.swapaxes(out[HEAD]["kernel"], -1, -2)}
+    if VOCAB_HEAD in out and "kernel" in out[VOCAB_HEAD]:
+        head = {k: v for k, v in out[VOCAB_HEAD].items() if k != "kernel"}
+        out[VOCAB_HEAD] = {**head, T_KEY: jnp.swapaxes(out[VOCAB_HEAD]["kernel"], -1, -2)}
+    return out
+
+
+def untranspose_head(params):
+    """The inverse of :func:`transpose_head` (the same tree object when the head is plain)."""
+    if not isinstance(params, Mapping):
+        return params
+    out = params
+    for name in (HEAD, VOCAB_HEAD):
+        head = out.get(name)
+        if isinstance(head, Mapping) and T_KEY in head:
+            rest = {k: v for k, v in head.items() if k != T_KEY}
+            out = {**out, name: {**rest, "kernel": jnp.swapaxes(head[T_KEY], -1, -2)}}
+    return out
+
+
+def head_transposed(params) -> bool:
+    """Whether the vocabulary head is stored as ``[out, in]`` rows (:func:`transpose_head`)."""
+    return any(isinstance(params.get(n), Mapping) and T_KEY in params[n]
+               for n in (HEAD, VOCAB_HEAD)) if isinstance(params, Mapping) else False
 
 
 def transpose_params(params, widths: Mapping[str, int]):

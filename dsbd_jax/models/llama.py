@@ -43,6 +43,7 @@ from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.kernels import T_KEY, project, project_t
+from dsbd_jax.models.products import mixed_rows
 from dsbd_jax.models.vocab import split_head, tied_logits, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
@@ -90,8 +91,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last axis; ``style`` ``"llama"``: ``w * x`` (x cast to the dtype first),
-    ``"gemma"``: ``(1 + w) * x`` in float32, then cast (each as its ``transformers`` model)."""
+    """RMSNorm over the last axis in float32 (``dtype`` is the weight's storage dtype); ``style``
+    ``"llama"``: ``w * x``, ``"gemma"``: ``(1 + w) * x`` (each as its ``transformers`` model
+    computes it in float32)."""
     eps: float
     dtype: jnp.dtype
     style: str = "llama"
@@ -104,8 +106,8 @@ class RMSNorm(nn.Module):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         if gemma:
-            return (x32 * (1.0 + weight.astype(jnp.float32))).astype(self.dtype)
-        return weight * x32.astype(self.dtype)
+            return x32 * (1.0 + weight.astype(jnp.float32))
+        return weight.astype(jnp.float32) * x32
 
 
 def _norm(cfg: ModelConfig, name: str) -> RMSNorm:
@@ -120,7 +122,11 @@ def softcap(x: jax.Array, cap) -> jax.Array:
 class Dense(nn.Module):
     """``nn.Dense`` (same parameter names and ``[in, out]`` kernel, same product) that also runs
     a blocked kernel ``[out / n, in, n]`` (:mod:`dsbd_jax.models.kernels`): the kernel's rank
-    tells which; or, under the key ``"kernel_t"``, a transposed kernel ``[out / n, n, in]``."""
+    tells which; or, under the key ``"kernel_t"``, a transposed kernel ``[out / n, n, in]``.
+
+    ``dtype`` is the kernel's storage dtype. A 16-bit kernel (bfloat16, float16) runs in mixed
+    precision: ``x`` cast to 16 bits, float32 accumulation, a float32 result
+    (:func:`dsbd_jax.models.products.is_mixed`); a float32 kernel runs in float32."""
     features: int
     use_bias: bool
     dtype: jnp.dtype
@@ -128,19 +134,34 @@ class Dense(nn.Module):
     @nn.compact
     def __call__(self, x):
         if self.has_variable("params", T_KEY):  # a transposed kernel [out / n, n, in]
-            y = project_t(x.astype(self.dtype),
-                          self.get_variable("params", T_KEY).astype(self.dtype))
+            kernel_t = self.get_variable("params", T_KEY).astype(self.dtype)
+            if kernel_t.ndim == 2:  # a head's [out, in] rows (kernels.transpose_head)
+                y = mixed_rows(x, kernel_t)
+            else:
+                y = project_t(_operand(x, self.dtype), kernel_t)
         else:
             if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
                 kernel = self.get_variable("params", "kernel")
             else:
                 kernel = self.param("kernel", nn.initializers.normal(0.02),
                                     (x.shape[-1], self.features), self.dtype)
-            y = project(x.astype(self.dtype), kernel.astype(self.dtype))
+            y = project(_operand(x, self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,),
-                               self.dtype).astype(self.dtype)
+                               self.dtype).astype(y.dtype)
         return y
+
+
+def _operand(x, dtype):
+    """A product's input: cast to a float32 kernel's dtype as before; left in float32 for a
+    16-bit kernel (the mixed product casts it to 16 bits itself)."""
+    return x if jnp.dtype(dtype).itemsize == 2 else x.astype(dtype)
+
+
+# activations (the residual stream, attention, norms, RoPE, logits) are float32 whatever the
+# parameters' dtype: a 16-bit model stores its weights and KV cache in 16 bits and runs its
+# products in mixed precision (Dense)
+ACT = jnp.float32
 
 
 def _dense(features, use_bias, dtype, name):
@@ -155,6 +176,7 @@ class Attention(nn.Module):
         cfg = self.config
         dt = cfg.jnp_dtype
         B, T, _ = x.shape
+        store = dt  # the cache's dtype: new keys/values are returned in it
         H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q = _dense(H * D, cfg.attention_bias, dt, "q_proj")(x).reshape(B, T, H, D)
         k = _dense(K * D, cfg.attention_bias, dt, "k_proj")(x).reshape(B, T, K, D)
@@ -164,15 +186,17 @@ class Attention(nn.Module):
             k = _norm(cfg, "k_norm")(k)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        keys = jnp.concatenate([cache_k.astype(dt), k], axis=1)  # [B, S+T, K, D]
-        values = jnp.concatenate([cache_v.astype(dt), v], axis=1)
+        k, v = k.astype(store), v.astype(store)
+        keys = jnp.concatenate([cache_k.astype(store), k], axis=1).astype(ACT)  # [B, S+T, K, D]
+        values = jnp.concatenate([cache_v.astype(store), v], axis=1).astype(ACT)
+        q = q.astype(ACT)
         q = q.reshape(B, T, K, H // K, D)  # query head h uses kv head h // groups (HF repeat_kv)
         scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else D) ** -0.5
         scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
                             preferred_element_type=jnp.float32) * scale
         scores = softcap(scores, cfg.attn_logit_softcap)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        probs = jax.nn.softmax(scores, axis=-1).astype(ACT)
         out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * D)
         out = _dense(cfg.hidden_size, False, dt, "o_proj")(out)
         return out, k, v
@@ -239,9 +263,9 @@ class LlamaForCausalLM(nn.Module):
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
                          embedding_init=nn.initializers.normal(0.02))
-        h = embed(tokens)
+        h = embed(tokens).astype(ACT)
         if cfg.embed_scale:
-            h = h * jnp.asarray(math.sqrt(cfg.hidden_size), dt)
+            h = h * jnp.asarray(math.sqrt(cfg.hidden_size), dt).astype(ACT)
         rope = rope_cos_sin(cfg, positions)
         rope = rope + (rope_cos_sin(cfg.local_rope_config(), positions)
                        if cfg.has_local_layers and cfg.rope_local_theta is not None else rope)

@@ -40,10 +40,12 @@ from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
                                    tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
+from dsbd_jax.models.host import AUTO, dtype_choice, resolve_dtype
 from dsbd_jax.models.hub import is_hub_id, snapshot
 from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params, choose_blocks,
-                                     choose_form, transpose_params, transposed_of,
-                                     transposed_widths, uniform_blocks)
+                                     choose_form, head_transposed, transpose_head,
+                                     transpose_params, transposed_of, transposed_widths,
+                                     uniform_blocks)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
                                      preset_tokenizer)
@@ -97,8 +99,12 @@ def _resolve(source, revision: Optional[str] = None) -> Tuple[str, Any]:
 def read_config(source, dtype=jnp.float32, revision: Optional[str] = None) -> ModelConfig:
     """The :class:`ModelConfig` of a model source without loading its weights (a HF
     directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
-    metadata), so settings can be checked against it before the slow load."""
+    metadata), so settings can be checked against it before the slow load. ``dtype="auto"``:
+    the dtype :func:`load_model` would choose on this host (:mod:`dsbd_jax.models.host`)."""
     kind, where = _resolve(source, revision)
+    if isinstance(dtype, str) and dtype == AUTO:
+        return read_config(source, resolve_dtype(AUTO, read_config(source, revision=revision)),
+                           revision)
     dtype_name = jnp.dtype(dtype).name
     if kind == "preset":
         return preset_config(where, dtype_name)
@@ -123,7 +129,7 @@ def load_tokenizer(source, revision: Optional[str] = None):
     return tokenizer_from_gguf(where) if has_tok else None
 
 
-def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto",
+def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
                progress: bool = True, cache_params: Optional[bool] = None,
                layout: Optional[str] = None, revision: Optional[str] = None,
@@ -138,7 +144,13 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
       source: directory, ``.gguf`` path, one of :func:`list_presets`, or a Hugging Face hub id
         ``"org/name"`` (see :mod:`dsbd_jax.models.hub`).
       revision: hub ids only: branch, tag or commit (default: ``main``).
-      dtype: parameter/compute dtype (``jnp.float32``, ``jnp.bfloat16``, ``jnp.float16``).
+      dtype: the parameters' dtype. ``"auto"`` (default): bfloat16 where this host (or
+        accelerator) runs it faster than float32, else float32, measured once per host and
+        shape (:func:`dsbd_jax.models.host.choose_dtype`; ``$DSBD_JAX_DTYPE`` forces one).
+        ``jnp.float32`` runs everything in float32. ``jnp.bfloat16`` / ``jnp.float16`` store the
+        weights and KV cache in 16 bits and run the products in mixed precision (float32
+        accumulation); activations, norms, attention and logits stay float32.
+        ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
@@ -179,6 +191,15 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)
+    if isinstance(dtype, str) and dtype == AUTO:
+        t0 = time.perf_counter()
+        config = read_config(source, revision=revision)
+        dtype, dtype_why = dtype_choice(config)
+        if time.perf_counter() - t0 > 1.0:
+            notice(f"chose {dtype} for this host in {time.perf_counter() - t0:.0f} s "
+                   f"({dtype_why})", progress)
+    else:
+        dtype_why = "given"
     if prompt_rows and head_rows is None:
         raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
@@ -218,6 +239,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
                    f"DSBD_JAX_KERNEL_FORM=plain|transposed forces one)", progress)
         if form == TRANSPOSED:
             model.params = transpose_params(model.params, transposed_widths(model.config))
+            if jnp.dtype(dtype).itemsize == 2:  # 16-bit: the head as [V, d] rows too
+                model.params = transpose_head(model.params)
         kernel_blocks = None
     elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
         raise ValueError(f"kernel_blocks must be 'measured', 'transposed', 'auto', 'halves', "
@@ -226,6 +249,8 @@ def load_model(source, dtype=jnp.float32, *, tokenizer: Union[bool, str] = "auto
         model.params = block_params(model.params, kernel_blocks)
     model.info["kernel_blocks"] = dict(kernel_blocks or {})
     model.info["kernel_transposed"] = transposed_of(model.params)
+    model.info["head_transposed"] = head_transposed(model.params)
+    model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
     return model
 
 

@@ -33,8 +33,52 @@ def unblock(w: jax.Array) -> jax.Array:
     return jnp.reshape(jnp.transpose(w, perm), (*lead, din, c * n))
 
 
+def is_mixed(kernel: jax.Array) -> bool:
+    """Whether a product with ``kernel`` runs in mixed precision: a kernel stored in a 16-bit
+    float (bfloat16, float16) multiplies ``x`` cast to that dtype and accumulates in float32
+    (``preferred_element_type``), returning float32. A float32 kernel runs the float32 product
+    unchanged. XLA:CPU's 16-bit product with a 16-bit result (what Flax's ``Dense`` computes)
+    takes a path 4-20x slower than float32 on the 2-core hosts; with float32 accumulation the
+    same product runs at float32's speed or faster (``benchmarks/matmul.py --dtypes``)."""
+    return jnp.dtype(kernel.dtype).itemsize == 2
+
+
+def _rows2(xm: jax.Array) -> jax.Array:
+    """``xm [m, in]`` with one row padded to two (XLA:CPU's 16-bit product of one row takes a
+    matrix-vector path about 10x slower than two rows); more rows unchanged."""
+    return jnp.pad(xm, ((0, 1), (0, 0))) if xm.shape[0] == 1 else xm
+
+
+def mixed_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """``x [..., in]`` times ``rows [out, in]`` (a kernel stored as its output rows, the
+    ``[out, in]`` form): ``x`` cast to the kernel's dtype, float32 accumulation, float32
+    ``[..., out]``. One row is padded to two (:func:`_rows2`). Meant for 16-bit kernels; a
+    float32 kernel gives the float32 product."""
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, x.shape[-1])
+    m = xm.shape[0]
+    y = jax.lax.dot_general(_rows2(xm).astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)[:m]
+    return y.reshape(*lead, rows.shape[0])
+
+
+def mixed_cols(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x [..., in]`` times a 16-bit ``kernel [in, out]`` (Flax's form), float32 accumulation,
+    float32 ``[..., out]``; one row padded to two."""
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, x.shape[-1])
+    m = xm.shape[0]
+    y = jax.lax.dot_general(_rows2(xm).astype(kernel.dtype), kernel, (((1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.float32)[:m]
+    return y.reshape(*lead, kernel.shape[1])
+
+
 def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x [..., in]`` times ``kernel`` (``[in, out]``, or blocked ``[out / n, in, n]``)."""
+    """``x [..., in]`` times ``kernel`` (``[in, out]``, or blocked ``[out / n, in, n]``); a
+    16-bit kernel runs in mixed precision (:func:`is_mixed`)."""
+    mixed = is_mixed(kernel)
+    if mixed and kernel.ndim == 2:
+        return mixed_cols(x, kernel)
     if kernel.ndim == 2:  # the Flax Dense product, unchanged
         return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
     c, din, n = kernel.shape
@@ -43,7 +87,10 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     m = xm.shape[0]
     if m == 1:
         xm = jnp.pad(xm, ((0, 1), (0, 0)))
-    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), kernel)
+    if mixed:
+        xm = xm.astype(kernel.dtype)
+    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), kernel,
+                   preferred_element_type=jnp.float32 if mixed else None)
     y = y.transpose(1, 0, 2).reshape(xm.shape[0], c * n)[:m]
     return y.reshape(*lead, c * n)
 
@@ -78,8 +125,13 @@ def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
     about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
     as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
     matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
-    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``."""
+    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``.
+
+    A 16-bit kernel runs as one mixed-precision product over all ``[out, in]`` rows
+    (:func:`mixed_rows`: float32 accumulation and result, one row padded to two)."""
     c, n, din = kernel_t.shape
+    if is_mixed(kernel_t):
+        return mixed_rows(x, kernel_t.reshape(c * n, din))
     lead = x.shape[:-1]
     xm = x.reshape(-1, din)
     m = xm.shape[0]

@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models.products import is_mixed, mixed_cols, mixed_rows
+
 VOCAB_HEAD = "vocab_head"
 TABLE_NAME = "dsbd_vocab.npz"  # a table's default file name beside a model (see table_path)
 
@@ -75,7 +77,13 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
     (``benchmarks/tied_head.py``, ``results/tied_head.json``). Both orders give the same
     product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
     full tied head and by a truncated tied head (:func:`truncated_logits`), so a truncated
-    head with every row reproduces the full logits bit for bit."""
+    head with every row reproduces the full logits bit for bit.
+
+    A 16-bit embedding runs the mixed-precision product over its ``[V, d]`` rows
+    (:func:`dsbd_jax.models.products.mixed_rows`: float32 accumulation and result, one row
+    padded to two)."""
+    if is_mixed(embedding):
+        return mixed_rows(h, embedding)
     if math.prod(h.shape[:-1]) == 1:
         col = jax.lax.dot_general(embedding, jnp.reshape(h, (1, h.shape[-1])),
                                   (((1,), (1,)), ((), ())))  # [V, 1]
@@ -108,12 +116,20 @@ def untie_head(params, config):
 def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
     """float32 logits ``[.., V]``: ``h [.., d]`` times the head's ``N`` rows, ``-inf`` elsewhere.
     The products are computed as ``nn.Dense`` / ``nn.Embed.attend`` compute the full head (same
-    operand order and dtype), so ``N = V`` reproduces the full logits bit for bit."""
+    operand order and dtype), so ``N = V`` reproduces the full logits bit for bit. A 16-bit head
+    runs in mixed precision as the full head does (:mod:`dsbd_jax.models.products`)."""
     if "kernel" in head:
-        kernel = head["kernel"].astype(h.dtype)
-        part = jax.lax.dot_general(h, kernel, (((h.ndim - 1,), (0,)), ((), ())))
+        kernel = head["kernel"]
+        if is_mixed(kernel):
+            part = mixed_cols(h, kernel)
+        else:
+            kernel = kernel.astype(h.dtype)
+            part = jax.lax.dot_general(h, kernel, (((h.ndim - 1,), (0,)), ((), ())))
+    elif "kernel_t" in head:  # [N, d] rows (a 16-bit head in the [out, in] form)
+        part = mixed_rows(h, head["kernel_t"])
     else:
-        part = tied_logits(h, head["embedding"].astype(h.dtype))
+        embedding = head["embedding"]
+        part = tied_logits(h, embedding if is_mixed(embedding) else embedding.astype(h.dtype))
     full = jnp.full(h.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., head["rows"]].set(part.astype(jnp.float32))
 
@@ -173,7 +189,10 @@ def with_prompt_rows(params, prompt_ids: jax.Array):
     head = params[VOCAB_HEAD]
     extra = jnp.reshape(jnp.asarray(prompt_ids), (-1,)).astype(head["rows"].dtype)
     new = {"rows": jnp.concatenate([head["rows"], extra])}
-    if "full_kernel" in head:
+    if "full_kernel" in head and "kernel_t" in head:  # [N, d] rows (kernels.transpose_head)
+        new["kernel_t"] = jnp.concatenate(
+            [head["kernel_t"], jnp.take(head["full_kernel"], extra, axis=1).T], axis=0)
+    elif "full_kernel" in head:
         new["kernel"] = jnp.concatenate(
             [head["kernel"], jnp.take(head["full_kernel"], extra, axis=1)], axis=1)
     else:

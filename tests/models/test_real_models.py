@@ -37,7 +37,7 @@ from dsbd_jax.models.presets import preset_dir
 name, out = sys.argv[1], sys.argv[2]
 messages = json.loads(sys.argv[3])
 t0 = time.perf_counter()
-m = load_model(name, progress=False)
+m = load_model(name, "float32", progress=False)
 load_s = time.perf_counter() - t0
 if m.tokenizer.chat_template:
     ids = m.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -101,7 +101,7 @@ import jax, numpy as np
 from dsbd_jax.decoding import beam
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.models.loading import load_model
-m = load_model(sys.argv[1], progress=False)
+m = load_model(sys.argv[1], "float32", progress=False)
 ids = np.asarray([m.tokenizer("1, 2, 3, 4, 5,")["input_ids"]], np.int32)
 cfg = DecodeConfig(target=m.config, max_new_tokens=8, num_beams=2, temperature=0.5)
 out = beam.beam_sample(m.params, ids, jax.random.PRNGKey(0), cfg)
