@@ -70,22 +70,30 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transposed=False):
+def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transposed=False,
+         dtype="float32"):
     """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
     this host's choice for the kernels' form); ``transposed``: every projection kernel transposed
-    (``kernels.transpose_params``)."""
+    (``kernels.transpose_params``); ``dtype="bfloat16"``: the weights and cache in bfloat16, the
+    products in mixed precision (and, transposed, the head as ``[V, d]`` rows), as
+    ``load_model(dtype=bfloat16)`` runs them."""
     opts = (compiler_options("transposed" if transposed else "plain") if options is None
             else dict(CANDIDATES[options]))
     params = M.init_params(cfg, jax.random.PRNGKey(0), layout)
+    if dtype != "float32":
+        cfg = cfg.replace(dtype=dtype)
+        params = jax.tree.map(lambda x: x.astype(dtype), params)
     if blocks:
         params = kernels.block_params(params, blocks)
     if transposed:
         params = kernels.transpose_params(params, kernels.transposed_widths(cfg))
+        if dtype != "float32":
+            params = kernels.transpose_head(params)
     shape = (cfg.num_layers, 1, slots, cfg.num_kv_heads, cfg.head_dim)
     rng = np.random.default_rng(0)
     out = {}
     for name, (B, T) in SHAPES.items():
-        k = jnp.asarray(rng.standard_normal(shape[:1] + (B,) + shape[2:]), jnp.float32)
+        k = jnp.asarray(rng.standard_normal(shape[:1] + (B,) + shape[2:]), cfg.jnp_dtype)
         cache = KVCache(k, k)
         tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
         positions = filled + jnp.broadcast_to(jnp.arange(T), (B, T)).astype(jnp.int32)
@@ -106,7 +114,7 @@ def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transpo
     return out
 
 
-def transformers_side(cfg, slots, filled, repeats, threads):
+def transformers_side(cfg, slots, filled, repeats, threads, dtype="float32"):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.cache_utils import DynamicCache
@@ -118,7 +126,7 @@ def transformers_side(cfg, slots, filled, repeats, threads):
                          num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=32768,
                          rope_theta=cfg.rope_theta, tie_word_embeddings=False)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(hf_cfg).eval()
+    model = Qwen2ForCausalLM(hf_cfg).to(getattr(torch, dtype)).eval()
     rng = np.random.default_rng(0)
     out = {}
     with torch.inference_mode():
@@ -133,7 +141,7 @@ def transformers_side(cfg, slots, filled, repeats, threads):
                 cache.crop(-T)
             t = median_time(call, repeats)
             out[name] = {"ms": t * 1e3}
-            print(f"  transformers {name:10s} {t * 1e3:8.1f} ms", flush=True)
+            print(f"  transformers {dtype} {name:10s} {t * 1e3:8.1f} ms", flush=True)
     return out
 
 
@@ -147,7 +155,10 @@ def main(argv=None):
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer", "per_layer_blocked"],
                     choices=["stacked", "per_layer", "per_layer_blocked",
-                             "per_layer_transposed"])
+                             "per_layer_transposed", "per_layer_transposed_bf16"])
+    ap.add_argument("--transformers-dtypes", nargs="+", default=["float32"],
+                    choices=["float32", "bfloat16"],
+                    help="transformers' columns: the model in each of these dtypes")
     ap.add_argument("--blocks", default="auto",
                     help="per_layer_blocked: 'auto' (this host's choice), 'halves' or one block width")
     ap.add_argument("--options", nargs="*", default=[], choices=sorted(CANDIDATES),
@@ -160,7 +171,9 @@ def main(argv=None):
     if missing:
         ap.error(f"this XLA rejects the options of {missing}; supported: {sorted(candidates())}")
     cfg = qwen15b_config(4 if args.small else 28)
-    res = {"machine": machine_info(), "model": "Qwen2.5-1.5B-shaped, random weights, float32",
+    res = {"machine": machine_info(),
+           "model": "Qwen2.5-1.5B-shaped, random weights, float32 (columns *_bf16 / "
+                    "transformers_bfloat16: bfloat16)",
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
            "repeats": args.repeats, "threads": args.threads, "options_choice": choice(),
            "options_choice_transposed": choice("transposed")}
@@ -173,10 +186,11 @@ def main(argv=None):
         if layout == "per_layer_blocked":
             if blocks:
                 res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats, blocks)
-        elif layout == "per_layer_transposed":
+        elif layout in ("per_layer_transposed", "per_layer_transposed_bf16"):
             res["transposed_widths"] = kernels.transposed_widths(cfg)
             res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
-                               transposed=True)
+                               transposed=True,
+                               dtype="bfloat16" if layout.endswith("bf16") else "float32")
         else:
             res[layout] = ours(cfg, layout, args.slots, args.filled, args.repeats)
     for name in args.options:
@@ -187,11 +201,15 @@ def main(argv=None):
                                                        args.repeats, options=name,
                                                        transposed=True)
     ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked",
-                                         "per_layer_transposed")
+                                         "per_layer_transposed", "per_layer_transposed_bf16")
                  or c.startswith("per_layer@") or c.startswith("per_layer_transposed@")]
+    hf_cols = []
     if not args.no_transformers:
-        res["transformers"] = transformers_side(cfg, args.slots, args.filled, args.repeats,
-                                                args.threads)
+        for dt in args.transformers_dtypes:
+            col = "transformers" if dt == "float32" else f"transformers_{dt}"
+            res[col] = transformers_side(cfg, args.slots, args.filled, args.repeats,
+                                         args.threads, dt)
+            hf_cols.append(col)
     ratios = {}
     ref = res.get("transformers", {})
     for name in SHAPES:
@@ -199,6 +217,15 @@ def main(argv=None):
         for lay in ours_cols:
             if name in ref:
                 r[f"{lay} / transformers"] = res[lay][name]["ms"] / ref[name]["ms"]
+            if name in res.get("transformers_bfloat16", {}):
+                r[f"{lay} / transformers_bfloat16"] = (
+                    res[lay][name]["ms"] / res["transformers_bfloat16"][name]["ms"])
+        for col in ours_cols + hf_cols:  # what a pass of several rows costs against one token
+            if name != "1 token":
+                r[f"{col}: {name} / 1 token"] = res[col][name]["ms"] / res[col]["1 token"]["ms"]
+        if "per_layer_transposed_bf16" in res and "per_layer_transposed" in res:
+            r["bf16 / float32 (transposed)"] = (res["per_layer_transposed_bf16"][name]["ms"]
+                                                / res["per_layer_transposed"][name]["ms"])
         for lay in ours_cols:
             if "per_layer" in res and lay not in ("per_layer", "stacked"):
                 r[f"{lay} / per_layer"] = res[lay][name]["ms"] / res["per_layer"][name]["ms"]
@@ -207,7 +234,7 @@ def main(argv=None):
         ratios[name] = r
     res["ratios"] = ratios
     write_json(args.out, res)
-    cols = ours_cols + [c for c in ("transformers",) if c in res]
+    cols = ours_cols + hf_cols
     print("\n" + f"{'pass':12s} " + " ".join(f"{c:>17s}" for c in cols) + "  ratios")
     for name in SHAPES:
         print(f"{name:12s} " + " ".join(f"{res[c][name]['ms']:17.1f}" for c in cols) + "  "

@@ -50,6 +50,9 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the models' dtype: auto = bfloat16 where this host runs it faster "
+                        "than float32 (measured once, cached), else float32")
 
 
 MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
@@ -230,7 +233,9 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.models.loading import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
-    configs = (read_config(args.target), read_config(args.draft) if needs_draft else None)
+    dtype = getattr(args, "dtype", "auto")
+    configs = (read_config(args.target, dtype),
+               read_config(args.draft, dtype) if needs_draft else None)
     progress = not getattr(args, "no_progress", False)
     decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
     tokenizer = load_tokenizer(args.target)
@@ -260,14 +265,15 @@ def load_models(args, configs):
         elif role == "draft" and (getattr(args, "draft_vocab_table", None) is not None
                                   or getattr(args, "draft_prompt_rows", False)):
             raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
-        m = load_model(source, tokenizer=False, **head)
+        m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
         if head:
             _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
                     + (" + the prompt's tokens" if head["prompt_rows"] else ""))
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")
-        _status(f"loaded {role} {source} in {time.perf_counter() - t0:.1f} s")
+        _status(f"loaded {role} {source} ({m.info['dtype']}) in "
+                f"{time.perf_counter() - t0:.1f} s")
         models.append(m)
     return models[0], models[1]
 
@@ -372,9 +378,16 @@ def cmd_demo(args) -> int:
                               datasets.chat_prompts("gsm8k", 1)[0]]
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
     target, draft = load_models(args, configs)
-    print(f"target {args.target}, draft {args.draft}; {len(prompts)} prompt(s), "
+    print(f"target {args.target} ({target.info['dtype']}: {target.info['dtype_why']}), "
+          f"draft {args.draft} ({draft.info['dtype']}); {len(prompts)} prompt(s), "
           f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
           f"timed)", flush=True)
+    print(f"DSBD: {args.beams} output beams, draft look-ahead gamma={args.gamma}, draft beam "
+          f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
+          f"{args.min_width}..{max(args.beams, args.draft_width)}"
+          f"{', single-beam' if args.single_beam else ''}; beam sampling: W={args.beams} "
+          f"(the same number of output beams); both with temperature {args.temperature}, "
+          f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
     results = {}
     for name, dec in decoders.items():
         out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed, progress=True)
@@ -387,10 +400,30 @@ def cmd_demo(args) -> int:
         i = np.arange(len(b))
         return float(np.mean(np.asarray(o.log_likelihoods)[i, b] / np.maximum(np.asarray(o.lengths)[i, b], 1)))
     rd, rb = tokens_per_second(od, td)[1], tokens_per_second(ob, tb)[1]
+    lld, llb = ll_per_tok(od), ll_per_tok(ob)
     print(f"\nspeed: DSBD {rd:.2f} tokens/s vs beam sampling (W={args.beams}) {rb:.2f} tokens/s"
-          f" -> {rd / rb:.2f}x; mean log-lik/token: DSBD {ll_per_tok(od):.3f}, "
-          f"beam {ll_per_tok(ob):.3f}")
+          f" -> {rd / rb:.2f}x; mean log-lik/token of the best beams: DSBD {lld:.3f}, "
+          f"beam sampling {llb:.3f}")
+    print(demo_verdict(rd / rb, lld - llb, od.stats, target.info["dtype"]))
     return 0
+
+
+def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str) -> str:
+    """One line on what the demo showed: DSBD faster at equal or better log-likelihood, or what
+    held it back (tokens per target pass, the dtype). The two prompts' log-likelihoods vary
+    by about 0.05 per token from seed to seed, so a gap under 0.05 counts as equal."""
+    import numpy as np
+    per_call = float(np.sum(np.asarray(stats["generated_tokens"]))) / max(
+        float(np.sum(np.asarray(stats["target_calls"]))), 1.0)
+    quality = "equal or better" if ll_gain > -0.05 else "lower"
+    if speedup >= 1.0:
+        return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
+                f"({per_call:.2f} tokens per target pass)")
+    why = (" and the models run in float32 here: on this host a forest pass costs more than a "
+           "one-token pass (docs/results.md, 'Speed against beam sampling')"
+           if dtype == "float32" else "")
+    return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
+            f"{per_call:.2f} tokens per target pass{why}")
 
 
 def cmd_generate(args) -> int:

@@ -122,7 +122,7 @@ def make_config(cfg: Dict[str, Any], base_dir=".", where: str = "config", **over
     if not cfg.get("target"):
         raise ValueError(f"{where}: no target model (give target: or models:)")
     cfg.setdefault("name", "bench")
-    cfg.setdefault("dtype", "float32")
+    cfg.setdefault("dtype", "auto")
     cfg.setdefault("max_new_tokens", 64)
     cfg.setdefault("eos", True)
     cfg.setdefault("seed", 0)

@@ -154,7 +154,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     if mesh is not None and cfg.get("profile"):
         raise ValueError("profile: true profiles the single-device program; run it without a mesh")
     if models is None:
-        dtype = jnp.dtype(cfg["dtype"])
+        dtype = cfg["dtype"] if cfg["dtype"] == "auto" else jnp.dtype(cfg["dtype"])
         # every method setting is checked against the model configs before the slow load
         configs = (read_config(cfg["target"], dtype),
                    read_config(cfg["draft"], dtype) if cfg.get("draft") else None)

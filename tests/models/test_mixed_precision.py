@@ -1,0 +1,170 @@
+"""16-bit models: the mixed-precision products, the head stored as rows, and the per-host dtype
+choice (dsbd_jax/models/products.py, kernels.py, host.py)."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import exact_reference as ref
+from dsbd_jax.decoding import common
+from dsbd_jax.models import host, kernels, products
+from dsbd_jax.models import llama as M
+from dsbd_jax.models.vocab import truncate_head, with_prompt_rows
+
+
+def _bf16(a):
+    return jnp.asarray(a, jnp.float32).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_mixed_products_accumulate_in_float32(m):
+    """Both forms of a bfloat16 kernel give the float64 product of the bfloat16-rounded operands
+    to float32 rounding (a bfloat16 accumulation would be ~1e-2 off), as float32."""
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, 96)).astype(np.float32)
+    w = (rng.standard_normal((96, 40)) / 10).astype(np.float32)
+    wb = _bf16(w)
+    want = np.asarray(_bf16(x), np.float64) @ np.asarray(wb, np.float64)
+    cols = products.mixed_cols(jnp.asarray(x), wb)
+    rows = products.mixed_rows(jnp.asarray(x), wb.T)
+    for got in (cols, rows, products.project(jnp.asarray(x), wb),
+                products.project_t(jnp.asarray(x), wb.T.reshape(2, 20, 96))):
+        assert got.dtype == jnp.float32 and got.shape == (m, 40)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+    assert products.is_mixed(wb) and not products.is_mixed(jnp.asarray(w))
+
+
+def test_one_row_is_padded_to_two_and_gives_the_same_row():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
+    w = _bf16(rng.standard_normal((32, 64)) / 8)
+    two = np.asarray(products.mixed_rows(x, w))
+    one = np.asarray(products.mixed_rows(x[:1], w))
+    np.testing.assert_array_equal(one, two[:1])
+    hlo = jax.jit(products.mixed_rows).lower(x[:1], w).as_text()
+    assert "tensor<2x64xbf16>" in hlo  # the product runs on two rows
+
+
+def test_float32_products_are_unchanged():
+    """A float32 kernel takes the float32 product exactly as before (no cast, no padding)."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((16, 8)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(products.project(x, w)),
+                                  np.asarray(jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())))))
+
+
+def _toy16():
+    config, params = ref.toy_model(vocab=12, seed=3, layers=2, dtype="bfloat16")
+    return config, M.convert_layout(params, "per_layer")
+
+
+def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
+    """Projections transposed and the head as ``[V, d]`` rows: the plain bfloat16 model's
+    logits and keys to float rounding, for one token, a batch, a forest; the activations and
+    logits are float32, the returned keys bfloat16 (the cache's dtype)."""
+    config, params = _toy16()
+    widths = {p: n for p, (_, n) in kernels.projection_shapes(config).items()}
+    rows = kernels.transpose_head(kernels.transpose_params(params, widths))
+    assert rows["lm_head"]["kernel_t"].shape == (12, 16) and kernels.head_transposed(rows)
+    ref.assert_same_forward(config, params, [rows], [(1, 1), (3, 1), (1, 5)])
+    from dsbd_jax.models.cache import empty_cache
+    out, kv = M.forward(config, rows, jnp.zeros((1, 2), jnp.int32),
+                        jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool),
+                        empty_cache(config, 1, 0))
+    assert out.dtype == jnp.float32 and kv.k.dtype == jnp.bfloat16
+    # back to [in, out] exactly; the parameter check accepts both forms
+    back = kernels.unblock_params(rows)
+    assert not kernels.head_transposed(back)
+    np.testing.assert_array_equal(np.asarray(back["lm_head"]["kernel"]),
+                                  np.asarray(params["lm_head"]["kernel"]))
+    common.check_params("target", config, rows)
+    common.check_params("target", config, back)
+    with pytest.raises(ValueError, match="lm_head"):
+        bad = dict(rows, lm_head={"kernel_t": rows["lm_head"]["kernel_t"][:-1]})
+        common.check_params("target", config, bad)
+
+
+def test_truncated_head_as_rows_with_prompt_rows():
+    """A truncated 16-bit head stored as ``[N, d]`` rows gives the logits of the ``[d, N]``
+    head, also after its prompt rows are added."""
+    config, params = _toy16()
+    head = truncate_head(params, config, [0, 2, 5, 7], prompt_rows=True)
+    rows = kernels.transpose_head(head)
+    assert rows["vocab_head"]["kernel_t"].shape == (4, 16)
+    common.check_params("draft", config, rows)
+    prompt = jnp.asarray([[3, 9, 2]], jnp.int32)
+    a, b = with_prompt_rows(head, prompt), with_prompt_rows(rows, prompt)
+    assert b["vocab_head"]["kernel_t"].shape == (7, 16)
+    ids = np.asarray([[1, 4, 6]], np.int32)
+    np.testing.assert_allclose(np.asarray(M.logits(config, b, ids)),
+                               np.asarray(M.logits(config, a, ids)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(kernels.untranspose_head(rows)["vocab_head"]["kernel"]),
+                                  np.asarray(head["vocab_head"]["kernel"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-host dtype choice
+def test_pick_dtype():
+    f32 = {1: 1.0, 4: 1.0, 16: 1.0}
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.8, 4: 0.8, 16: 0.8}}) == "bfloat16"
+    # faster in total but 10% slower at one M: float32
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.5, 4: 0.5, 16: 1.1}}) == "float32"
+    # within the margin everywhere but not GAIN faster: float32
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.95, 4: 0.95, 16: 0.95}}) == "float32"
+
+
+def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
+    config, _ = ref.toy_model(vocab=12)
+    monkeypatch.setenv(host.ENV, "bfloat16")
+    assert host.dtype_choice(config) == ("bfloat16", "$DSBD_JAX_DTYPE=bfloat16")
+    monkeypatch.setenv(host.ENV, "fp8")
+    with pytest.raises(ValueError, match="DSBD_JAX_DTYPE"):
+        host.choose_dtype(config)
+    monkeypatch.delenv(host.ENV)
+    assert host.choose_dtype(config) == "float32"  # a tiny model: not measured
+    assert not host.cache_file().exists()
+    # a model past MIN_ELEMENTS is measured once, then read from the cache
+    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
+    host._choose_dtype.cache_clear()
+    host._logged.cache_clear()
+    calls = []
+    real = host.measure_dtypes
+
+    def counted(din, dout, **kw):
+        calls.append((din, dout))
+        return real(din, dout, rows=(1, 4), layers=1, repeats=1)
+    monkeypatch.setattr(host, "measure_dtypes", counted)
+    mid = config.replace(hidden_size=128, intermediate_size=256)
+    first = host.choose_dtype(mid)
+    assert first in host.DTYPES and calls == [(128, 256)]
+    stored = json.loads(host.cache_file().read_text())
+    (entry,) = stored.values()
+    assert entry["choice"] == first and set(entry["min_ms"]) == {"float32", "bfloat16"}
+    host._choose_dtype.cache_clear()
+    host._logged.cache_clear()
+    assert host.choose_dtype(mid) == first and len(calls) == 1  # read back, not measured
+    plan = host.plan(mid, "bfloat16", form="transposed")
+    assert plan.dtype == "bfloat16" and plan.head_transposed
+    assert not host.plan(mid, "float32", form="transposed").head_transposed
+    host._choose_dtype.cache_clear()
+    host._logged.cache_clear()
+
+
+def test_load_model_auto_dtype(tmp_path):
+    """``load_model``'s default ``dtype="auto"`` records its choice (a tiny model: float32);
+    a given dtype is used as given."""
+    from dsbd_jax.models.loading import load_model, read_config
+    ref.hf_tiny_llama(tmp_path, seed=0)
+    m = load_model(tmp_path, tokenizer=False, progress=False)
+    assert m.info["dtype"] == "float32" and m.config.dtype == "float32"
+    assert "small model" in m.info["dtype_why"]
+    assert read_config(tmp_path, "auto").dtype == "float32"
+    b = load_model(tmp_path, jnp.bfloat16, tokenizer=False, progress=False)
+    assert b.info["dtype"] == "bfloat16" and b.info["dtype_why"] == "given"
