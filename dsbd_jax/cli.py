@@ -457,7 +457,7 @@ def cmd_plot(args) -> int:
     path = Path(args.records)
     if path.is_dir():
         path = path / "records.jsonl"
-    for p in plot_results(path, args.out, quality=args.quality):
+    for p in plot_results(path, args.out, quality=args.quality, log=print):
         print(f"wrote {p}")
     return 0
 
