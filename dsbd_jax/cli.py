@@ -8,11 +8,12 @@
     dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
     dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
     dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
-    dsbd distill configs/distill_qwen.yaml       # distil the draft towards the target (resumable)
+    dsbd distill configs/distill_qwen_fkl.yaml   # distil the draft towards the target (resumable)
 
-``generate`` shows a progress bar per decoder iteration (tokens, tokens/s and, for DSBD, the
-accepted draft candidates per verified layer) and prints every beam with its target
-log-likelihood. Settings are checked against the models' configs before any weights are loaded.
+``generate`` shows a progress bar per decoder iteration (new tokens, elapsed time, iterations,
+target calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then
+prints the run's tokens/s and every beam with its target log-likelihood. Settings are checked
+against the models' configs before any weights are loaded.
 Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
 """
 
@@ -36,11 +37,29 @@ class CLIError(Exception):
     pass
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (``(default: 32)``), unless the default is None,
+    False (a flag), an empty list, or the help already names it (``%(default)s``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if (d is None or d is False or d is argparse.SUPPRESS or (isinstance(d, list) and not d)
+                or "%(default)" in text):
+            return text
+        if action.option_strings or action.nargs in ("?", "*"):
+            text += " (default: %(default)s)"
+        return text
+
+
 def _add_settings(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=10, help="0 = off (the paper uses 10)")
-    p.add_argument("--top-p", type=float, default=0.8, help="1 = off (the paper uses 0.8)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=10,
+                   help="keep the k most likely tokens, 0 = off (the paper uses 10)")
+    p.add_argument("--top-p", type=float, default=0.8,
+                   help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
     p.add_argument("--beams", type=int, default=2, help="beam width W (beam/dsbd output width)")
     p.add_argument("--gamma", type=int, default=2, help="draft look-ahead (layers)")
     p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
@@ -48,13 +67,15 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
     p.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
     p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the models' dtype: auto = bfloat16 where this host runs it faster "
                         "than float32 (measured once, cached), else float32")
 
 
+MODEL_HELP = "target model: preset name, HF directory, .gguf or hub id org/name[@revision]"
+DRAFT_HELP = "draft model (the speculative methods): same forms as --target"
 MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
              "tensor parallel over 'model'; data defaults to the remaining devices); "
              "see dsbd_jax.parallel")
@@ -74,20 +95,22 @@ def _mesh(text):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dsbd", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="DSBD vs beam sampling on the default offline model pair")
-    demo.add_argument("--target", default=DEFAULT_TARGET)
-    demo.add_argument("--draft", default=DEFAULT_DRAFT)
+    # every subcommand's --help shows each option's default (HelpFormatter)
+    add = lambda name, **kw: sub.add_parser(name, formatter_class=HelpFormatter, **kw)  # noqa: E731
+    demo = add("demo", help="DSBD vs beam sampling on the default offline model pair")
+    demo.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    demo.add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
     demo.add_argument("--prompt", action="append", default=None,
                       help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
     _add_settings(demo)
-    gen = sub.add_parser("generate", help="generate with one method and print the beams")
-    gen.add_argument("--target", default=DEFAULT_TARGET,
-                     help="preset name, HF directory, .gguf or hub id org/name[@revision]")
-    gen.add_argument("--draft", default=DEFAULT_DRAFT)
-    gen.add_argument("--prompt", action="append", required=True)
-    gen.add_argument("--method", choices=METHODS, default="dsbd")
+    gen = add("generate", help="generate with one method and print the beams")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    gen.add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
+    gen.add_argument("--prompt", action="append", required=True,
+                     help="a user message (repeatable: one batch of prompts)")
+    gen.add_argument("--method", choices=METHODS, default="dsbd", help="the decoding method")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--mesh", default=None, help=MESH_HELP)
@@ -99,32 +122,34 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --draft-head-rows: also propose the prompt's own tokens (keeps "
                           "the full head in memory)")
     _add_settings(gen)
-    bench = sub.add_parser("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
+    bench = add("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
     bench.add_argument("--out", default=None, help="output folder (default results/<config name>)")
     bench.add_argument("--models", default=None, help="a model-pair file (configs/models/*.yaml)")
     bench.add_argument("--target", default=None, help="override the config's target")
     bench.add_argument("--draft", default=None, help="override the config's draft")
     bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
-    bench.add_argument("--max-new-tokens", type=int, default=None)
+    bench.add_argument("--max-new-tokens", type=int, default=None,
+                       help="override the config's new tokens per prompt")
     bench.add_argument("--batch-size", type=int, default=None,
                        help="prompts per call (default: the config's batch_size, else 4 on CPU, "
                             "16 on GPU/TPU)")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.add_argument("--mesh", default=None, help=MESH_HELP)
-    plot = sub.add_parser("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
+    plot = add("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
     plot.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
     plot.add_argument("--out", default=None, help="output folder (default: next to the records)")
     plot.add_argument("--quality", default="loglik_per_token",
                       help="y axis: loglik_per_token, perplexity or a task metric such as "
                            "humaneval/pass@1")
-    summ = sub.add_parser("summary", help="the summary of a bench run, finished or not "
+    summ = add("summary", help="the summary of a bench run, finished or not "
                                           "(rewrites its summary.json)")
     summ.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
     summ.add_argument("--markdown", action="store_true", help="a Markdown table")
-    voc = sub.add_parser("vocab", help="token-frequency tables for truncated draft heads")
+    voc = add("vocab", help="token-frequency tables for truncated draft heads")
     vsub = voc.add_subparsers(dest="vocab_command", required=True)
-    vb = vsub.add_parser("build", help="count tokens of a corpus or of a model's generations")
+    vb = vsub.add_parser("build", help="count tokens of a corpus or of a model's generations",
+                         formatter_class=HelpFormatter)
     vb.add_argument("--model", default=DEFAULT_DRAFT,
                     help="the model the table is for: its tokenizer and vocabulary, and the "
                          "default place of the table (beside it)")
@@ -143,25 +168,28 @@ def build_parser() -> argparse.ArgumentParser:
     vb.add_argument("--prompts", default=None, help="prompts file, one prompt per line")
     vb.add_argument("--prompt-task", action="append", default=[],
                     help="chat prompts of a task slice NAME:START:STOP (repeatable)")
-    vb.add_argument("--max-new-tokens", type=int, default=128)
-    vb.add_argument("--seed", type=int, default=0)
+    vb.add_argument("--max-new-tokens", type=int, default=128,
+                    help="new tokens per prompt with --generate-with")
+    vb.add_argument("--seed", type=int, default=0, help="PRNG seed of --generate-with")
     vb.add_argument("--out", default=None, help="table path (default: beside the model, see "
                     "dsbd_jax.models.vocab.table_path)")
-    vs = vsub.add_parser("show", help="a table's size and its coverage at several N")
-    vs.add_argument("table")
+    vs = vsub.add_parser("show", help="a table's size and its coverage at several N",
+                         formatter_class=HelpFormatter)
+    vs.add_argument("table", help="a table from `dsbd vocab build` (.npz)")
     vs.add_argument("--n", type=int, action="append", default=None,
                     help="head sizes to report (default 16384, 32768, 65536)")
-    dis = sub.add_parser("distill", help="distil the draft towards the target (resumable)")
-    dis.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen.yaml")
-    dis.add_argument("--no-progress", action="store_true")
+    dis = add("distill", help="distil the draft towards the target (resumable)")
+    dis.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen_fkl.yaml "
+                                    "(the README's recipe)")
+    dis.add_argument("--no-progress", action="store_true", help="no progress bar")
     dis.add_argument("--stop-after", type=int, default=None,
                      help="stop after N steps of this call (checkpointed; run again to go on)")
-    tiny = sub.add_parser("make-tiny-pair",
+    tiny = add("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "
                                "needs torch")
     tiny.add_argument("directory", nargs="?", default="/tmp/dsbd_tiny",
-                      help="output folder (default /tmp/dsbd_tiny, what configs/tiny.yaml reads)")
+                      help="output folder (configs/tiny.yaml reads /tmp/dsbd_tiny)")
     return parser
 
 
@@ -462,7 +490,7 @@ def cmd_plot(args) -> int:
     path = Path(args.records)
     if path.is_dir():
         path = path / "records.jsonl"
-    for p in plot_results(path, args.out, quality=args.quality):
+    for p in plot_results(path, args.out, quality=args.quality, log=print):
         print(f"wrote {p}")
     return 0
 

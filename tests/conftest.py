@@ -27,6 +27,19 @@ def _free_compiled_programs():
         gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _memory_slot(request):
+    """Every test holds a slot of the suite's memory lock while it runs (``memory_lock.py``): the
+    real-model tests (marked ``slow``, GBs each) exclusively, so that no test of the other lane
+    of ``scripts/test.sh`` runs beside them; the others shared."""
+    from pathlib import Path
+
+    from memory_lock import memory_slot
+    heavy = request.node.get_closest_marker("slow") is not None
+    with memory_slot(Path(__file__).resolve().parents[1], heavy):
+        yield
+
+
 @pytest.fixture(scope="session")
 def torch():
     """``torch`` limited to 1 thread (tiny models: a thread pool only adds overhead) and seeded

@@ -542,7 +542,8 @@ def guard_prompts(prompt_ids, prompt_lengths, vocab_size: int):
     """In-program value checks of a prompt batch: ``checkify.debug_check`` with the host checks'
     messages (active only under ``checkify.checkify``), and ``invalid [B]`` for the output.
     Invalid rows are replaced by a one-token prompt of id 0 so they run harmlessly (their output
-    is blanked by ``mark_invalid``); valid rows are passed through unchanged."""
+    is blanked by ``mark_invalid``); valid rows keep their tokens, their padding set to 0
+    (:func:`mask_padding`). Only tokens within a row's length are checked."""
     B, P = prompt_ids.shape
     len_bad = (prompt_lengths < 1) | (prompt_lengths > P)
     used = jnp.arange(P)[None, :] < prompt_lengths[:, None]
@@ -553,9 +554,19 @@ def guard_prompts(prompt_ids, prompt_lengths, vocab_size: int):
                          jnp.min(jnp.where(used, prompt_ids, vocab_size - 1)),
                          jnp.max(jnp.where(used, prompt_ids, 0)))
     invalid = len_bad | ids_bad
-    prompt_ids = jnp.where(invalid[:, None], 0, prompt_ids)
+    prompt_ids = mask_padding(jnp.where(invalid[:, None], 0, prompt_ids), prompt_lengths)
     prompt_lengths = jnp.where(invalid, 1, prompt_lengths)
     return invalid, prompt_ids, prompt_lengths
+
+
+def mask_padding(prompt_ids, prompt_lengths) -> jax.Array:
+    """``prompt_ids [B, P]`` with every token past its row's length (``prompt_lengths [B]``) set
+    to 0: padding is never read, whatever it holds (ids >= vocab_size, negative, huge), so a
+    prompt padded with anything runs exactly as the same prompt padded with 0. Jittable; every
+    core calls it (through :func:`guard_prompts`) before any embedding lookup."""
+    P = prompt_ids.shape[1]
+    used = jnp.arange(P)[None, :] < prompt_lengths[:, None]
+    return jnp.where(used, prompt_ids, 0).astype(prompt_ids.dtype)
 
 
 def mark_invalid(out: GenerateOutput, invalid: jax.Array, pad_id: int) -> GenerateOutput:

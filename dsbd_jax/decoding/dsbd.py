@@ -429,6 +429,7 @@ def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
 
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
+    prompt_ids = common.mask_padding(prompt_ids, prompt_lengths)
     params = common.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     return draft_forest(config, params, prompt_lengths, state)[0]

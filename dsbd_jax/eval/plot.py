@@ -4,7 +4,8 @@ Figure 4: one marker per method setting, and the Pareto fronts of DSBD and of be
     plot_results("results/quick_cpu/records.jsonl")   # CLI: dsbd plot results/quick_cpu
 
 writes ``speed_vs_quality``, ``energy_vs_quality`` and ``width_vs_speed`` (PNG and SVG) next to the
-records, and one ``speed_vs_<quality>`` figure for each other quality figure of the run (the
+records (a figure with nothing to draw, e.g. energy without counters, is not written: ``log``
+says why), and one ``speed_vs_<quality>`` figure for each other quality figure of the run (the
 log-likelihood and each task metric, e.g. ``speed_vs_humaneval_pass1``). Quality points carry
 their 95% intervals (Wilson for task metrics, bootstrap for the log-likelihood). Figures are :class:`matplotlib.figure.Figure` objects saved directly, so pyplot and the
 session's backend (e.g. a notebook's) are never touched. matplotlib is imported only when plotting.
@@ -12,8 +13,9 @@ session's backend (e.g. a notebook's) are never touched. matplotlib is imported 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from dsbd_jax.decoding.methods import label
 from dsbd_jax.eval.records import read_records
@@ -61,13 +63,19 @@ def pareto_front(points: Sequence[Tuple[float, float]], maximize_x: bool = True)
 
 
 def plot_results(records_path, out_dir=None, quality: str = "loglik_per_token",
-                 formats: Sequence[str] = ("png", "svg")) -> List[Path]:
-    """Write the three figures of a results file in every format; return the written paths.
+                 formats: Sequence[str] = ("png", "svg"),
+                 log: Optional[Callable[[str], None]] = None) -> List[Path]:
+    """Write the figures of a results file in every format; return the written paths.
 
     ``quality`` (the y axis): ``"loglik_per_token"``, ``"perplexity"`` or a task metric of the
     summary's ``task_metrics`` (e.g. ``"humaneval/pass@1"``). ``out_dir`` defaults to the records
-    file's folder. ``ValueError`` if the file has no sample lines or no setting has ``quality``.
+    file's folder. A figure with nothing to draw (energy without a reading, the width figure
+    without DSBD) is not written (an earlier run's file of that name is removed): ``log``
+    (default: INFO on the ``dsbd_jax`` logger) gets one line saying why, e.g.
+    ``"energy_vs_quality: not drawn: energy unavailable: no RAPL counter"``.
+    ``ValueError`` if the file has no sample lines or no setting has ``quality``.
     """
+    log = logging.getLogger("dsbd_jax").info if log is None else log
     try:
         from matplotlib import rc_context
     except ImportError:
@@ -99,6 +107,11 @@ def plot_results(records_path, out_dir=None, quality: str = "loglik_per_token",
     paths = []
     with rc_context({"svg.fonttype": "none"}):  # SVG texts stay text (searchable)
         for stem, fig in figures.items():
+            if isinstance(fig, str):  # nothing to draw: say why instead of an empty frame
+                log(f"{stem}: not drawn: {fig}")
+                for fmt in formats:
+                    (out_dir / f"{stem}.{fmt}").unlink(missing_ok=True)
+                continue
             for fmt in formats:
                 path = out_dir / f"{stem}.{fmt}"
                 fig.savefig(path, format=fmt, dpi=150)
@@ -144,11 +157,44 @@ def _new_figure(title: str) -> Tuple[Figure, Axes]:
     return fig, ax
 
 
-def _message(ax: Axes, text: str) -> None:
-    import textwrap
-    ax.text(0.5, 0.5, textwrap.fill(text, 70), ha="center", va="center", transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
+# two notes of one kind closer than this (fractions of the points' x and y ranges) are written
+# as one ("W=2, W=3"): side by side they would overprint each other ("W=32")
+NOTE_NEAR = (0.08, 0.05)
+
+
+def spans(points: Sequence[Point]) -> Tuple[float, float]:
+    """The x and y ranges of a figure's points (1 where all are equal)."""
+    span = lambda vals: (max(vals) - min(vals)) or 1.0  # noqa: E731
+    return span([p[1] for p in points]), span([p[2] for p in points])
+
+
+def note_groups(points: Sequence[Point], ranges: Tuple[float, float],
+                near: Tuple[float, float] = NOTE_NEAR) -> List[Tuple[float, float, str]]:
+    """The notes to write for ``points`` (all of one kind): ``[(x, y, text)]``, one per group of
+    points within ``near`` of each other (chained; as fractions of the figure's x and y
+    ``ranges``, :func:`spans`), at the group's top-most point, its notes joined in the order of
+    ``points`` (the run's order of settings)."""
+    pts = [p for p in points if _note(p[0])]
+    if not pts:
+        return []
+    sx, sy = ranges
+    group = list(range(len(pts)))  # union-find over close pairs
+
+    def root(i):
+        while group[i] != i:
+            i = group[i]
+        return i
+    for i in range(len(pts)):
+        for j in range(i + 1, len(pts)):
+            if (abs(pts[i][1] - pts[j][1]) <= near[0] * sx
+                    and abs(pts[i][2] - pts[j][2]) <= near[1] * sy):
+                group[root(j)] = root(i)
+    out = []
+    for r in sorted({root(i) for i in range(len(pts))}):
+        members = [p for i, p in enumerate(pts) if root(i) == r]
+        top = max(members, key=lambda p: p[2])
+        out.append((top[1], top[2], ", ".join(_note(p[0]) for p in members)))
+    return out
 
 
 def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = None,
@@ -156,6 +202,7 @@ def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = No
     """One marker per point (styled by kind, annotated with ``_note``), with its 95% interval
     as a vertical bar where ``quality`` has one; with ``front_sign`` (+1: higher y better, -1:
     lower) the Pareto fronts of ``_FRONT_KINDS`` as steps (through the point estimates)."""
+    ranges = spans(points) if points else (1.0, 1.0)
     by_kind: Dict[str, List[Point]] = {}
     for p in points:
         by_kind.setdefault(_kind(p[0]), []).append(p)
@@ -169,10 +216,9 @@ def _scatter(ax: Axes, points: Sequence[Point], front_sign: Optional[float] = No
                 ax.errorbar([x], [y], yerr=[[max(y - iv[0], 0.0)], [max(iv[1] - y, 0.0)]],
                             color=colour, alpha=0.35,
                             capsize=2, linewidth=1, zorder=2)
-        for row, x, y in pts:
-            if _note(row):
-                ax.annotate(_note(row), (x, y), xytext=(4, 4), textcoords="offset points",
-                            fontsize=6, color=colour)
+        for x, y, text in note_groups(pts, ranges):
+            ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points",
+                        fontsize=6, color=colour)
         if front_sign is not None and kind in _FRONT_KINDS:
             front = [pts[i] for i in pareto_front([(x, front_sign * y) for _, x, y in pts],
                                                   maximize_x)]
@@ -201,26 +247,27 @@ def _speed_figure(rows: Sequence[Row], quality: str, title: str) -> Figure:
     return fig
 
 
-def _energy_figure(rows: Sequence[Row], quality: str, title: str, header: Row) -> Figure:
-    fig, ax = _new_figure(f"{title}: energy vs quality")
+def _energy_figure(rows: Sequence[Row], quality: str, title: str,
+                   header: Row) -> Union[Figure, str]:
+    """The figure, or why there is none (no setting with a reading on every sample)."""
     points = [(r, r["joules_per_token"], q) for r in rows
               if r["joules_per_token"] is not None and (q := _quality_of(r, quality)) is not None]
     if not points:
         reason = header.get("energy", {}).get("reason")
-        _message(ax, f"energy unavailable: {reason or 'no setting has a reading on every sample'}")
-        return fig
+        return f"energy unavailable: {reason or 'no setting has a reading on every sample'}"
+    fig, ax = _new_figure(f"{title}: energy vs quality")
     ax.set_xlabel("joules / token (lower is better)")
     _scatter(ax, points, _quality_axis(ax, quality), maximize_x=False)
     return fig
 
 
-def _width_figure(rows: Sequence[Row], title: str) -> Figure:
-    fig, ax = _new_figure(f"{title}: DSBD accepted width vs speed")
+def _width_figure(rows: Sequence[Row], title: str) -> Union[Figure, str]:
+    """The figure, or why there is none (no DSBD setting with an accepted width)."""
     points = [(r, r["mean_accepted_width"], r["tokens_per_s"]) for r in rows
               if r["method"] == "dsbd" and r["mean_accepted_width"] is not None]
     if not points:
-        _message(ax, "no DSBD settings (with an accepted width) in this run")
-        return fig
+        return "no DSBD settings (with an accepted width) in this run"
+    fig, ax = _new_figure(f"{title}: DSBD accepted width vs speed")
     ax.set_xlabel("mean accepted width (accepted candidates / verified layer)")
     ax.set_ylabel("tokens / s")
     _scatter(ax, points)

@@ -28,11 +28,13 @@ The modules below this one import in one direction only: ``checkpoint`` <- ``hf`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
+import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models.checkpoint import LoadedModel, notice
@@ -129,6 +131,24 @@ def load_tokenizer(source, revision: Optional[str] = None):
     return tokenizer_from_gguf(where) if has_tok else None
 
 
+# a step of a load that takes at least this long names itself with its time (``timed_step``)
+SLOW_STEP_S = 0.5
+
+
+@contextlib.contextmanager
+def timed_step(what: str, progress: bool, result=lambda: None):
+    """Time one step of a load; if it takes ``SLOW_STEP_S`` or more, say ``"<what> in X s"``
+    (:func:`notice`: stderr with ``progress``, and INFO). ``result()`` gives the arrays the step
+    made: they are waited for inside the step, so jax's asynchronous work is timed where it is
+    caused (not in the first generation)."""
+    t0 = time.perf_counter()
+    yield
+    jax.block_until_ready(result())
+    dt = time.perf_counter() - t0
+    if dt >= SLOW_STEP_S:
+        notice(f"{what} in {dt:.1f} s", progress)
+
+
 def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                cache_dir: Optional[Union[str, os.PathLike]] = None,
                progress: bool = True, cache_params: Optional[bool] = None,
@@ -206,11 +226,14 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                         progress=progress, cache_params=cache_params, revision=revision)
+    params = lambda: model.params  # noqa: E731
     if layout == "per_layer":
-        unstack_layers_(model.params)
+        with timed_step("split the stacked layers into per-layer arrays", progress, params):
+            unstack_layers_(model.params)
     model.info["untied_head"] = bool(untie_head and model.config.tie_word_embeddings)
     if untie_head:
-        model.params, model.config = untie(model.params, model.config)
+        with timed_step("gave the tied head its own kernel", progress, params):
+            model.params, model.config = untie(model.params, model.config)
     if head_rows is not None:
         table = Path(vocab_table) if vocab_table is not None else find_table(source, cache_dir)
         counts, _ = load_table(table)
@@ -218,7 +241,9 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             raise ValueError(f"{table} counts {counts.shape[0]} tokens, the model has "
                              f"{model.config.vocab_size}")
         rows = top_rows(counts, head_rows, keep=model.config.eos_token_id or ())
-        model.params = truncate_head(model.params, model.config, rows, prompt_rows=prompt_rows)
+        with timed_step(f"truncated the vocabulary head to {head_rows} rows", progress, params):
+            model.params = truncate_head(model.params, model.config, rows,
+                                         prompt_rows=prompt_rows)
         model.info.update(head_rows=int(head_rows), vocab_table=str(table),
                           prompt_rows=bool(prompt_rows))
     if kernel_blocks == "auto":
@@ -238,15 +263,18 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                    f"{time.perf_counter() - t0:.0f} s: {form} (cached; "
                    f"DSBD_JAX_KERNEL_FORM=plain|transposed forces one)", progress)
         if form == TRANSPOSED:
-            model.params = transpose_params(model.params, transposed_widths(model.config))
-            if jnp.dtype(dtype).itemsize == 2:  # 16-bit: the head as [V, d] rows too
-                model.params = transpose_head(model.params)
+            with timed_step("stored the projection kernels transposed (faster few-row products "
+                            "on this host; DSBD_JAX_KERNEL_FORM=plain skips it)", progress, params):
+                model.params = transpose_params(model.params, transposed_widths(model.config))
+                if jnp.dtype(dtype).itemsize == 2:  # 16-bit: the head as [V, d] rows too
+                    model.params = transpose_head(model.params)
         kernel_blocks = None
     elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
         raise ValueError(f"kernel_blocks must be 'measured', 'transposed', 'auto', 'halves', "
                          f"None or {{projection: width}}, got {kernel_blocks!r}")
     if kernel_blocks:
-        model.params = block_params(model.params, kernel_blocks)
+        with timed_step("blocked the projection kernels", progress, params):
+            model.params = block_params(model.params, kernel_blocks)
     model.info["kernel_blocks"] = dict(kernel_blocks or {})
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)

@@ -132,7 +132,8 @@ def test_bad_prompts_inside_a_user_jit(models, method):
 
 def test_guard_marks_what_the_host_check_refuses():
     """``guard_prompts`` flags exactly the rows ``check_prompt_batch`` refuses (padding past a
-    row's length may hold anything) and leaves valid rows as they were."""
+    row's length may hold anything) and leaves valid rows' prompts as they were, their padding
+    set to 0 (issue 34: padding is never read)."""
     rng = np.random.default_rng(0)
     for _ in range(50):
         ids = rng.integers(-2, V + 2, size=(1, 4)).astype(np.int32)
@@ -146,7 +147,7 @@ def test_guard_marks_what_the_host_check_refuses():
                                                           jax.numpy.asarray(lens), V)
         assert bool(invalid[0]) == refused, (ids, lens)
         if not refused:
-            np.testing.assert_array_equal(new_ids, ids)
+            np.testing.assert_array_equal(new_ids, np.where(np.arange(4) < lens[:, None], ids, 0))
             np.testing.assert_array_equal(new_lens, lens)
 
 

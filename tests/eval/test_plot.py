@@ -123,11 +123,18 @@ def test_svg_texts(full_run):
 
 
 @needs_mpl
-def test_no_energy(tmp_path):
-    plot_results(write_records(tmp_path / "records.jsonl", energy=False))
-    energy = svg_text(tmp_path / "energy_vs_quality.svg")
-    assert "energy unavailable: no counter in the test" in energy
-    assert (tmp_path / "energy_vs_quality.png").read_bytes()[:8] == PNG_MAGIC
+def test_no_energy_draws_no_empty_frame_and_says_why(tmp_path):
+    """Issue 34: without energy readings there is no energy figure (an empty frame with a sentence
+    before): the log says why, and an earlier run's figure of that name is removed."""
+    path = write_records(tmp_path / "records.jsonl")
+    plot_results(path, formats=("svg",))
+    assert (tmp_path / "energy_vs_quality.svg").exists()
+    lines = []
+    paths = plot_results(write_records(path, energy=False), log=lines.append)
+    assert lines == ["energy_vs_quality: not drawn: energy unavailable: no counter in the test"]
+    assert not list(tmp_path.glob("energy_vs_quality.*"))
+    assert sorted(p.stem for p in paths) == sorted(
+        2 * [s for s in STEMS if s != "energy_vs_quality"])
 
 
 @needs_mpl
@@ -144,9 +151,38 @@ def test_task_metric_and_perplexity_quality(tmp_path):
 
 @needs_mpl
 def test_no_dsbd(tmp_path):
+    lines = []
     plot_results(write_records(tmp_path / "records.jsonl", methods={"beam", "spec"}),
-                 formats=("svg",))
-    assert "no DSBD settings" in svg_text(tmp_path / "width_vs_speed.svg")
+                 formats=("svg",), log=lines.append)
+    assert lines == ["width_vs_speed: not drawn: no DSBD settings (with an accepted width) in "
+                     "this run"]
+    assert not (tmp_path / "width_vs_speed.svg").exists()
+
+
+def overlapping_texts(fig):
+    """Pairs of the axes' texts (the notes) whose rendered boxes overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    texts = fig.axes[0].texts
+    boxes = [t.get_window_extent(canvas.get_renderer()) for t in texts]
+    return [(texts[i].get_text(), texts[j].get_text()) for i in range(len(boxes))
+            for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+@needs_mpl
+def test_notes_of_nearby_points_do_not_collide():
+    """Issue 34: beam W=2 and W=3 at almost the same speed and quality drew "W=2" over "W=3"
+    ("W=32"); near points of one kind get one note ("W=2, W=3"), and no two notes overlap."""
+    from dsbd_jax.eval.plot import _speed_figure
+    rows = [{"method": "beam", "setting": {"num_beams": w}, "tokens_per_s": tps,
+             "loglik_per_token": ll, "task_metrics": {}}
+            for w, tps, ll in ((1, 30.0, -1.2), (2, 18.0, -0.90), (3, 17.6, -0.895),
+                               (4, 9.0, -0.7))]
+    fig = _speed_figure(rows, "loglik_per_token", "t")
+    notes = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert notes == ["W=1", "W=2, W=3", "W=4"], notes
+    assert overlapping_texts(fig) == []
 
 
 @needs_mpl

@@ -520,3 +520,20 @@ def test_preset_load_is_visible_without_logging(fake_preset, capfd):
     err = capfd.readouterr().err
     assert "converting" not in err
     assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1\)", err), err
+
+
+def test_every_slow_step_of_a_load_names_itself(tmp_path, capfd, monkeypatch):
+    """Issue 34: a cached 1.5B load said "loaded preset in 3.1 s" and then "loaded target in
+    20.3 s": the steps after the preset (per-layer split, transposed kernels, head changes) now
+    name themselves with their time when they take ``SLOW_STEP_S`` or more (0 here, so that every
+    step of a tiny load shows)."""
+    from dsbd_jax.models import loading
+    write_hf(tmp_path / "m", hf_config(), hf_tensors(seed=0))
+    monkeypatch.setattr(loading, "SLOW_STEP_S", 0.0)
+    load_model(tmp_path / "m", layout="per_layer", kernel_blocks="transposed")
+    err = capfd.readouterr().err
+    assert re.search(r"dsbd_jax: split the stacked layers into per-layer arrays in [0-9.]+ s", err)
+    assert re.search(r"dsbd_jax: stored the projection kernels transposed .* in [0-9.]+ s", err)
+    monkeypatch.setattr(loading, "SLOW_STEP_S", 1e9)  # none is that slow: no step line
+    load_model(tmp_path / "m", layout="per_layer", kernel_blocks="transposed")
+    assert "per-layer arrays in" not in capfd.readouterr().err

@@ -1,0 +1,102 @@
+"""Issue 34: ``scripts/test.sh``'s lanes (``scripts/lanes.sh``) stream each lane's output as it
+happens, every line prefixed by its lane, with a line per finished folder, and end with the summed
+line and the suite's exit status. Run on tiny fake test folders (``DSBD_TEST_LANES``), no jax."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LANES = REPO / "scripts" / "lanes.sh"
+
+# lane A's first test passes at once; its second waits until the reader has seen the first one's
+# line (the file "seen" appears): so it passes only if the line reached the reader while lane A
+# still ran, and fails after 30 s if the output were held back until the lane ends
+STREAMED = '''
+import os, time
+
+def test_first():
+    pass
+
+def test_waits_until_the_first_line_is_seen():
+    deadline = time.time() + 30
+    while not os.path.exists(os.environ["SEEN_FILE"]):
+        assert time.time() < deadline, "lane A's first line never reached the reader"
+        time.sleep(0.05)
+'''
+MIXED = '''
+import pytest
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert False
+
+@pytest.mark.skip(reason="fake")
+def test_skipped():
+    pass
+'''
+
+
+def fake_folders(tmp_path: Path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    a, b = tmp_path / "lane_a", tmp_path / "lane_b"
+    a.mkdir(), b.mkdir()
+    (a / "test_streamed.py").write_text(STREAMED)
+    (b / "test_mixed.py").write_text(MIXED)
+    return a, b
+
+
+def run_lanes(lanes: str, env_extra: dict):
+    """Run lanes.sh; returns ``(lines with their arrival times, exit status)``. Creates
+    ``SEEN_FILE`` as soon as lane A's first test line arrives."""
+    env = {**os.environ, "PY": sys.executable, "DSBD_TEST_LANES": lanes, **env_extra}
+    proc = subprocess.Popen(["bash", str(LANES), "-p", "no:cacheprovider"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append((line.rstrip("\n"), proc.poll() is None))
+        if re.match(r"\[A\] .*test_first PASSED", line) and "SEEN_FILE" in env_extra:
+            Path(env_extra["SEEN_FILE"]).touch()
+    return lines, proc.wait()
+
+
+def test_lanes_stream_prefixed_lines_and_sum_the_folders(tmp_path):
+    a, b = fake_folders(tmp_path)
+    seen = tmp_path / "seen"
+    t0 = time.time()
+    lines, rc = run_lanes(f"{a};{b}", {"SEEN_FILE": str(seen)})
+    text = [t for t, _ in lines]
+    assert rc == 1, text                      # lane B has a failing test
+    assert time.time() - t0 < 30, "lane A's line arrived only when the lane ended"
+    # the streamed line arrived while the lanes still ran, and lane A's waiting test passed
+    first = next(i for i, t in enumerate(text) if re.match(r"\[A\] .*test_first PASSED", t))
+    assert lines[first][1]
+    assert any(re.match(r"\[A\] .*test_waits_until_the_first_line_is_seen PASSED", t)
+               for t in text), text
+    # headers, then only prefixed lines, then the summed line
+    assert text[0] == f"== lane A: {a}" and text[1] == f"== lane B: {b}"
+    body = text[2:-1]
+    assert body and all(t.startswith(("[A] ", "[B] ")) for t in body), text
+    done_a = [t for t in body if t.startswith(f"[A] == done {a}: ")]
+    done_b = [t for t in body if t.startswith(f"[B] == done {b}: ")]
+    assert len(done_a) == 1 and re.fullmatch(r".*: 2 passed in [0-9.]+s \(\d+ s\)", done_a[0])
+    assert len(done_b) == 1 and re.fullmatch(
+        r".*: 1 failed, 1 passed, 1 skipped in [0-9.]+s \(\d+ s\)", done_b[0]), done_b
+    # a lane's lines come in its own order: lane A's folder line after its tests' lines
+    assert text.index(done_a[0]) > first
+    assert text[-1] == "3 passed, 1 failed, 1 skipped"
+
+
+def test_lanes_exit_0_when_every_folder_passes(tmp_path):
+    a, _ = fake_folders(tmp_path)
+    (a / "test_streamed.py").write_text("def test_one():\n    pass\n")
+    lines, rc = run_lanes(f"{a};{a}", {})
+    assert rc == 0
+    assert lines[-1][0] == "2 passed, 0 failed, 0 skipped"
