@@ -7,6 +7,11 @@ W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
 
     .venv/bin/python benchmarks/speed.py --prompts 2 --max-new-tokens 128 --out results/speed.json
 
+``--dtypes float32 bfloat16`` runs the whole table once per dtype, ours (``load_model(dtype=)``:
+bfloat16 weights and cache, mixed-precision products) and transformers (the model in that torch
+dtype) alike, one dtype after the other in the same run; every row records its ``dtype`` and the
+ratios are per dtype (plus ours bfloat16 against ours float32).
+
 For every method: end-to-end tokens/s (prefill included) and decode tokens/s (after the prefill:
 the prompt passes of the models the method runs are timed alone, same bucket, and subtracted),
 target calls per token, the best beam's log-likelihood per token, KV-cache bytes. Ratios of the
@@ -32,7 +37,7 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def jax_part(args):
+def jax_part(args, dtype="float32"):
     from dsbd_jax import eval as bench
     from dsbd_jax.decoding import common
     from dsbd_jax.eval.datasets import benchmark_prompts
@@ -42,8 +47,8 @@ def jax_part(args):
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
-    target = load_model(TARGET)
-    draft = load_model(DRAFT)
+    target = load_model(TARGET, dtype)
+    draft = load_model(DRAFT, dtype)
     texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
     P = common.bucket_length(max(len(p) for p in prompts))
     warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
@@ -78,7 +83,8 @@ def jax_part(args):
                      Decoder("dsbd" if fn is dsbd_generate else
                              "spec" if fn is speculative_sample else
                              "beam" if fn is beam_sample else "sample", fn, cfg), P))
-        rows.append({"impl": "dsbd_jax", "method": name, **r})
+        rows.append({"impl": "dsbd_jax", "method": name, "dtype": dtype, **r})
+    del target, draft
     return texts, prompts, rows
 
 
@@ -99,7 +105,7 @@ import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
-model = AutoModelForCausalLM.from_pretrained(args["dir"], gguf_file=args["file"], dtype=torch.float32)
+model = AutoModelForCausalLM.from_pretrained(args["dir"], gguf_file=args["file"], dtype=getattr(torch, args["dtype"]))
 model.eval()
 rows = []
 prefill = []
@@ -128,18 +134,18 @@ for W in [1] + args["widths"]:
         per.append({"seconds": t, "tokens": int(n), "prefill_s": prefill[i]})
         print(f"  transformers {name} prompt {i}: {n} tokens in {t:.2f} s", flush=True)
     tok = sum(r["tokens"] for r in per); sec = sum(r["seconds"] for r in per)
-    rows.append({"impl": "transformers", "method": name, "tokens_per_s": tok / sec,
+    rows.append({"impl": "transformers", "method": name, "dtype": args["dtype"], "tokens_per_s": tok / sec,
                  "decode_tokens_per_s": tok / (sec - sum(prefill)), "prompts": per})
 print("JSON" + json.dumps(rows))
 """
 
 
-def hf_part(args, prompts):
+def hf_part(args, prompts, dtype="float32"):
     from dsbd_jax.models.presets import ensure_gguf
     path = ensure_gguf(TARGET)
     payload = dict(dir=str(path.parent), file=path.name, widths=list(args.widths), prompts=prompts,
                    n=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p,
-                   threads=os.cpu_count())
+                   threads=os.cpu_count(), dtype=dtype)
     proc = subprocess.run([sys.executable, "-c", HF_SCRIPT, json.dumps(payload)],
                           capture_output=True, text=True)
     sys.stdout.write("\n".join(l for l in proc.stdout.splitlines() if not l.startswith("JSON")) + "\n")
@@ -161,29 +167,63 @@ def main():
     ap.add_argument("--top-p", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="run the table in each dtype (ours and transformers alike)")
     ap.add_argument("--out", default="results/speed.json")
     args = ap.parse_args()
     from dsbd_jax import eval as bench
+    import gc
+    import jax
 
     t0 = time.perf_counter()
-    texts, prompts, rows = jax_part(args)
-    if not args.skip_hf:
-        import gc
-        import jax
+    rows = []
+    for dtype in args.dtypes:
+        texts, prompts, part = jax_part(args, dtype)
+        rows += part
         jax.clear_caches()
         gc.collect()
-        rows += hf_part(args, prompts)
-    ours = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax"}
-    theirs = {r["method"]: r for r in rows if r["impl"] == "transformers"}
+        if not args.skip_hf:
+            rows += hf_part(args, prompts, dtype)
+    ratios = {}
+    for dtype in args.dtypes:
+        ratios.update(dtype_ratios(rows, dtype, prefix="" if len(args.dtypes) == 1
+                                   else f"{dtype}: "))
+    if len(args.dtypes) > 1:
+        ours32 = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax"
+                  and r["dtype"] == "float32"}
+        for r in rows:
+            if r["impl"] == "dsbd_jax" and r["dtype"] != "float32" and r["method"] in ours32:
+                for key in ("tokens_per_s", "decode_tokens_per_s"):
+                    ratios[f"{key}: {r['method']}: ours {r['dtype']} / ours float32"] = (
+                        r[key] / ours32[r["method"]][key])
+    print()
+    bench.print_table(rows, ["impl", "dtype", "method", "tokens_per_s", "decode_tokens_per_s",
+                             "compile_s", "target_calls_per_token", "loglik_per_token",
+                             "kv_cache_bytes"])
+    for k, v in ratios.items():
+        print(f"ratio {k}: {v:.2f}x")
+    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),
+                                "prompt_lengths": [len(p) for p in prompts], "rows": rows,
+                                "ratios": ratios, "wall_s": time.perf_counter() - t0})
+    print(f"wrote {args.out}")
+
+
+def dtype_ratios(rows, dtype, prefix=""):
+    """The table's ratios among the rows of one dtype: ours / transformers per method,
+    speculative / sampling, every DSBD setting against beam sampling W=4 (ours and
+    transformers; single-beam DSBD against speculative)."""
+    ours = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax" and r["dtype"] == dtype}
+    theirs = {r["method"]: r for r in rows if r["impl"] == "transformers"
+              and r["dtype"] == dtype}
     ratios = {}
     for key in ("tokens_per_s", "decode_tokens_per_s"):
         for m, r in theirs.items():
             if m in ours:
-                ratios[f"{key}: {m}: dsbd_jax / transformers"] = ours[m][key] / r[key]
+                ratios[f"{prefix}{key}: {m}: dsbd_jax / transformers"] = ours[m][key] / r[key]
         spec = [m for m in ours if m.startswith("speculative")]
         base = ours.get("sample")
         if spec and base:
-            ratios[f"{key}: {spec[0]} / sample"] = ours[spec[0]][key] / base[key]
+            ratios[f"{prefix}{key}: {spec[0]} / sample"] = ours[spec[0]][key] / base[key]
         for m, r in ours.items():
             if not m.startswith("dsbd"):
                 continue
@@ -193,16 +233,8 @@ def main():
             for peer, side in peers:
                 if peer in side:
                     who = "ours" if side is ours else "transformers"
-                    ratios[f"{key}: {m} / {peer} ({who})"] = r[key] / side[peer][key]
-    print()
-    bench.print_table(rows, ["impl", "method", "tokens_per_s", "decode_tokens_per_s", "compile_s",
-                             "target_calls_per_token", "loglik_per_token", "kv_cache_bytes"])
-    for k, v in ratios.items():
-        print(f"ratio {k}: {v:.2f}x")
-    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),
-                                "prompt_lengths": [len(p) for p in prompts], "rows": rows,
-                                "ratios": ratios, "wall_s": time.perf_counter() - t0})
-    print(f"wrote {args.out}")
+                    ratios[f"{prefix}{key}: {m} / {peer} ({who})"] = r[key] / side[peer][key]
+    return {k: v for k, v in ratios.items()}
 
 
 if __name__ == "__main__":

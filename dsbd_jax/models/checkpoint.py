@@ -161,8 +161,9 @@ def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.
 
     ``get(hf_name, layer)`` returns the tensor ``hf_name`` (``{i}`` replaced by ``layer``) in HF
     layout as a numpy array. Each stacked parameter is assembled on the host, optionally saved
-    as float32 ``<save_dir>/<path>.npy``, converted to ``dtype``, put on the device and
-    dropped from the host before the next one.
+    as ``<save_dir>/<path>.npy`` (float32, or in ``dtype`` when that is a 16-bit float: half the
+    disk; bfloat16 as its 16-bit pattern, :func:`save_host`), converted to ``dtype``, put on the
+    device and dropped from the host before the next one.
     """
     dtype = jnp.dtype(dtype)
     shapes = param_shapes(config)
@@ -188,10 +189,30 @@ def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.
                 host[...] = w
             del w
         if save_dir is not None:
-            np.save(save_dir / f"{path_name(path)}.npy", host)
+            save_host(save_dir / f"{path_name(path)}.npy", host, dtype)
         _set_path(params, path, _to_device(host, dtype))
         del host
     return params
+
+
+def save_host(path: Path, host: np.ndarray, dtype) -> None:
+    """Write a parameter to a ``.npy`` file: float32 for a float32 model, else in the model's
+    16-bit dtype (bfloat16, which numpy's format does not know, as its uint16 bit pattern;
+    :func:`load_host` reads either back)."""
+    dtype = jnp.dtype(dtype)
+    if dtype.itemsize == 2:
+        host = np.asarray(jnp.asarray(host).astype(dtype))
+        if dtype == jnp.bfloat16:
+            host = host.view(np.uint16)
+    else:
+        host = np.asarray(host, np.float32)
+    np.save(path, host)
+
+
+def load_host(path: Path) -> np.ndarray:
+    """A parameter written by :func:`save_host`, memory-mapped (bfloat16 from its bit pattern)."""
+    host = np.load(path, mmap_mode="r")
+    return host.view(jnp.bfloat16) if host.dtype == np.uint16 else host
 
 
 def _to_device(host: np.ndarray, dtype) -> jax.Array:
@@ -227,12 +248,28 @@ def config_from_json(d: Dict[str, Any], dtype: str = "float32") -> ModelConfig:
     return ModelConfig(dtype=dtype, **d)
 
 
+def convert_saved_params(src: Path, dst: Path, config: ModelConfig, dtype) -> Dict[str, Any]:
+    """Parameters saved in ``src`` (float32) written again to ``dst`` in ``dtype``
+    (:func:`save_host`) one at a time, and returned on the device in ``dtype``."""
+    params: Dict[str, Any] = {}
+    for path, shape in param_shapes(config).items():
+        host = load_host(src / f"{path_name(path)}.npy")
+        if tuple(host.shape) != shape:
+            raise ValueError(f"cached {path_name(path)} has shape {host.shape}, expected {shape}; "
+                             f"delete {src} to rebuild it")
+        x = _to_device(host, jnp.dtype(dtype))
+        save_host(dst / f"{path_name(path)}.npy", np.asarray(x), dtype)
+        _set_path(params, path, x)
+        del host
+    return params
+
+
 def load_saved_params(directory: Path, config: ModelConfig, dtype) -> Dict[str, Any]:
     """Parameters written by ``assemble_params(save_dir=...)`` (memory-mapped, one at a time)."""
     shapes = param_shapes(config)
     params: Dict[str, Any] = {}
     for path, shape in shapes.items():
-        host = np.load(directory / f"{path_name(path)}.npy", mmap_mode="r")
+        host = load_host(directory / f"{path_name(path)}.npy")
         if tuple(host.shape) != shape:
             raise ValueError(f"cached {path_name(path)} has shape {host.shape}, expected {shape}; "
                              f"delete {directory} to rebuild it")

@@ -5,7 +5,10 @@ Loading a preset never installs or imports those packages: it finds their files 
 ``importlib.metadata``, concatenates the chunks in part order into
 ``<cache>/<preset>/model.gguf``, checks size and sha256, dequantises it once and caches
 
-* the float32 parameters: ``<cache>/<preset>/params-v1/<param.path>.npy`` + ``config.json``;
+* the parameters in the dtype of the load: float32 in ``<cache>/<preset>/params-v1/`` (one
+  ``<param.path>.npy`` each + ``config.json``), a 16-bit model's in ``params-v1-bfloat16/``
+  (half the disk; built from the float32 cache when that exists, else from the GGUF), so a
+  bfloat16 host keeps only the 16-bit copy (:func:`params_dir_name`);
 * the tokenizer: ``<cache>/<preset>/tokenizer/`` (built from the GGUF once, then
   ``save_pretrained``).
 
@@ -37,7 +40,7 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 
 from dsbd_jax.models.checkpoint import (LoadedModel, config_from_json, config_to_json,
-                                         load_saved_params, notice)
+                                         convert_saved_params, load_saved_params, notice)
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import gguf_config, load_gguf
 
@@ -218,12 +221,22 @@ def ensure_gguf(name: str, cache_dir=None, progress: bool = False, verify: bool 
         return target
 
 
-def _params_ready(directory: Path) -> bool:
-    return (directory / _PARAMS_DIR / "config.json").exists()
+def params_dir_name(dtype_name: str = "float32") -> str:
+    """The folder of a preset's converted parameters for a dtype: float32 (``params-v1``) or a
+    16-bit float (``params-v1-bfloat16``: half the disk; a 16-bit load never reads float32
+    files, a float32 load never gets 16-bit values)."""
+    return _PARAMS_DIR if jnp.dtype(dtype_name).itemsize == 4 else \
+        f"{_PARAMS_DIR}-{jnp.dtype(dtype_name).name}"
 
 
-def _load_cached_config(directory: Path, dtype_name: str) -> ModelConfig:
-    meta = json.loads((directory / _PARAMS_DIR / "config.json").read_text())
+def _params_ready(directory: Path, dtype_name: str = "float32") -> bool:
+    return (directory / params_dir_name(dtype_name) / "config.json").exists()
+
+
+def _load_cached_config(directory: Path, dtype_name: str, folder: str = "") -> ModelConfig:
+    """The config of a parameter cache (``folder``: default the one of ``dtype_name``)."""
+    folder = folder or params_dir_name(dtype_name)
+    meta = json.loads((directory / folder / "config.json").read_text())
     return config_from_json(meta["config"], dtype_name)
 
 
@@ -236,7 +249,7 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
                 cache_params: Optional[bool] = None):
     """Load a preset (building its cache the first time). See the module docstring.
 
-    ``cache_params``: write the float32 parameters to the cache on the first load (default:
+    ``cache_params``: write the parameters (in the load's dtype) to the cache on the first load (default:
     :func:`cache_params_default`); ``False`` dequantises the GGUF on every load instead.
 
     ``LoadedModel.info`` records the cache folder, whether this call built the parameter cache,
@@ -246,35 +259,43 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     preset = get_preset(name)
     directory = preset_dir(name, cache_dir)
     dtype_name = jnp.dtype(dtype).name
+    pdir = params_dir_name(dtype_name)
     info = {"cache_dir": str(directory), "built_cache": False}
     t0 = time.perf_counter()
     params = config = None
     if cache_params is None:
         cache_params = cache_params_default()
-    if not _params_ready(directory):
+    from_f32 = (cache_params and pdir != _PARAMS_DIR and _params_ready(directory)
+                and not _params_ready(directory, dtype_name))
+    if not _params_ready(directory, dtype_name) and not from_f32:
         gguf_path = ensure_gguf(name, cache_dir, progress)
         info["gguf_s"] = time.perf_counter() - t0
-    if not _params_ready(directory) and not cache_params:
+    if not _params_ready(directory, dtype_name) and not cache_params:
         t1 = time.perf_counter()
         loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress)
         params, config = loaded.params, loaded.config
         info["convert_s"] = time.perf_counter() - t1
-    elif not _params_ready(directory):
+    elif not _params_ready(directory, dtype_name):
         with _lock(directory):
-            if not _params_ready(directory):
+            if not _params_ready(directory, dtype_name):
                 notice(f"converting {name} to float parameters (first load; cached in "
-                       f"{directory / _PARAMS_DIR})", progress)
+                       f"{directory / pdir})", progress)
                 t1 = time.perf_counter()
-                tmp = directory / f"{_PARAMS_DIR}.partial-{os.getpid()}"
+                tmp = directory / f"{pdir}.partial-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
                 try:
-                    loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress,
-                                       save_dir=tmp)
-                    meta = {"preset": name, "sha256": preset.sha256,
+                    if from_f32:  # a 16-bit copy of the float32 cache (no dequantising)
+                        config = _load_cached_config(directory, dtype_name, _PARAMS_DIR)
+                        loaded = LoadedModel(config, convert_saved_params(
+                            directory / _PARAMS_DIR, tmp, config, dtype), None, name, {})
+                    else:
+                        loaded = load_gguf(gguf_path, dtype, tokenizer=False,
+                                           progress=progress, save_dir=tmp)
+                    meta = {"preset": name, "sha256": preset.sha256, "dtype": dtype_name,
                             "config": config_to_json(loaded.config)}
                     (tmp / "config.json").write_text(json.dumps(meta, indent=1))
-                    os.replace(tmp, directory / _PARAMS_DIR)
+                    os.replace(tmp, directory / pdir)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
                 params, config = loaded.params, loaded.config
@@ -283,8 +304,8 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
     if params is None:
         t1 = time.perf_counter()
         config = _load_cached_config(directory, dtype_name)
-        notice(f"loading {name} from cached parameters in {directory / _PARAMS_DIR}", progress)
-        params = load_saved_params(directory / _PARAMS_DIR, config, dtype)
+        notice(f"loading {name} from cached parameters in {directory / pdir}", progress)
+        params = load_saved_params(directory / pdir, config, dtype)
         info["cached_load_s"] = time.perf_counter() - t1
     tok = None
     if tokenizer:
@@ -293,7 +314,7 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
         info["tokenizer_s"] = time.perf_counter() - t1
     info["total_s"] = time.perf_counter() - t0
     how = ("first load, now cached" if info["built_cache"] else
-           f"from {directory / _PARAMS_DIR}" if "cached_load_s" in info else "from the GGUF")
+           f"from {directory / pdir}" if "cached_load_s" in info else "from the GGUF")
     notice(f"loaded preset {name} ({dtype_name}) in {info['total_s']:.1f} s ({how})", progress)
     return LoadedModel(config, params, tok, name, info)
 
@@ -303,8 +324,9 @@ def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> Mod
     else from the GGUF's metadata (joining the GGUF first if needed, which also checks that the
     weight packages are installed)."""
     directory = preset_dir(name, cache_dir)
-    if _params_ready(directory):
-        return _load_cached_config(directory, dtype_name)
+    for folder in (params_dir_name(dtype_name), _PARAMS_DIR):  # either cache has the config
+        if (directory / folder / "config.json").exists():
+            return _load_cached_config(directory, dtype_name, folder)
     return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
 
 

@@ -432,6 +432,37 @@ def test_preset_join_verify_and_cache(fake_preset, monkeypatch):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m3.params))
 
 
+def test_preset_bfloat16_cache(fake_preset, monkeypatch):
+    """A bfloat16 load keeps a bfloat16 copy of the parameters (half the disk), built from the
+    GGUF the first time (no float32 cache is written) or from an existing float32 cache; later
+    bfloat16 loads read it, and give the values of the float32 parameters rounded to bfloat16."""
+    preset, t, cache = fake_preset
+    d = cache / "fake-tiny"
+    b = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    assert b.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
+    assert not (d / "params-v1").exists()
+    f32_bytes = sum(np.prod(x.shape) * 4 for x in jax.tree.leaves(b.params))
+    disk = sum(f.stat().st_size for f in (d / "params-v1-bfloat16").glob("*.npy"))
+    assert disk < 0.6 * f32_bytes
+    f = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False)
+    assert f.info["built_cache"] and (d / "params-v1" / "config.json").exists()
+    # both caches read back; the bfloat16 values are the float32 ones rounded
+    monkeypatch.setattr(presets, "load_gguf", lambda *a, **k: pytest.fail("cache not used"))
+    again = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    assert not again.info["built_cache"]
+    for x, y in zip(jax.tree.leaves(again.params), jax.tree.leaves(f.params)):
+        assert x.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y.astype(jnp.bfloat16)))
+    # from the float32 cache: no GGUF needed
+    import shutil
+    shutil.rmtree(d / "params-v1-bfloat16")
+    (d / "model.gguf").unlink()
+    conv = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    assert conv.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
+    for x, y in zip(jax.tree.leaves(conv.params), jax.tree.leaves(again.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_preset_without_param_cache(fake_preset, monkeypatch):
     """``DSBD_JAX_CACHE_PARAMS=0``: only the GGUF (and tokenizer) are cached; every load
     dequantises the GGUF, with the same parameters as the cached path."""
