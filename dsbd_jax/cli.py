@@ -9,6 +9,7 @@
     dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
     dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
     dsbd distill configs/distill_qwen_fkl.yaml   # distil the draft towards the target (resumable)
+    dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
 
 ``generate`` shows a progress bar per decoder iteration (new tokens, elapsed time, iterations,
 target calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then
@@ -184,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     dis.add_argument("--no-progress", action="store_true", help="no progress bar")
     dis.add_argument("--stop-after", type=int, default=None,
                      help="stop after N steps of this call (checkpointed; run again to go on)")
+    hst = add("host", help="how this host runs a model: its dtype (float32 or bfloat16), kernel "
+                           "form and compiler options, measured once and cached")
+    hst.add_argument("--model", action="append", default=None,
+                     help="a preset, HF directory, .gguf or hub id (repeatable; default: the "
+                          "default target and draft); only its config is read")
+    hst.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                     help="auto: measured on this host; or the plan for a forced dtype")
     tiny = add("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "
@@ -601,6 +609,23 @@ def cmd_distill(args) -> int:
     return 0
 
 
+def cmd_host(args) -> int:
+    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only)."""
+    import jax
+    from dsbd_jax.models import host
+    from dsbd_jax.models.cpu_options import host_key
+    from dsbd_jax.models.loading import read_config
+    print(f"host: {host_key()}, backend {jax.default_backend()}")
+    for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
+        config = read_config(source)
+        plan = host.plan(config, args.dtype)
+        print(f"{source} ({config.hidden_size}x{config.intermediate_size}): dtype {plan.dtype} "
+              f"({plan.why}); kernels {plan.form}"
+              f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
+              f"compiler options {plan.options}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
@@ -624,6 +649,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_vocab(args)
         if args.command == "distill":
             return cmd_distill(args)
+        if args.command == "host":
+            return cmd_host(args)
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2

@@ -168,3 +168,13 @@ def test_load_model_auto_dtype(tmp_path):
     assert read_config(tmp_path, "auto").dtype == "float32"
     b = load_model(tmp_path, jnp.bfloat16, tokenizer=False, progress=False)
     assert b.info["dtype"] == "bfloat16" and b.info["dtype_why"] == "given"
+
+
+def test_cli_host_prints_the_plan(tmp_path, capsys):
+    from dsbd_jax import cli
+    ref.hf_tiny_llama(tmp_path, seed=0)
+    assert cli.main(["host", "--model", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "host: " in out and "dtype float32 (a small model" in out and "kernels plain" in out
+    assert cli.main(["host", "--model", str(tmp_path), "--dtype", "bfloat16"]) == 0
+    assert "dtype bfloat16 (given)" in capsys.readouterr().out
