@@ -292,7 +292,7 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
     are chained (each one's input is the previous one's output): XLA:CPU runs independent
     products side by side, which flatters the single-threaded blocked products (measured: 2.6
     against 4.6 ms per 8960x1536 product at M = 4 when 28 run independently, while the whole
-    forward pass got slower with blocks; docs/results.md)."""
+    forward pass got slower with blocks; docs/results/cpu.md)."""
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     ws = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]
