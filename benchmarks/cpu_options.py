@@ -11,7 +11,7 @@ should (``eigen_dot`` changes float rounding only), and the JSON says so per dec
 
 Decoders (``--methods``): ``sample``; ``beam_sample_W4``; ``speculative_g4``;
 ``dsbd_single_beam`` (gamma 3, W_S 3, t 0.9, W_min 1, single beam); ``dsbd_beamW4_point``
-(gamma 2, W_S 4, t 0.7, W_min 2: the setting at beam-W4 log-likelihood in ``docs/results.md``).
+(gamma 2, W_S 4, t 0.7, W_min 2: the setting at beam-W4 log-likelihood in ``docs/results/speed.md``).
 
     .venv/bin/python benchmarks/cpu_options.py --out results/cpu_options.json        # ~20 min
     .venv/bin/python benchmarks/cpu_options.py --small --out /tmp/co.json            # seconds

@@ -1,4 +1,4 @@
-"""Issue 20: which distillation loss moves the draft, measured on one recipe's own data.
+"""Which distillation loss moves the draft, measured on one recipe's own data.
 
 For a recipe (``configs/distill_qwen.yaml``): its rollouts are made (or read) once in its run
 directory; then, for each ``--losses`` entry, the same LoRA run of ``--steps`` steps (same

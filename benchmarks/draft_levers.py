@@ -1,4 +1,4 @@
-"""Issue 20, item 3: the two draft levers measured on the offline pair, in one run.
+"""The two draft levers measured on the offline pair, in one run.
 
 Drafts: ``base`` (the 0.5B draft), ``trunc_<N>`` (head truncated to N rows of the frequency
 table, default N in 16384 / 32768 / 65536; with ``--prompt-rows`` also ``trunc_<N>_prompt``, the
@@ -17,8 +17,8 @@ same rows plus each call's prompt tokens), ``distilled`` (``--distilled RUN/mode
   (g2 / W_S 4 / t 0.7 / W_min 2); the draft-free references sampling and beam sampling W = 4
   once.
 
-Passes run under the host's XLA:CPU options (``cpu_options.tuned_jit``, like the decoders; before
-session 4 they ran under XLA's defaults); a draft with prompt rows is timed with its prompt
+Passes run under the host's XLA:CPU options (``cpu_options.tuned_jit``, like the decoders;
+earlier runs used XLA's defaults); a draft with prompt rows is timed with its prompt
 columns. ``--passes-only`` times only the draft passes, every draft interleaved round by round
 (median of ``--repeats``). ``--acceptance-only`` stops after the acceptances (minutes; e.g. one run per ``--vocab-table``
 to compare frequency tables). ``ratios`` holds the issue's targets per draft. EOS is off (every run makes ``--max-new-tokens``

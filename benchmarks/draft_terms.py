@@ -1,4 +1,4 @@
-"""Issue 20: which term holds each speed target back, every term timed alone in the same run.
+"""Which term holds each speed target back, every term timed alone in the same run.
 
 For each draft (``base``, ``trunc_<N>_prompt``, ``distilled``, ``both_<N>_prompt``; the names of
 ``draft_levers.py``) and batch size, on the same prompts (EOS off, top-k 10 / top-p 0.8):

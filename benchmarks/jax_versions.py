@@ -1,4 +1,4 @@
-"""jaxlib 0.10.2 against 0.11.x on the CPU, side by side (issue 21).
+"""jaxlib 0.10.2 against 0.11.x on the CPU, side by side.
 
 The same measurement, ``benchmarks/accelerator.py`` on the CPU (random weights at the shapes of
 the default Qwen 1.5B / 0.5B pair: forward passes at every shape and every decoder's cost per

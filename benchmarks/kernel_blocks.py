@@ -1,4 +1,4 @@
-"""Decoders with and without blocked projection kernels (issue 21), side by side in one run.
+"""Decoders with and without blocked projection kernels, side by side in one run.
 
 The offline target (Qwen2.5-Coder-1.5B-Instruct) is loaded once; its parameters are used as
 loaded (plain ``[in, out]`` kernels) and with the host's blocks (``kernels.choose_blocks``, or

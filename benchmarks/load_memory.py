@@ -1,4 +1,4 @@
-"""Peak host RSS of ``load_model`` from a safetensors checkpoint, per dtype (issue 19).
+"""Peak host RSS of ``load_model`` from a safetensors checkpoint, per dtype.
 
 Steps:
   1. export (once): the model as a Hugging Face ``Qwen2ForCausalLM`` directory in bfloat16

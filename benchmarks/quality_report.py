@@ -1,4 +1,4 @@
-"""Markdown tables of a quality run (``dsbd bench configs/quality_cpu.yaml``) for ``docs/results.md``,
+"""Markdown tables of a quality run (``dsbd bench configs/quality_cpu.yaml``) for ``docs/results/quality.md``,
 finished or not.
 
     python benchmarks/quality_report.py results/quality_cpu [--out results/quality_cpu/report.md]

@@ -1,4 +1,4 @@
-"""Soak run (issue 22): many prompts through every decoder in one process; does anything creep?
+"""Soak run: many prompts through every decoder in one process; does anything creep?
 
 On the tiny random pair (``dsbd_jax.testing.make_tiny_pair``: a 2-layer, hidden-64 Llama target
 and its noisy copy as the draft; no real model, so the figures say nothing about speed or

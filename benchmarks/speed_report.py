@@ -1,4 +1,4 @@
-"""Markdown tables from the speed benchmarks' JSON (for ``docs/results.md``).
+"""Markdown tables from the speed benchmarks' JSON (for ``docs/results/speed.md``).
 
     python benchmarks/speed_report.py [--forward results/forward.json]
         [--profile results/profile.json] [--speed results/speed.json]

@@ -1,6 +1,6 @@
 """Chained MLP product pairs with the weights split in two halves, against plain kernels and torch.
 
-Issue 21's open gap is the 16-row product (the 16-token forward of the 1.5B target is 1.14x
+The open gap is the 16-row product (the 16-token forward of the 1.5B target is 1.14x
 transformers' on the 2-core host). A forward pass chains its products (each waits for the last),
 so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] x [dout, din]``
 (as ``dsbd_jax.models.cpu_options.measure`` does) in these forms, each under every candidate of

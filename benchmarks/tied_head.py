@@ -6,8 +6,8 @@ Llama-3.2-1B, the usual drafts, have tied heads. Variants, each compiled under e
 of ``dsbd_jax.models.cpu_options`` this XLA accepts, interleaved round by round, minimum of
 ``--repeats``:
 
-* ``h E^T``: ``jnp.dot(h, E.T)`` (``attend``; the library before session 6, and for M >= 2 now);
-* ``E h^T``: ``dot_general(E, h)`` then transposed (the library for M = 1 since session 6);
+* ``h E^T``: ``jnp.dot(h, E.T)`` (``attend``; the library before the one-row fix, and for M >= 2 now);
+* ``E h^T``: ``dot_general(E, h)`` then transposed (the library for M = 1 now);
 * ``library``: ``dsbd_jax.models.vocab.tied_logits`` as it is now;
 * ``rows one by one``: M products of one row, each as ``E h_i^T``;
 * ``kernel [d, V]``: an untied copy of the head (``V * d`` more memory), for reference.

@@ -19,7 +19,7 @@ from dsbd_jax.decoding.speculative import speculative_sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
 from dsbd_jax.decoding.warping import warp_logits
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DSBDConfig", "DecodeConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the test suite under jax/jaxlib 0.11.x on the CPU (issue 21: the library must run on
+# Run the test suite under jax/jaxlib 0.11.x on the CPU (the library must run on
 # jax 0.11.x, the GPU machine's stack, as well as the pinned 0.10.2). Not part of CI.
 #
 # jax 0.11 needs Python >= 3.12 (its 0.11.0 changelog drops 3.11), and the development machine

@@ -18,5 +18,31 @@ for a in "$@"; do
   case "$a" in tests*|*.py|*::*) exec "$PY" -m pytest -q -ra "$@";; esac
 done
 # The lanes (scripts/lanes.sh): each lane's lines stream to the terminal prefixed by the lane
-# ("[A] "), one line per finished test and per finished folder (result and seconds).
-PY="$PY" exec bash scripts/lanes.sh "$@"
+# ("[A] "), one line per finished test and per finished folder (result and seconds). The docs
+# build and its doctests are part of them (tests/test_docs.py).
+LOG_LANES=$(mktemp); LOG_NEWEST=$(mktemp)
+PY="$PY" bash scripts/lanes.sh "$@" 2>&1 | tee "$LOG_LANES"
+status=${PIPESTATUS[0]}
+# Then the newest-JAX lane (scripts/newest_jax.sh: the decoders' exactness tests under the newest
+# jax on Python 3.12; skipped, and said so, where no 3.12 interpreter exists). DSBD_NEWEST_JAX=0
+# leaves it out.
+if [ "${DSBD_NEWEST_JAX:-1}" != 0 ]; then
+  echo "== newest-jax lane"
+  bash scripts/newest_jax.sh 2>&1 | sed -u 's/^/[N] /' | tee "$LOG_NEWEST"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+# the closing line sums the lanes' line and the newest-JAX lane's: "N passed, N failed, N skipped"
+"$PY" - "$LOG_LANES" "$LOG_NEWEST" <<'SUM'
+import re, sys
+total = {"passed": 0, "failed": 0, "skipped": 0}
+for path in sys.argv[1:]:
+    lines = [l.strip() for l in open(path, errors="replace")]
+    lines = [re.sub(r"^\[N\] ", "", l) for l in lines]
+    last = [l for l in lines if re.fullmatch(r"\d+ passed, \d+ failed, \d+ skipped", l)]
+    if last:
+        for n, what in re.findall(r"(\d+) (passed|failed|skipped)", last[-1]):
+            total[what] += int(n)
+print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+SUM
+rm -f "$LOG_LANES" "$LOG_NEWEST"
+exit $status

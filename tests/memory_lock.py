@@ -1,4 +1,4 @@
-"""The suite's memory lock (issue 34): ``scripts/test.sh`` runs its folders in two lanes side by
+"""The suite's memory lock: ``scripts/test.sh`` runs its folders in two lanes side by
 side, and a real-model test (tests marked ``slow``: a 1.5B model is ~11.5 GB) must not run while
 the other lane's tests push the machine's memory up. Every test holds a slot of the lock while it
 runs (``tests/conftest.py``): a heavy test exclusively (no other test of any lane runs beside it),

@@ -1,4 +1,4 @@
-"""Issue 34: every option of every ``dsbd`` subcommand has help text, and each one with a default
+"""Every option of every ``dsbd`` subcommand has help text, and each one with a default
 shows it in ``--help`` (as rendered, every subparser walked); the help agrees with the program."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 34: the suite's memory lock (``tests/memory_lock.py``) keeps a heavy (real-model) test
+"""The suite's memory lock (``tests/memory_lock.py``) keeps a heavy (real-model) test
 apart from every other test, across processes (threads here: ``flock`` locks belong to each open
 file, so two opens in one process exclude each other like two processes do)."""
 

@@ -1,4 +1,4 @@
-"""Issue 34: ``scripts/test.sh``'s lanes (``scripts/lanes.sh``) stream each lane's output as it
+"""``scripts/test.sh``'s lanes (``scripts/lanes.sh``) stream each lane's output as it
 happens, every line prefixed by its lane, with a line per finished folder, and end with the summed
 line and the suite's exit status. Run on tiny fake test folders (``DSBD_TEST_LANES``), no jax."""
 

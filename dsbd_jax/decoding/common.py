@@ -159,16 +159,17 @@ def with_progress(config, body: Callable, values: Callable) -> Callable:
 class GenerateOutput:
     """What every decoder returns.
 
-    sequences:       [B, W, N] int32 new tokens (``pad_token_id`` after EOS / past lengths)
-    lengths:         [B, W] int32 new tokens up to and including EOS (N if none)
-    log_likelihoods: [B, W] float32 unwarped target log p(new tokens | prompt)
-    best:            [B] int32 index of the beam with the highest log-likelihood
-    stats:           dict of arrays: ``target_calls``, ``draft_calls``, ``iterations`` (scalars
-                     for the whole batch), ``generated_tokens`` ([B]) and method-specific ones.
-    invalid:         [B] bool, True for a prompt that failed a value check inside a jit (ids
-                     outside the vocabulary, length outside ``[1, P]``): its beams are empty
-                     (sequences pad, lengths 0, log-likelihoods -inf, best 0,
-                     ``generated_tokens`` 0). A direct call raises instead (see README).
+    Attributes:
+        sequences:       [B, W, N] int32 new tokens (``pad_token_id`` after EOS / past lengths)
+        lengths:         [B, W] int32 new tokens up to and including EOS (N if none)
+        log_likelihoods: [B, W] float32 unwarped target log p(new tokens | prompt)
+        best:            [B] int32 index of the beam with the highest log-likelihood
+        stats:           dict of arrays: ``target_calls``, ``draft_calls``, ``iterations`` (scalars
+                         for the whole batch), ``generated_tokens`` ([B]) and method-specific ones.
+        invalid:         [B] bool, True for a prompt that failed a value check inside a jit (ids
+                         outside the vocabulary, length outside ``[1, P]``): its beams are empty
+                         (sequences pad, lengths 0, log-likelihoods -inf, best 0,
+                         ``generated_tokens`` 0). A direct call raises instead (see README).
     """
 
     sequences: jax.Array

@@ -72,14 +72,15 @@ NEG_INF = -jnp.inf
 class DSBDConfig(DecodeConfig):
     """DSBD settings (frozen, hashable: static under jit). On top of ``DecodeConfig``:
 
-    draft_width: ``W_S``, draft nodes per layer.
-    threshold: ``t`` in [0, 1] of the dynamic width; 1 = fixed width ``min_width``.
-    min_width: ``W_min`` (<= ``W_S``).
-    max_width: cap on the beams of any layer = beams carried between iterations = output slots
-      (default ``W_S``).
-    num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
-      default) = the last layer's width. Must be <= ``max_width``.
-    single_beam: keep one cache row per prompt (the paper's memory-saving mode).
+    Attributes:
+        draft_width: ``W_S``, draft nodes per layer.
+        threshold: ``t`` in [0, 1] of the dynamic width; 1 = fixed width ``min_width``.
+        min_width: ``W_min`` (<= ``W_S``).
+        max_width: cap on the beams of any layer = beams carried between iterations = output slots
+          (default ``W_S``).
+        num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
+          default) = the last layer's width. Must be <= ``max_width``.
+        single_beam: keep one cache row per prompt (the paper's memory-saving mode).
     """
 
     num_beams: Optional[int] = None

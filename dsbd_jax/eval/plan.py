@@ -197,7 +197,7 @@ def expand_methods(entries: Sequence[Dict[str, Any]], where: str = "config"
 def default_batch_size() -> int:
     """The harness's batch size when a config gives none: 4 on CPU (decoding is bandwidth-bound
     there, so 4 prompts per forward pass cost little more than one; measured in
-    ``docs/results.md``), 16 on GPU/TPU."""
+    ``docs/results/quality.md``), 16 on GPU/TPU."""
     import jax
     return 4 if jax.default_backend() == "cpu" else 16
 

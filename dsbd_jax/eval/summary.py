@@ -181,7 +181,7 @@ def comparisons(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def format_summary(summary: Dict[str, Any], markdown: bool = False) -> str:
     """The summary table and the comparisons as plain text (``markdown=True``: a Markdown table
-    and a bullet list, as pasted into docs/results.md)."""
+    and a bullet list, as pasted into docs/results/quality.md)."""
     def fmt(v, nd=3):
         if v is None:
             return "-"

@@ -34,12 +34,13 @@ from dsbd_jax.models.llama import init_params
 class LoadedModel:
     """A model ready for :func:`dsbd_jax.models.llama.forward`.
 
-    config:    the (hashable) :class:`ModelConfig`
-    params:    plain pytree (nested dicts) of jax arrays in ``config.dtype``
-    tokenizer: a ``transformers`` tokenizer, or ``None`` when the source has none (or it was
-               not requested)
-    source:    what was loaded (path or preset name), for messages
-    info:      extra facts about the load (presets: seconds per step, cache paths)
+    Attributes:
+        config:    the (hashable) :class:`ModelConfig`
+        params:    plain pytree (nested dicts) of jax arrays in ``config.dtype``
+        tokenizer: a ``transformers`` tokenizer, or ``None`` when the source has none (or it was
+                   not requested)
+        source:    what was loaded (path or preset name), for messages
+        info:      extra facts about the load (presets: seconds per step, cache paths)
     """
 
     config: ModelConfig

@@ -1,4 +1,4 @@
-"""Blocked projection kernels for XLA:CPU's few-row products, chosen per host (issue 21).
+"""Blocked projection kernels for XLA:CPU's few-row products, chosen per host.
 
 A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, the default) runs on XLA:CPU as
 one Eigen matrix product. With few rows (``M = 1..16``: one token, beams, draft forests) Eigen
@@ -26,12 +26,12 @@ sums run in another order).
   width for every projection (e.g. ``64``), or ``halves`` (two blocks per projection). The
   products are measured under the host's ``compiler_options`` (the options the passes run
   under), and the cache key names them.
-* **Transposed kernels** (session 7): :func:`transpose_params` stores a projection's kernel as
+* **Transposed kernels**: :func:`transpose_params` stores a projection's kernel as
   its ``[out, in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`),
   under the key ``"kernel_t"``; :func:`project_t` runs one row as a matrix-vector product over
   contiguous rows and more rows as one batched product per block. :func:`unblock_params`
   converts back. The products live in :mod:`dsbd_jax.models.products`.
-* **The form follows the host, the options follow the form** (session 8). The best compiler
+* **The form follows the host, the options follow the form**. The best compiler
   options depend on the kernels' form: on the 2-core host plain kernels run fastest on Eigen
   (``eigen_dot``), transposed kernels on XLA's default YNNPACK, where their 2-16-row products
   take 0.5-0.6x the plain kernels' time. So :func:`dsbd_jax.models.cpu_options.choice` is
@@ -292,7 +292,7 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
     are chained (each one's input is the previous one's output): XLA:CPU runs independent
     products side by side, which flatters the single-threaded blocked products (measured: 2.6
     against 4.6 ms per 8960x1536 product at M = 4 when 28 run independently, while the whole
-    forward pass got slower with blocks; docs/results.md)."""
+    forward pass got slower with blocks; docs/results/cpu.md)."""
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     ws = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]

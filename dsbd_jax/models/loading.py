@@ -197,7 +197,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         cached; plain off the CPU and for small models; ``$DSBD_JAX_KERNEL_FORM`` forces one).
         On the 2-core host it picks transposed for the 1.5B target: the forward takes 0.64-0.82x
         the plain kernels' time at 1-16 rows, beam sampling W=4 runs 1.28x faster
-        (``docs/results.md``). ``"transposed"``: transposed whatever the measurement says.
+        (``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
         ``None``: plain kernels. ``"auto"``: blocked kernels ``[out / n, in, n]`` of the widths
         measured for this host (nothing off the CPU or for small models); ``"halves"``: every
         projection as two blocks of half its output columns; ``{"down_proj": 64, ...}``: given
@@ -207,7 +207,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
         ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
         with 2-16 rows (a draft at batch 2+, beams) is 2-24x slower than an untied one
-        (``docs/results.md``). Applied before ``head_rows``; ``info["untied_head"]`` says
+        (``docs/results/cpu.md``). Applied before ``head_rows``; ``info["untied_head"]`` says
         whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)

@@ -125,7 +125,7 @@ def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
     about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
     as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
     matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
-    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results.md``.
+    ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results/cpu.md``.
 
     A 16-bit kernel runs as one mixed-precision product over all ``[out, in]`` rows
     (:func:`mixed_rows`: float32 accumulation and result, one row padded to two)."""

@@ -18,7 +18,7 @@ Divergences (per position, :func:`divergence`), ``q`` the draft's distribution:
   ``p``'s stored support and renormalised (outside it ``p`` is zero).
 
 What each gradient can do (measured on the offline pair, ``benchmarks/distill_losses.py``,
-``docs/results.md``): ``"tv"`` is the quantity acceptance is one minus, but its gradient passes
+``docs/results/draft.md``): ``"tv"`` is the quantity acceptance is one minus, but its gradient passes
 through the draft's warping. Top-k / top-p make the warped ``q`` constant outside the draft's
 kept tokens, so nothing pushes ``q`` towards a token the target keeps and the draft cut (4.1 of
 the 9.0 points the offline draft misses), and where the draft keeps one token (79 % of its

@@ -1,9 +1,9 @@
-"""Issue 22: the decoders inside a user's own ``jax.jit``.
+"""The decoders inside a user's own ``jax.jit``.
 
 Value checks (prompt ids, prompt lengths) run in the program: with ``checkify.checkify`` they
 raise the direct call's message; without it the invalid prompt is marked (``invalid``) and its
 beams are empty. Valid prompts give the same output as before the checks existed (bit for bit,
-against ``data/guard_reference.npz`` written by the code of ``main`` before issue 22, see
+against ``data/guard_reference.npz`` written by the code of ``main`` before the jit guards, see
 ``reference_outputs``). Parameters that do not fit a model's config fail at trace time in one
 line; ``compile_count`` counts compilations whoever triggered them.
 
@@ -133,7 +133,7 @@ def test_bad_prompts_inside_a_user_jit(models, method):
 def test_guard_marks_what_the_host_check_refuses():
     """``guard_prompts`` flags exactly the rows ``check_prompt_batch`` refuses (padding past a
     row's length may hold anything) and leaves valid rows' prompts as they were, their padding
-    set to 0 (issue 34: padding is never read)."""
+    set to 0 (padding is never read)."""
     rng = np.random.default_rng(0)
     for _ in range(50):
         ids = rng.integers(-2, V + 2, size=(1, 4)).astype(np.int32)

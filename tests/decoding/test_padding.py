@@ -1,4 +1,4 @@
-"""Issue 34: padding is never read.
+"""Padding is never read.
 
 A prompt batch is ``prompt_ids [B, P]`` with ``prompt_lengths [B]``; whatever the tokens past a
 row's length hold (ids >= vocab_size, negative, 2**30, 0), every decoder's output is the same,

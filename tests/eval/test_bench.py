@@ -70,7 +70,7 @@ def test_shipped_configs_load():
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
     from dsbd_jax.models.hub import is_hub_id
-    for f in ("qwen3_8b_0.6b", "gemma3_1b_270m"):  # by hub id (issue 19)
+    for f in ("qwen3_8b_0.6b", "gemma3_1b_270m"):  # by hub id
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert is_hub_id(cfg["target"]) and is_hub_id(cfg["draft"])
 

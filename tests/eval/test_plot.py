@@ -124,7 +124,7 @@ def test_svg_texts(full_run):
 
 @needs_mpl
 def test_no_energy_draws_no_empty_frame_and_says_why(tmp_path):
-    """Issue 34: without energy readings there is no energy figure (an empty frame with a sentence
+    """Without energy readings there is no energy figure (an empty frame with a sentence
     before): the log says why, and an earlier run's figure of that name is removed."""
     path = write_records(tmp_path / "records.jsonl")
     plot_results(path, formats=("svg",))
@@ -172,7 +172,7 @@ def overlapping_texts(fig):
 
 @needs_mpl
 def test_notes_of_nearby_points_do_not_collide():
-    """Issue 34: beam W=2 and W=3 at almost the same speed and quality drew "W=2" over "W=3"
+    """Beam W=2 and W=3 at almost the same speed and quality drew "W=2" over "W=3"
     ("W=32"); near points of one kind get one note ("W=2, W=3"), and no two notes overlap."""
     from dsbd_jax.eval.plot import _speed_figure
     rows = [{"method": "beam", "setting": {"num_beams": w}, "tokens_per_s": tps,

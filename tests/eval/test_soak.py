@@ -1,4 +1,4 @@
-"""``benchmarks/soak.py --small`` runs and its checks can fail (issue 22)."""
+"""``benchmarks/soak.py --small`` runs and its checks can fail."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Compiler options that follow the kernels' form, and the per-host choice of form (issue 21):
+"""Compiler options that follow the kernels' form, and the per-host choice of form:
 ``cpu_options.choice(form)`` is measured per form, ``tuned_jit`` compiles a call whose
 arguments hold transposed kernels under the transposed form's options, ``kernels.choose_form``
 picks plain or transposed kernels per host and shape (forced, cached, measured), and

@@ -539,7 +539,7 @@ def test_real_preset_packages_are_described():
 
 
 def test_preset_load_is_visible_without_logging(fake_preset, capfd):
-    """Issue 22: with the default ``progress=True`` and no logging set-up, a first preset load
+    """With the default ``progress=True`` and no logging set-up, a first preset load
     says on stderr that it converts (and where it caches), and a cached load says where from
     and how long it took."""
     preset, t, cache = fake_preset
@@ -554,7 +554,7 @@ def test_preset_load_is_visible_without_logging(fake_preset, capfd):
 
 
 def test_every_slow_step_of_a_load_names_itself(tmp_path, capfd, monkeypatch):
-    """Issue 34: a cached 1.5B load said "loaded preset in 3.1 s" and then "loaded target in
+    """A cached 1.5B load said "loaded preset in 3.1 s" and then "loaded target in
     20.3 s": the steps after the preset (per-layer split, transposed kernels, head changes) now
     name themselves with their time when they take ``SLOW_STEP_S`` or more (0 here, so that every
     step of a tiny load shows)."""

@@ -1,4 +1,4 @@
-"""Every parameter of every family variant has a sharding rule (issue 19: q/k norms, Gemma's
+"""Every parameter of every family variant has a sharding rule (q/k norms, Gemma's
 sandwich norms), in both weight layouts."""
 
 from __future__ import annotations

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The newest-JAX lane: the decoders' exactness tests under the newest jax/jaxlib release on
+# Python 3.12 (the install accepts it there; Python 3.10-3.11 stay on the pinned 0.10.2), so a
+# regression of a new jax (like jax#40101 in jaxlib 0.11.1) is seen when it appears.
+#
+# Where a Python 3.12 interpreter exists ($DSBD_PY312, default ~/.pyenv/versions/3.12.1/bin/python)
+# it builds .venv-jax-newest (once; later runs only upgrade jax/jaxlib to the newest release)
+# with dsbd-jax, pytest, hypothesis and scipy, and runs the test files below (the verification
+# rule, the width rule, and the exactness tests of speculative, tree and DSBD decoding, which
+# need no torch: PyPI's torch for 3.12 is the multi-GB CUDA build, so it is left out). Where no
+# 3.12 interpreter exists it says so and counts one skip. The last line is pytest's counts,
+# "N passed, N failed, N skipped", which scripts/test.sh adds to the suite's.
+#   bash scripts/newest_jax.sh                      # the lane
+#   bash scripts/newest_jax.sh tests/decoding/test_verify.py   # other test paths
+#   bash scripts/newest_jax.sh --bench OUT.json     # benchmarks/accelerator.py under the newest jax
+#                                                   # (the items benchmarks/jax_versions.py compares;
+#                                                   # run it under .venv too, on a quiet host)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY312=${DSBD_PY312:-$HOME/.pyenv/versions/3.12.1/bin/python}
+VENV=${DSBD_NEWEST_VENV:-.venv-jax-newest}
+TESTS=(tests/decoding/test_verify.py tests/decoding/test_width.py tests/decoding/test_speculative.py
+       tests/decoding/test_tree.py tests/decoding/test_dsbd.py)
+if [ ! -x "$PY312" ]; then
+  echo "newest-jax: SKIPPED: no Python 3.12 interpreter at $PY312 (set DSBD_PY312 to one)"
+  echo "0 passed, 0 failed, 1 skipped"
+  exit 0
+fi
+LOG=$(mktemp)
+pip_install() {
+  if ! "$VENV/bin/python" -m pip install -q "$@" >>"$LOG" 2>&1; then
+    cat "$LOG" >&2; echo "newest-jax: pip install $* failed" >&2
+    echo "0 passed, 1 failed, 0 skipped"; exit 1
+  fi
+}
+T0=$SECONDS
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "newest-jax: creating $VENV with $("$PY312" --version 2>&1)"
+  "$PY312" -m venv "$VENV"
+  pip_install -e . "pytest>=8" "hypothesis>=6" "scipy>=1.11"
+fi
+# the newest release the project accepts (pyproject: jax >= 0.10.2, < 0.13, != 0.11.1)
+pip_install --upgrade "jax>=0.10.2,<0.13,!=0.11.1" "jaxlib>=0.10.2,<0.13,!=0.11.1"
+rm -f "$LOG"
+echo "newest-jax: $("$VENV/bin/python" -c 'import sys, jax, jaxlib, flax; print("Python", sys.version.split()[0], "jax", jax.__version__, "jaxlib", jaxlib.__version__, "flax", flax.__version__)') (setup $((SECONDS - T0)) s)"
+if [ "${1:-}" = "--bench" ]; then
+  exec "$VENV/bin/python" benchmarks/accelerator.py --out "${2:?usage: newest_jax.sh --bench OUT.json}" "${@:3}"
+fi
+[ $# -gt 0 ] && TESTS=("$@")
+OUT=$(mktemp)
+"$VENV/bin/python" -u -m pytest -q -ra -p no:cacheprovider "${TESTS[@]}" 2>&1 | tee "$OUT"
+rc=${PIPESTATUS[0]}
+line=$(grep -E '^=* ?[0-9]+ [a-z]+(, [0-9]+ [a-z]+)* in [0-9.]+s' "$OUT" | tail -1)
+rm -f "$OUT"
+count() { echo "$line" | grep -oE "[0-9]+ $1" | head -1 | cut -d' ' -f1; }
+p=$(count passed); f=$(count failed); e=$(count error); s=$(count skipped)
+f=$(( ${f:-0} + ${e:-0} ))
+[ "$rc" -ne 0 ] && [ "$rc" -ne 5 ] && [ "$f" -eq 0 ] && f=1   # pytest failed without a count
+echo "newest-jax: done in $((SECONDS - T0)) s"
+echo "${p:-0} passed, $f failed, ${s:-0} skipped"
+[ "$f" -eq 0 ]
