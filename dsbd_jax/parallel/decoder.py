@@ -27,6 +27,7 @@ from dsbd_jax.decoding import common
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
                                      param_shardings, shard_params)
@@ -37,6 +38,7 @@ def _leaf_bytes(x) -> int:
 
 
 UNEVEN_BATCH = ("pad", "replicate", "error")
+GATHER = ("local", "all")
 
 
 class ShardedDecoder:
@@ -196,18 +198,77 @@ class ShardedDecoder:
         """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
         return jax.device_put(params, param_shardings(params, self.config, self.rules))
 
-    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None):
+    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None, gather: str = "local"):
+        """Decode ``prompt_ids [B, P]`` (``prompt_lengths [B]``, ``key``: one key or ``[B]``).
+
+        One process: the whole batch, same output as the decoder (``jax.Array`` leaves).
+        Many processes (``jax.process_count() > 1``): ``prompt_ids`` are this process's own
+        prompts (any count >= 1, the same width ``P`` on every process); the global batch is every
+        process's rows in process order, so row ``b`` of process ``p`` is global row
+        ``sum(counts[:p]) + b`` and its key is that of the global row (one key: ``fold_in(key,
+        global row)``), so a prompt decodes the same whichever process passes it. Returns numpy
+        leaves: batch leaves hold this process's rows (``gather="local"``) or the whole batch
+        (``gather="all"``); the others (loop counts, stats summed over prompts) are the whole
+        batch's. Every process must call it with the same decoder and key (checked: a
+        ``ValueError`` on every process, never a hang)."""
+        if gather not in GATHER:
+            raise ValueError(f"gather must be one of {GATHER}, got {gather!r}")
+        if jax.process_count() > 1:
+            return self._call_processes(params, prompt_ids, key, prompt_lengths, gather)
         ids, lengths, keys, B = self._inputs(prompt_ids, key, prompt_lengths)
-        params = self._placed(params)
-        placed = self._place_inputs(ids, lengths, keys)
-        out = self._executable(params, ids, placed)(params, *placed)
+        out = self._run(params, ids, lengths, keys)
         if ids.shape[0] == B:
             return out
-        return self._unpad(params, ids, out, B)
+        rows = slice(0, B)
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, self._batch_flags(params, ids))
 
-    def _unpad(self, params, ids, out, B):
-        """Drop the padding rows: leaves whose leading axis is the batch (found by tracing the
-        output shapes at two batch sizes, once per shape)."""
+    def _run(self, params, ids, lengths, keys):
+        """The compiled program on the padded global batch (numpy ``ids [Bp, P]``, ``lengths
+        [Bp]``, raw ``keys [Bp, 2]``)."""
+        params = self._placed(params)
+        placed = self._place_inputs(ids, lengths, keys)
+        return self._executable(params, ids, placed)(params, *placed)
+
+    def _call_processes(self, params, prompt_ids, key, prompt_lengths, gather):
+        """Many processes: this process's prompts in, its rows (or all rows) out as numpy."""
+        ids, lengths, key, offsets = self._global_batch(prompt_ids, key, prompt_lengths)
+        ids, lengths, keys, B = self._inputs(ids, key, lengths)
+        out = distributed.fetch(self._run(params, ids, lengths, keys))
+        p = jax.process_index()
+        rows = slice(offsets[p], offsets[p + 1]) if gather == "local" else slice(0, B)
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, self._batch_flags(params, ids))
+
+    def _settings(self) -> int:
+        """Checksum of what every process must agree on: decoder, config, mesh."""
+        return distributed.fingerprint(self.name, self.takes_key, repr(self.source_config),
+                                       mesh_label(self.mesh), self.uneven_batch)
+
+    def _global_batch(self, prompt_ids, key, prompt_lengths):
+        """Many processes: this process's ``prompt_ids [n, P]`` -> the global batch
+        ``(ids [B, P], lengths [B], key (one key, or raw [B, 2]), offsets [N + 1])``, every
+        process's rows in process order. Exchanges a header (checked by
+        ``distributed.check_headers``, the same error on every process), then the rows."""
+        error, n, P, kind, khash, own = None, 0, 0, 0, 0, None
+        try:
+            ids = np.asarray(prompt_ids)
+            common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+            n, P = ids.shape
+            lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
+            kind, khash, own = distributed.key_parts(key, n) if self.takes_key else (0, 0, None)
+        except ValueError as e:
+            error = e
+        header = np.array([error is not None, n, P, kind, khash, self._settings()], np.int64)
+        headers = distributed.allgather(header)
+        distributed.check_headers(headers, error)
+        counts = headers[:, 1].tolist()
+        rows = distributed.pack_rows(ids, lengths, own, max(counts))
+        glob = distributed.concat_rows(distributed.allgather(rows), counts)
+        g_ids, g_lengths, g_keys = distributed.unpack_rows(glob, P)
+        return g_ids, g_lengths, (g_keys if kind == 2 else key), distributed.row_offsets(counts)
+
+    def _batch_flags(self, params, ids):
+        """Which output leaves have the batch as leading axis (found by tracing the output
+        shapes at two batch sizes, once per shape): a tree of bools like the output."""
         Bp, Pl = ids.shape
         sig = (jax.tree.structure(params), Bp, Pl)
         if sig not in self._batch_leaves:
@@ -222,8 +283,7 @@ class ShardedDecoder:
             a, b = shapes(Bp), shapes(Bp + d)
             self._batch_leaves[sig] = jax.tree.map(
                 lambda x, y: bool(x.shape) and x.shape[0] == Bp and y.shape[0] == Bp + d, a, b)
-        flags = self._batch_leaves[sig]
-        return jax.tree.map(lambda x, f: x[:B] if f else x, out, flags)
+        return self._batch_leaves[sig]
 
     # -- figures ------------------------------------------------------------------------------
     def param_bytes_per_device(self, params) -> Dict[str, int]:
