@@ -230,10 +230,15 @@ class ShardedDecoder:
         return self._executable(params, ids, placed)(params, *placed)
 
     def _call_processes(self, params, prompt_ids, key, prompt_lengths, gather):
-        """Many processes: this process's prompts in, its rows (or all rows) out as numpy."""
-        ids, lengths, key, offsets = self._global_batch(prompt_ids, key, prompt_lengths)
-        ids, lengths, keys, B = self._inputs(ids, key, lengths)
-        out = distributed.fetch(self._run(params, ids, lengths, keys))
+        """Many processes: this process's prompts in, its rows (or all rows) out as numpy. A
+        collective that fails (a process died: its connections close) raises
+        ``distributed.PeerFailure`` here."""
+        try:
+            ids, lengths, key, offsets = self._global_batch(prompt_ids, key, prompt_lengths)
+            ids, lengths, keys, B = self._inputs(ids, key, lengths)
+            out = distributed.fetch(self._run(params, ids, lengths, keys))
+        except jax.errors.JaxRuntimeError as e:
+            raise distributed.PeerFailure(f"sharded {self.name}", e) from e
         p = jax.process_index()
         rows = slice(offsets[p], offsets[p + 1]) if gather == "local" else slice(0, B)
         return jax.tree.map(lambda x, f: x[rows] if f else x, out, self._batch_flags(params, ids))

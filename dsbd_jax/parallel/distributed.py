@@ -31,6 +31,19 @@ INIT_TIMEOUT_S = 120
 SHUTDOWN_TIMEOUT_S = 20
 
 
+class PeerFailure(RuntimeError):
+    """A computation across processes failed, most likely because another process died or was
+    killed (its connections closed). The other processes cannot go on: the coordination service
+    also ends every process within ``heartbeat_timeout_seconds`` of a process's death."""
+
+    def __init__(self, what: str, error: Exception):
+        super().__init__(
+            f"{what} failed on process {jax.process_index()} of {jax.process_count()}: a "
+            f"collective across processes broke, most likely because another process died or was "
+            f"killed (see its log). This process cannot go on. Cause: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}")
+
+
 def env_settings(environ=None) -> Optional[Dict]:
     """``{coordinator_address, num_processes, process_id}`` from the environment (None when
     ``JAX_COORDINATOR_ADDRESS`` is unset); ``ValueError`` for a partial or malformed setting."""

@@ -14,6 +14,7 @@ batch of 8: unequal counts) and writes what it got back to ``OUT/process<p>.npz`
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -68,6 +69,27 @@ def reference(tiny, out_dir):
     np.savez(os.path.join(out_dir, "reference.npz"), **res)
 
 
+def bad_inputs(sdec, params, ids, lens, pid):
+    """Inputs the processes disagree on: every process must get a ValueError (no hang). Returns
+    ``{"error/<case>": message}``."""
+    import jax
+    cases = {
+        "width": lambda: sdec(params, ids[:, :10] if pid == 1 else ids, jax.random.key(SEED),
+                              prompt_lengths=np.minimum(lens, 10) if pid == 1 else lens),
+        "key": lambda: sdec(params, ids, jax.random.key(SEED + pid), prompt_lengths=lens),
+        "ids": lambda: sdec(params, ids + (10 ** 6 if pid == 1 else 0), jax.random.key(SEED),
+                            prompt_lengths=lens),
+    }
+    out = {}
+    for name, call in cases.items():
+        try:
+            call()
+            out[f"error/{name}"] = np.array("no error")
+        except ValueError as e:
+            out[f"error/{name}"] = np.array(str(e))
+    return out
+
+
 def decode(tiny, out_dir, port, count, pid, fault=False):
     t0 = time.time()
     from dsbd_jax.parallel import distributed
@@ -81,7 +103,7 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
     mine = SPLITS[count][pid]
     mesh = sh.make_mesh(*MESH)
     res, times = {}, {}
-    methods = ["dsbd"] if fault else list(METHODS)
+    methods = ["sample"] if fault else list(METHODS)
     for name in methods:
         t = time.time()
         method, extra = METHODS[name]
@@ -94,8 +116,8 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
         print(f"process {pid}: {name} {times[name]} s", flush=True)
         if fault:
             print(f"process {pid}: first call done", flush=True)
-            if pid == 1:
-                os._exit(17)      # dies between two calls: the others are in the second one
+            if pid == 1:      # killed between two calls: the others are in the second one
+                os.kill(os.getpid(), signal.SIGKILL)
             t = time.time()
             try:
                 sdec(params, ids[mine], jax.random.key(SEED), prompt_lengths=lens[mine])
@@ -103,11 +125,13 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
                 print(f"process {pid}: second call failed after {time.time() - t:.1f} s: "
                       f"{type(e).__name__}: {e}", flush=True)
                 sys.exit(3)
+            print(f"process {pid}: second call returned after {time.time() - t:.1f} s", flush=True)
             return
     # gather="all": the whole batch on every process (same compiled program)
     res.update(flat("all/dsbd", sdec(params, ids[mine], jax.random.key(SEED),
                                      prompt_lengths=lens[mine], gather="all")))
     res["compiles"] = np.array(sdec.compiles)
+    res.update(bad_inputs(sdec, params, ids[mine], lens[mine], pid))
     np.savez(os.path.join(out_dir, f"process{pid}.npz"), **res)
     print(f"process {pid}: total {time.time() - t0:.1f} s {times}", flush=True)
 
