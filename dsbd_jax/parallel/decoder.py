@@ -41,6 +41,16 @@ UNEVEN_BATCH = ("pad", "replicate", "error")
 GATHER = ("local", "all")
 
 
+def share(prompt_ids, key, prompt_lengths):
+    """This process's rows (``distributed.process_share``) of a whole batch: ``(ids [n, P],
+    key (one key, or its rows of a batch of keys), lengths [n] or None)``."""
+    ids = np.asarray(prompt_ids)
+    rows = distributed.process_share(ids.shape[0]) if ids.ndim == 2 else slice(None)
+    batch_keys = key is not None and np.ndim(key) == (1 if common.is_typed_key(key) else 2)
+    return (ids[rows], key[rows] if batch_keys else key,
+            None if prompt_lengths is None else np.asarray(prompt_lengths)[rows])
+
+
 class ShardedDecoder:
     """A decoder (``sample``, ``beam_sample``, ``beam_search``, ``speculative_sample``,
     ``tree_speculative_sample``, ``dsbd_generate``) bound to its config and a mesh, jitted with
@@ -198,22 +208,30 @@ class ShardedDecoder:
         """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
         return jax.device_put(params, param_shardings(params, self.config, self.rules))
 
-    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None, gather: str = "local"):
+    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None, gather: str = "local",
+                 whole_batch: bool = False):
         """Decode ``prompt_ids [B, P]`` (``prompt_lengths [B]``, ``key``: one key or ``[B]``).
 
         One process: the whole batch, same output as the decoder (``jax.Array`` leaves).
         Many processes (``jax.process_count() > 1``): ``prompt_ids`` are this process's own
-        prompts (any count >= 1, the same width ``P`` on every process); the global batch is every
-        process's rows in process order, so row ``b`` of process ``p`` is global row
+        prompts (any count, 0 included, the same width ``P`` on every process); the global batch is
+        every process's rows in process order, so row ``b`` of process ``p`` is global row
         ``sum(counts[:p]) + b`` and its key is that of the global row (one key: ``fold_in(key,
         global row)``), so a prompt decodes the same whichever process passes it. Returns numpy
         leaves: batch leaves hold this process's rows (``gather="local"``) or the whole batch
         (``gather="all"``); the others (loop counts, stats summed over prompts) are the whole
         batch's. Every process must call it with the same decoder and key (checked: a
-        ``ValueError`` on every process, never a hang)."""
+        ``ValueError`` on every process, never a hang).
+
+        ``whole_batch=True``: every process passes the same whole batch (as one process
+        would); each decodes its share (``distributed.process_share``) and every process gets
+        the whole batch back (what the command line does). One process: no effect."""
         if gather not in GATHER:
             raise ValueError(f"gather must be one of {GATHER}, got {gather!r}")
         if jax.process_count() > 1:
+            if whole_batch:
+                prompt_ids, key, prompt_lengths = share(prompt_ids, key, prompt_lengths)
+                gather = "all"
             return self._call_processes(params, prompt_ids, key, prompt_lengths, gather)
         ids, lengths, keys, B = self._inputs(prompt_ids, key, prompt_lengths)
         out = self._run(params, ids, lengths, keys)
@@ -249,16 +267,19 @@ class ShardedDecoder:
                                        mesh_label(self.mesh), self.uneven_batch)
 
     def _global_batch(self, prompt_ids, key, prompt_lengths):
-        """Many processes: this process's ``prompt_ids [n, P]`` -> the global batch
+        """Many processes: this process's ``prompt_ids [n, P]`` (``n`` may be 0) -> the global batch
         ``(ids [B, P], lengths [B], key (one key, or raw [B, 2]), offsets [N + 1])``, every
         process's rows in process order. Exchanges a header (checked by
         ``distributed.check_headers``, the same error on every process), then the rows."""
         error, n, P, kind, khash, own = None, 0, 0, 0, 0, None
         try:
             ids = np.asarray(prompt_ids)
-            common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+            if ids.ndim == 2 and ids.shape[0] == 0:    # fewer prompts than processes
+                lengths = np.zeros((0,), np.int32)
+            else:
+                common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+                lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
             n, P = ids.shape
-            lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
             kind, khash, own = distributed.key_parts(key, n) if self.takes_key else (0, 0, None)
         except ValueError as e:
             error = e

@@ -127,6 +127,8 @@ def check_headers(headers: np.ndarray, own_error: Optional[Exception] = None) ->
     if bad:
         raise ValueError(f"process(es) {bad} rejected their prompts (see their own error); "
                          f"no process decodes")
+    if not sum(h["rows"]):
+        raise ValueError("no process passed a prompt")
     if len(set(h["width"])) > 1:
         raise ValueError(f"every process must pass prompts of the same width (pad each batch "
                          f"to one bucket); widths by process: {h['width']}")

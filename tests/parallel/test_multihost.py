@@ -180,7 +180,9 @@ def test_headers_disagreeing_raise():
 
     def headers(**other):
         return np.array([[ok[k] for k in HEADER], [{**ok, **other}[k] for k in HEADER]])
-    check_headers(headers(rows=5))
+    check_headers(headers(rows=0))         # a process without prompts
+    with pytest.raises(ValueError, match="no process passed a prompt"):
+        check_headers(np.array([[{**ok, "rows": 0}[k] for k in HEADER]] * 2))
     for change, match in ((dict(width=10), r"same width.*\[12, 10\]"),
                           (dict(settings=1), "different decoders"),
                           (dict(key_hash=6), "same PRNG key"), (dict(key_kind=2), "same PRNG key"),
@@ -211,3 +213,48 @@ def test_gather_option_checked(toy):
     dec = ShardedDecoder(sample, DecodeConfig(target=config, max_new_tokens=2), make_mesh(1, 1))
     with pytest.raises(ValueError, match="gather must be one of"):
         dec(dec.place(params), np.ones((1, 3), np.int32), jax.random.key(0), gather="some")
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line, started once per process
+
+GENERATE = ["generate", "--method", "dsbd", "--max-new-tokens", "4", "--no-progress",
+            "--prompt", "hi", "--prompt", "hello there", "--prompt", "x"]
+
+
+def cli(args, env, out: Path):
+    return subprocess.Popen([sys.executable, "-m", "dsbd_jax", *map(str, args)], env=env,
+                            stdout=open(out.with_suffix(".out"), "w"),
+                            stderr=open(out.with_suffix(".err"), "w"))
+
+
+def process_env(port, count, pid):
+    return dict(worker_env(4), JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                JAX_NUM_PROCESSES=str(count), JAX_PROCESS_ID=str(pid))
+
+
+def python_lines(text: str) -> str:
+    """Less gloo's connection lines (written by C++ straight to the process's stdout)."""
+    return "".join(line for line in text.splitlines(True) if not line.startswith("[Gloo]"))
+
+
+def beams(text: str) -> str:
+    """The printed prompts and beams (not the timing or the batch-summed stats)."""
+    return text[text.index("--- prompt"):]
+
+
+def test_cli_generate_many_processes(tiny):
+    """``dsbd generate --mesh`` started once per process prints, on process 0 only, the beams
+    of one process without a mesh."""
+    port, t = free_port(), tiny / "tiny"
+    args = GENERATE + ["--target", t / "target", "--draft", t / "draft"]
+    logs = [tiny / "cli0", tiny / "cli1", tiny / "cli_ref"]
+    procs = [cli(args + ["--mesh", "data=4,model=2"], process_env(port, 2, i), logs[i])
+             for i in (0, 1)]
+    procs.append(cli(args, worker_env(1), logs[2]))
+    codes = finish(procs, [f.with_suffix(".err") for f in logs])
+    out = [python_lines(f.with_suffix(".out").read_text()) for f in logs]
+    assert codes == [0, 0, 0], [f.with_suffix(".err").read_text()[-2000:] for f in logs]
+    assert "mesh data=4,model=2 over 8 cpu devices" in out[0]
+    assert out[0].count("--- prompt") == 3 and beams(out[0]) == beams(out[2])
+    assert out[1] == ""
