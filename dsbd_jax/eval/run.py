@@ -167,9 +167,10 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
 
     CompileClock.install()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
     writer = jax.process_index() == 0
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
     # a changed config fails here, before the load
     resumed = resume_state(records_path, cfg) if writer else None
     done = resumed["done"] if resumed else set()

@@ -218,7 +218,7 @@ def test_gather_option_checked(toy):
 # ---------------------------------------------------------------------------------------------
 # the command line, started once per process
 
-GENERATE = ["generate", "--method", "dsbd", "--max-new-tokens", "4", "--no-progress",
+GENERATE = ["generate", "--method", "sample", "--max-new-tokens", "4", "--no-progress",
             "--prompt", "hi", "--prompt", "hello there", "--prompt", "x"]
 
 
@@ -258,3 +258,33 @@ def test_cli_generate_many_processes(tiny):
     assert "mesh data=4,model=2 over 8 cpu devices" in out[0]
     assert out[0].count("--- prompt") == 3 and beams(out[0]) == beams(out[2])
     assert out[1] == ""
+
+
+def test_cli_bench_many_processes(tiny):
+    """``dsbd bench --mesh`` started once per process: process 0 writes the records of a
+    one-process run (same completions), process 1 writes nothing."""
+    sys.path.insert(0, str(HERE.parent))
+    from bench_setup import write_bench_config, write_gsm
+    t = tiny / "tiny"
+    gsm = write_gsm(tiny / "gsm.jsonl", [{"question": f"{i}+1?", "answer": f"#### {i + 1}"}
+                                         for i in range(3)])
+    cfg = write_bench_config(tiny / "bench.yaml", t / "target", t / "draft", gsm,
+                             [{"method": "sample"}], limit=3, batch_size=4)
+    port = free_port()
+    logs = [tiny / "bench0", tiny / "bench1", tiny / "bench_ref"]
+    outs = [tiny / "bench_out0", tiny / "bench_out1", tiny / "bench_ref_out"]
+    procs = [cli(["bench", cfg, "--no-progress", "--out", outs[i], "--mesh", "data=4,model=2"],
+                 process_env(port, 2, i), logs[i]) for i in (0, 1)]
+    procs.append(cli(["bench", cfg, "--no-progress", "--out", outs[2]], worker_env(1), logs[2]))
+    codes = finish(procs, [f.with_suffix(".err") for f in logs])
+    assert codes == [0, 0, 0], [f.with_suffix(".err").read_text()[-2000:] for f in logs]
+    from dsbd_jax.eval.records import read_records
+    (h0, *r0), (_, *ref) = (read_records(o / "records.jsonl") for o in (outs[0], outs[2]))
+    assert h0["mesh"] == {"data": 4, "model": 2}
+    same_keys = ("prompt_index", "completion", "new_tokens", "score")
+    assert [{k: r[k] for k in same_keys} for r in r0] == [{k: r[k] for k in same_keys}
+                                                           for r in ref]
+    assert len(r0) == 3 and (outs[0] / "summary.json").exists()
+    assert not outs[1].exists()
+    assert "wrote" in logs[0].with_suffix(".out").read_text()
+    assert python_lines(logs[1].with_suffix(".out").read_text()) == ""
