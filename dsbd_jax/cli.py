@@ -319,7 +319,8 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
               + "".join(f"\n  note: {n}" for n in dec.rules.notes))
     key = jax.random.key(seed)
     whole = {} if mesh is None else {"whole_batch": True}   # many processes: each its share
-    call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)  # noqa: E731
+    def call():
+        return dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)
     rows = prompt_ids.shape[0]
     total = dec.config.max_new_tokens * rows
     if warmup:

@@ -154,8 +154,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
 
     Many processes (``jax.process_count() > 1``, a mesh over every process's devices): every
     process runs this with the same config; each decodes its share of every batch
-    (``ShardedDecoder(..., whole_batch=True)``); only process 0 reads and writes ``out_dir`` (the others
-    return None), and the resume state is process 0's."""
+    (``ShardedDecoder(..., whole_batch=True)``); only process 0 reads and writes ``out_dir``
+    (the others return None), and the resume state is process 0's."""
     import jax
     import jax.numpy as jnp
     from dsbd_jax.decoding import common
@@ -264,7 +264,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     if cfg["warmup"] == 0:  # compile ahead of time, run nothing
                         run.compiled(params, pid, keys, prompt_lengths=plen)
                     for _ in range(cfg["warmup"]):
-                        jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen, **whole))
+                        jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen,
+                                                  **whole))
                     compile_s = CompileClock.total() - c0
                     kv_bytes[(lab, P)] = kv_cache_bytes(dec, P, B)
                     warmed.add((lab, P))
@@ -278,7 +279,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     c0 = CompileClock.total()
                     e0 = meter.read()
                     t0 = time.perf_counter()
-                    out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen, **whole))
+                    out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen,
+                                                    **whole))
                     seconds = time.perf_counter() - t0
                     joules = meter.joules_since(e0)
                     compile_s += CompileClock.total() - c0  # non-zero only on a recompile

@@ -10,6 +10,10 @@ Parameters are placed by the rules of ``dsbd_jax.parallel.rules``; prompts, leng
 split over ``data``; the decode loop's state follows by XLA's sharding propagation, and the KV
 caches by the layout they state where they are made (``dsbd_jax.models.axes``), resolved by the
 mesh and logical-axis rules this class enters around its own trace only.
+
+Many processes (JAX's multi-controller runtime, ``parallel.distributed``): each process passes
+its own prompts and gets its own rows back as numpy (``gather="all"``: every row); the global
+batch is every process's rows in process order, decoded exactly as one process would decode it.
 """
 
 from __future__ import annotations
@@ -122,6 +126,12 @@ class ShardedDecoder:
         trees = {k: unblock_params(t) for k, t in trees.items()}
         trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
         return shard_params(trees if pair else trees["target"], self.config, self.rules)
+
+    def placer(self, role: str = "target"):
+        """``load_model(..., place=dec.placer("target"))``: each tensor straight onto this
+        process's shards of the mesh as it is read (``ShardingRules.placer``); :meth:`place`
+        then only repeats KV heads where needed and reshards nothing else."""
+        return self.rules.placer(model_configs(self.source_config)[role], role)
 
     def _raw(self, params, ids, lengths, keys):
         if self.takes_key:

@@ -3,7 +3,7 @@ several on one machine), one global mesh, every process running the same program
 
     # on every process, before anything else touches JAX:
     from dsbd_jax.parallel import distributed
-    distributed.initialize()          # reads JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
+    distributed.initialize()   # reads JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
 
 :func:`initialize` wraps ``jax.distributed.initialize`` with short fault timeouts (a process that
 dies is noticed by the others within about ``heartbeat_timeout_seconds``; see
@@ -29,6 +29,7 @@ ENV_ADDRESS, ENV_COUNT, ENV_ID = "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
 HEARTBEAT_TIMEOUT_S = 10
 INIT_TIMEOUT_S = 120
 SHUTDOWN_TIMEOUT_S = 20
+CPU_COLLECTIVES = "jax_cpu_collectives_implementation"
 
 
 class PeerFailure(RuntimeError):
@@ -82,7 +83,8 @@ def initialize(coordinator_address: Optional[str] = None, num_processes: Optiona
         if env is None:
             return False
         given = {k: v if v is not None else env[k] for k, v in given.items()}
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if CPU_COLLECTIVES in jax.config.values:      # a jax without the option has one choice
+        jax.config.update(CPU_COLLECTIVES, "gloo")
     opts = dict(heartbeat_timeout_seconds=heartbeat_timeout_seconds,
                 initialization_timeout=initialization_timeout,
                 shutdown_timeout_seconds=shutdown_timeout_seconds, **kwargs)
@@ -149,7 +151,7 @@ def concat_rows(stacked: np.ndarray, counts: Sequence[int]) -> np.ndarray:
 
 
 def row_offsets(counts: Sequence[int]) -> np.ndarray:
-    """``[N + 1]``: process ``p``'s rows are ``[offsets[p], offsets[p + 1])`` of the global batch."""
+    """``[N + 1]``: process ``p``'s rows are ``[offsets[p], offsets[p + 1])`` of the batch."""
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 

@@ -2,7 +2,8 @@
 ``tests/parallel/test_multihost.py``: started once per process with 4 virtual CPU devices each
 (``XLA_FLAGS=--xla_force_host_platform_device_count=4``), one global mesh ``data=4, model=2``.
 Each process decodes its own prompts (process ``p`` of ``N`` takes rows ``SPLITS[N][p]`` of the
-batch of 8: unequal counts) and writes what it got back to ``OUT/process<p>.npz``.
+batch of 8: unequal counts) and writes what it got back to ``OUT/process<p>.npz``. For ``dsbd``
+the weights are placed onto each process's shards as they load (``load_model(place=...)``).
 
     python multihost_worker.py decode TINY OUT PORT N P      # one process of N (P: its id)
     python multihost_worker.py reference TINY OUT            # one process, one device
@@ -50,10 +51,10 @@ def flat(name, out):
             for p, x in jax.tree_util.tree_flatten_with_path(out)[0]}
 
 
-def models(tiny):
+def models(tiny, place_target=None, place_draft=None):
     from dsbd_jax import load_model
-    return load_model(os.path.join(tiny, "target")), load_model(os.path.join(tiny, "draft"),
-                                                                tokenizer=False)
+    return (load_model(os.path.join(tiny, "target"), tokenizer=False, place=place_target),
+            load_model(os.path.join(tiny, "draft"), tokenizer=False, place=place_draft))
 
 
 def reference(tiny, out_dir):
@@ -109,7 +110,10 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
         method, extra = METHODS[name]
         dec = build(method, target.config, draft.config, **SETTINGS, **extra)
         sdec = sh.ShardedDecoder.of(dec, mesh)
-        params = sdec.place(model_params(dec, target.params, draft.params))
+        pair = (target, draft)
+        if name == "dsbd":    # weights placed onto this process's shards as they load
+            pair = models(tiny, sdec.placer("target"), sdec.placer("draft"))
+        params = sdec.place(model_params(dec, pair[0].params, pair[1].params))
         out = sdec(params, ids[mine], jax.random.key(SEED), prompt_lengths=lens[mine])
         res.update(flat(name, out))
         times[name] = round(time.time() - t, 1)

@@ -41,7 +41,8 @@ def free_port() -> int:
 def worker_env(devices: int):
     return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                 JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
-                PYTHONPATH=os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
+                PYTHONPATH=os.pathsep.join([str(HERE.parents[1]),
+                                            os.environ.get("PYTHONPATH", "")]))
 
 
 def start(args, devices, log):
@@ -288,3 +289,29 @@ def test_cli_bench_many_processes(tiny):
     assert not outs[1].exists()
     assert "wrote" in logs[0].with_suffix(".out").read_text()
     assert python_lines(logs[1].with_suffix(".out").read_text()) == ""
+
+
+def test_placed_load_is_the_same_model(tiny):
+    """``load_model(place=...)`` (each tensor onto its shards as it loads) gives the values of a
+    plain load, in both weight layouts, and the stacked leaves carry the rules' specs (one
+    device here; the two-process decode above loads DSBD's pair this way)."""
+    import jax
+    from dsbd_jax import load_model
+    from dsbd_jax.parallel import ShardingRules, make_mesh
+    path = tiny / "tiny" / "target"
+    config = load_model(path, tokenizer=False, progress=False).config
+    rules = ShardingRules(make_mesh(1, 1))
+    placed = {}
+    for layout in ("stacked", "per_layer"):
+        placed[layout] = load_model(path, tokenizer=False, progress=False, layout=layout,
+                                    place=rules.placer(config)).params
+        ref = load_model(path, tokenizer=False, progress=False, layout=layout, kernel_blocks=None)
+        same_values = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), ref.params,
+                                   placed[layout])
+        assert all(jax.tree.leaves(same_values)), layout
+    is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)   # noqa: E731
+    specs = jax.tree.leaves(rules.param_specs(config, placed["stacked"]), is_leaf=is_spec)
+    assert [tuple(s) for s in specs] == [tuple(x.sharding.spec)
+                                         for x in jax.tree.leaves(placed["stacked"])]
+    with pytest.raises(ValueError, match="no sharding rule"):
+        rules.placer(config)(("extra", "kernel"), np.zeros((2, 2)), np.float32)
