@@ -248,7 +248,8 @@ class ShardedDecoder:
         if ids.shape[0] == B:
             return out
         rows = slice(0, B)
-        return jax.tree.map(lambda x, f: x[rows] if f else x, out, self._batch_flags(params, ids))
+        flags = self._batch_flags(params, ids, out)
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, flags)
 
     def _run(self, params, ids, lengths, keys):
         """The compiled program on the padded global batch (numpy ``ids [Bp, P]``, ``lengths
@@ -264,12 +265,14 @@ class ShardedDecoder:
         try:
             ids, lengths, key, offsets = self._global_batch(prompt_ids, key, prompt_lengths)
             ids, lengths, keys, B = self._inputs(ids, key, lengths)
-            out = distributed.fetch(self._run(params, ids, lengths, keys))
+            out = self._run(params, ids, lengths, keys)
+            flags = self._batch_flags(params, ids, out)
+            out = distributed.fetch(out, self.rules.replicated())
         except jax.errors.JaxRuntimeError as e:
             raise distributed.PeerFailure(f"sharded {self.name}", e) from e
         p = jax.process_index()
         rows = slice(offsets[p], offsets[p + 1]) if gather == "local" else slice(0, B)
-        return jax.tree.map(lambda x, f: x[rows] if f else x, out, self._batch_flags(params, ids))
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, flags)
 
     def _settings(self) -> int:
         """Checksum of what every process must agree on: decoder, config, mesh."""
@@ -302,9 +305,10 @@ class ShardedDecoder:
         g_ids, g_lengths, g_keys = distributed.unpack_rows(glob, P)
         return g_ids, g_lengths, (g_keys if kind == 2 else key), distributed.row_offsets(counts)
 
-    def _batch_flags(self, params, ids):
-        """Which output leaves have the batch as leading axis (found by tracing the output
-        shapes at two batch sizes, once per shape): a tree of bools like the output."""
+    def _batch_flags(self, params, ids, out):
+        """Which leaves of ``out`` (the output for the padded batch ``ids``) have the batch as
+        leading axis: those whose leading axis also follows a batch one data shard larger
+        (traced once per shape). A tree of bools like the output."""
         Bp, Pl = ids.shape
         sig = (jax.tree.structure(params), Bp, Pl)
         if sig not in self._batch_leaves:
@@ -316,7 +320,7 @@ class ShardedDecoder:
                                       jax.ShapeDtypeStruct((b, Pl), jnp.int32),
                                       jax.ShapeDtypeStruct((b,), jnp.int32),
                                       jax.ShapeDtypeStruct((b, 2), jnp.uint32))
-            a, b = shapes(Bp), shapes(Bp + d)
+            a, b = out, shapes(Bp + d)
             self._batch_leaves[sig] = jax.tree.map(
                 lambda x, y: bool(x.shape) and x.shape[0] == Bp and y.shape[0] == Bp + d, a, b)
         return self._batch_leaves[sig]

@@ -16,6 +16,7 @@ never exchanged this way).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import zlib
@@ -186,8 +187,14 @@ def unpack_rows(rows: np.ndarray, width: int):
             keys.astype(np.uint32) if keys.shape[1] else None)
 
 
-def fetch(tree):
-    """A pytree of (global) ``jax.Array`` -> numpy, every leaf whole on every process (one
-    allgather per leaf; a leaf already on this process is just copied)."""
-    from jax.experimental import multihost_utils
-    return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+def fetch(tree, replicated):
+    """A pytree of (global) ``jax.Array`` -> numpy, every leaf whole on every process: one
+    program (compiled once per output structure) that replicates the tree with the sharding
+    ``replicated`` (e.g. ``NamedSharding(mesh, P())``), then each process reads its own copy."""
+    whole = _replicate(replicated)(tree)
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), whole)
+
+
+@functools.lru_cache(maxsize=None)
+def _replicate(replicated):
+    return jax.jit(lambda tree: tree, out_shardings=replicated)
