@@ -207,7 +207,8 @@ class ShardedDecoder:
         return self._compiled[sig]
 
     def compiled(self, params, prompt_ids, key=None, prompt_lengths=None):
-        """``jax.stages.Compiled`` of the program a call with these arguments runs
+        """``jax.stages.Compiled`` of the program a call with these arguments runs (many
+        processes: ``prompt_ids`` is the global batch, as with ``whole_batch=True``)
         (``.as_text()``: its HLO, for :func:`loop_collectives`; ``.memory_analysis()``)."""
         ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
                                              prompt_lengths)

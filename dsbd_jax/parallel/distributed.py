@@ -6,9 +6,11 @@ several on one machine), one global mesh, every process running the same program
     distributed.initialize()   # reads JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
 
 :func:`initialize` wraps ``jax.distributed.initialize`` with short fault timeouts (a process that
-dies is noticed by the others within about ``heartbeat_timeout_seconds``; see
-:data:`HEARTBEAT_TIMEOUT_S`) and, on CPU, the gloo cross-process collectives. The rest of this
-module is the small host-side exchange :class:`~dsbd_jax.parallel.ShardedDecoder` uses to turn
+dies is noticed by the others within about ``heartbeat_timeout_seconds``, see
+:data:`HEARTBEAT_TIMEOUT_S`) and, on CPU, the gloo cross-process collectives. Measured on one
+machine: a collective in flight fails at once with :class:`PeerFailure` when the dead process's
+sockets close, and the coordination service ends the survivor 7-10 s after the kill. The rest of
+this module is the small host-side exchange :class:`~dsbd_jax.parallel.ShardedDecoder` uses to turn
 each process's own prompts into one global batch: a check that every process agrees on the
 settings, and an allgather of kilobytes of prompt ids / lengths / keys (the model and caches are
 never exchanged this way).
