@@ -281,8 +281,8 @@ class ShardedDecoder:
                                        mesh_label(self.mesh), self.uneven_batch)
 
     def _global_batch(self, prompt_ids, key, prompt_lengths):
-        """Many processes: this process's ``prompt_ids [n, P]`` (``n`` may be 0) -> the global batch
-        ``(ids [B, P], lengths [B], key (one key, or raw [B, 2]), offsets [N + 1])``, every
+        """Many processes: this process's ``prompt_ids [n, P]`` (``n`` may be 0) -> the global
+        batch ``(ids [B, P], lengths [B], key (one key, or raw [B, 2]), offsets [N + 1])``, every
         process's rows in process order. Exchanges a header (checked by
         ``distributed.check_headers``, the same error on every process), then the rows."""
         error, n, P, kind, khash, own = None, 0, 0, 0, 0, None
@@ -295,7 +295,7 @@ class ShardedDecoder:
                 lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
             n, P = ids.shape
             kind, khash, own = distributed.key_parts(key, n) if self.takes_key else (0, 0, None)
-        except ValueError as e:
+        except (ValueError, TypeError) as e:     # raised on every process after the header
             error = e
         header = np.array([error is not None, n, P, kind, khash, self._settings()], np.int64)
         headers = distributed.allgather(header)
