@@ -16,6 +16,12 @@ Variants:
   batched matrix-vector path for one row). XLA's default options only;
 * ``torch``: ``torch.nn.functional.linear`` (weight ``[out, in]``), ``--threads`` threads.
 
+``--dtypes float32 bfloat16`` adds bfloat16 kernels: ``jax out_in bf16 mixed`` and ``jax in_out
+bf16 mixed`` (``dsbd_jax.models.products.mixed_rows`` / ``mixed_cols``: the input cast to
+bfloat16, float32 accumulation and result, one row padded to two: what a bfloat16 model runs),
+``jax out_in bf16 one-row`` (the same without the padding), ``jax in_out bf16 bf16-out`` (a
+bfloat16 result, Flax ``Dense``'s product) and ``torch bf16`` (weights and input in bfloat16).
+
 **Caveat (measured):** the ``--layers`` products of one call are independent, and XLA:CPU runs
 independent products side by side. That flatters variants whose products are single-threaded
 (the blocked ones: width 64 looked 1.7x faster than ``[in, out]`` at M = 4 for 28 independent
@@ -52,6 +58,7 @@ import numpy as np  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cpu_options import candidates  # noqa: E402
 from dsbd_jax.models.kernels import width_fits  # noqa: E402
+from dsbd_jax.models.products import mixed_cols, mixed_rows  # noqa: E402
 
 # (in, out) of the products of one Qwen2.5-1.5B layer
 SHAPES = {"up": (1536, 8960), "down": (8960, 1536), "q": (1536, 1536), "kv": (1536, 256),
@@ -91,9 +98,26 @@ def blocked_variant(weights_in_out, n: int):
     return jax.jit(lambda x, ws: [blocked_product(x, w) for w in ws]), ws
 
 
-def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 64, 128)):
+def bf16_variants(weights_in_out):
+    """``{label: (compiled fn(x), weights)}`` of the bfloat16 products (module docstring)."""
+    cols = [jnp.asarray(w, jnp.bfloat16) for w in weights_in_out]
+    rows = [jnp.asarray(np.ascontiguousarray(w.T), jnp.bfloat16) for w in weights_in_out]
+    one_row = lambda x, w: jax.lax.dot_general(  # noqa: E731
+        x.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    bf16_out = lambda x, w: x.astype(w.dtype) @ w  # noqa: E731
+    return {"jax out_in bf16 mixed": (jax.jit(lambda x, ws: [mixed_rows(x, w) for w in ws]), rows),
+            "jax in_out bf16 mixed": (jax.jit(lambda x, ws: [mixed_cols(x, w) for w in ws]), cols),
+            "jax out_in bf16 one-row": (jax.jit(lambda x, ws: [one_row(x, w) for w in ws]), rows),
+            "jax in_out bf16 bf16-out": (jax.jit(lambda x, ws: [bf16_out(x, w) for w in ws]),
+                                         cols)}
+
+
+def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 64, 128),
+              dtypes=("float32",)):
     weights = [rng.standard_normal((din, dout), np.float32) * 0.02 for _ in range(layers)]
     variants = {}
+    if "bfloat16" in dtypes:
+        variants.update(bf16_variants(weights))
     for layout in ("in_out", "out_in"):
         for opt, (f, ws) in jax_variants(weights, layout).items():
             variants[f"jax {layout} {opt}"] = (f, ws)
@@ -103,6 +127,7 @@ def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 
     import torch
     torch.set_num_threads(threads)
     tw = [torch.from_numpy(np.ascontiguousarray(w.T)) for w in weights]
+    tw16 = [w.to(torch.bfloat16) for w in tw] if "bfloat16" in dtypes else None
     results = {}
     for M in rows:
         x_np = rng.standard_normal((M, din), np.float32)
@@ -120,10 +145,16 @@ def run_shape(name, din, dout, rows, layers, repeats, threads, rng, blocks=(32, 
             torch_call()
             calls["torch"] = torch_call
             results.setdefault("torch", {})[M] = {}
-            # same products, same results up to float rounding (a sanity check of the set-up)
+            if tw16 is not None:
+                xt16 = xt.to(torch.bfloat16)
+                calls["torch bf16"] = lambda: [torch.nn.functional.linear(xt16, w) for w in tw16]
+                results.setdefault("torch bf16", {})[M] = {}
+            # same products, same results up to float rounding (a sanity check of the set-up;
+            # bfloat16 inputs are rounded to 8 bits of mantissa: a looser tolerance)
             for label in variants:  # every variant: the same products up to rounding
-                np.testing.assert_allclose(np.asarray(calls[label]()[0]),
-                                           torch_call()[0].numpy(), rtol=1e-3, atol=1e-3)
+                tol = 3e-2 if "bf16" in label else 1e-3
+                np.testing.assert_allclose(np.asarray(calls[label]()[0], np.float32),
+                                           torch_call()[0].numpy(), rtol=tol, atol=tol)
             times = {label: [] for label in calls}
             order = list(calls)
             for _ in range(repeats):
@@ -149,6 +180,8 @@ def main(argv=None):
                     help="output block widths of the blocked kernel variants (none: skip them)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--small", action="store_true", help="2 layers of a 256x512 product")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="bfloat16: also the bfloat16 variants (module docstring)")
     ap.add_argument("--out", default="results/matmul.json")
     args = ap.parse_args(argv)
     shapes = SMALL_SHAPES if args.small else {k: SHAPES[k] for k in args.shapes}
@@ -162,7 +195,8 @@ def main(argv=None):
            "candidates": {k: dict(v) for k, v in candidates().items()}, "shapes": {}}
     for name, (din, dout) in shapes.items():
         out["shapes"][name] = run_shape(name, din, dout, args.rows, layers, repeats,
-                                        args.threads, rng, blocks=args.blocks)
+                                        args.threads, rng, blocks=args.blocks,
+                                        dtypes=tuple(args.dtypes))
     write_json(args.out, out)
     print(f"wrote {args.out}")
     return out

@@ -16,11 +16,20 @@ target calls and, for DSBD, the accepted draft candidates per verified layer; no
 prints the run's tokens/s and every beam with its target log-likelihood. Settings are checked
 against the models' configs before any weights are loaded.
 Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
+
+Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
+started once per process with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+``JAX_PROCESS_ID`` set (``dsbd_jax.parallel.distributed.initialize``); with ``--mesh`` each
+process decodes its share of the prompts, only process 0 prints results and writes files, and
+progress bars are off. On one machine, N processes of 4 virtual CPU devices each::
+
+    N=2; for i in $(seq 0 $((N-1))); do JAX_COORDINATOR_ADDRESS=127.0.0.1:12345 JAX_NUM_PROCESSES=$N JAX_PROCESS_ID=$i XLA_FLAGS=--xla_force_host_platform_device_count=4 dsbd generate --mesh data=4,model=2 --no-progress --prompt hi & done; wait
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -351,7 +360,9 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
               f"{mesh.devices.flat[0].platform} devices"
               + "".join(f"\n  note: {n}" for n in dec.rules.notes))
     key = jax.random.key(seed)
-    call = lambda: dec(params, prompt_ids, key, prompt_lengths=prompt_lengths)  # noqa: E731
+    whole = {} if mesh is None else {"whole_batch": True}   # many processes: each its share
+    def call():
+        return dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)
     rows = prompt_ids.shape[0]
     total = dec.config.max_new_tokens * rows
     if warmup:
@@ -488,6 +499,8 @@ def cmd_bench(args) -> int:
                            for d in cfg["datasets"]]
     out = Path(args.out or Path("results") / cfg["name"])
     summary = run_bench(cfg, out, progress=not args.no_progress, mesh=mesh)
+    if summary is None:       # not process 0 of many: it writes and prints
+        return 0
     print(format_summary(summary))
     print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
     return 0
@@ -633,29 +646,39 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "demo":
-            return cmd_demo(args)
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "plot":
-            return cmd_plot(args)
-        if args.command == "summary":
-            return cmd_summary(args)
-        if args.command == "make-tiny-pair":
-            return cmd_make_tiny_pair(args)
-        if args.command == "vocab":
-            return cmd_vocab(args)
-        if args.command == "distill":
-            return cmd_distill(args)
-        if args.command == "host":
-            return cmd_host(args)
+        if args.command in ("generate", "bench") and _join_processes():
+            args.no_progress = True      # the progress callback is one process's
+            if not _is_first_process():
+                with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                    return _dispatch(args)
+        return _dispatch(args)
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    return 1
 
+
+def _join_processes() -> bool:
+    """Join the other processes when JAX's environment names them (``JAX_COORDINATOR_ADDRESS``,
+    ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``): ``parallel.distributed.initialize``. Returns
+    whether this is one of many processes."""
+    from dsbd_jax.parallel import distributed
+    if distributed.env_settings() is None:
+        return False
+    distributed.initialize()
+    import jax
+    return jax.process_count() > 1
+
+
+def _is_first_process() -> bool:
+    import jax
+    return jax.process_index() == 0
+
+
+def _dispatch(args) -> int:
+    commands = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench, "plot": cmd_plot,
+                "summary": cmd_summary, "make-tiny-pair": cmd_make_tiny_pair, "vocab": cmd_vocab,
+                "distill": cmd_distill}
+    return commands[args.command](args) if args.command in commands else 1
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -93,12 +93,14 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
 
 
 def device_memory() -> Dict[str, Any]:
-    """Peak device bytes in use so far (``memory_stats``), or the reason there is none."""
+    """Peak bytes in use so far on this process's first device (``memory_stats``), or the
+    reason there is none."""
     import jax
-    stats = jax.devices()[0].memory_stats()
+    dev = jax.local_devices()[0]
+    stats = dev.memory_stats()
     if not stats or "peak_bytes_in_use" not in stats:
         return {"peak_device_bytes": None,
-                "reason": f"{jax.devices()[0].platform} device does not report memory_stats"}
+                "reason": f"{dev.platform} device does not report memory_stats"}
     return {"peak_device_bytes": int(stats["peak_bytes_in_use"]), "reason": None}
 
 
@@ -117,6 +119,22 @@ def prefill_seconds(model, P: int, ids, lens, repeats: int = 2) -> float:
     return float(np.median(ts))
 
 
+def agreed_done(done, labels, num_prompts: int):
+    """Many processes: the (label, prompt) pairs process 0 found done in its records, on every
+    process (only process 0 reads and writes the records), so that all run the same batches.
+    One process: ``done`` as is."""
+    import jax
+    if jax.process_count() == 1:
+        return done
+    from jax.experimental import multihost_utils
+    grid = np.zeros((len(labels), num_prompts), np.int32)
+    for lab, i in done:
+        if lab in labels and i < num_prompts:
+            grid[labels.index(lab), i] = 1
+    grid = np.asarray(multihost_utils.broadcast_one_to_all(grid))
+    return {(labels[a], int(i)) for a, i in zip(*np.nonzero(grid))}
+
+
 def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
               log: Callable[[str], None] = print, models: Optional[Tuple[Any, Any]] = None,
               mesh=None) -> Dict[str, Any]:
@@ -132,7 +150,12 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     differs). ``models``: already loaded ``(target, draft)`` (otherwise loaded from the config).
     ``mesh``: a ``jax.sharding.Mesh`` from ``dsbd_jax.parallel.make_mesh``: every method runs
     sharded over it (:class:`dsbd_jax.parallel.ShardedDecoder`). ``kv_cache_bytes`` stays the
-    total."""
+    total.
+
+    Many processes (``jax.process_count() > 1``, a mesh over every process's devices): every
+    process runs this with the same config; each decodes its share of every batch
+    (``ShardedDecoder(..., whole_batch=True)``); only process 0 reads and writes ``out_dir``
+    (the others return None), and the resume state is process 0's."""
     import jax
     import jax.numpy as jnp
     from dsbd_jax.decoding import common
@@ -144,9 +167,12 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
 
     CompileClock.install()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "records.jsonl"
-    resumed = resume_state(records_path, cfg)  # a changed config fails here, before the load
+    writer = jax.process_index() == 0
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    # a changed config fails here, before the load
+    resumed = resume_state(records_path, cfg) if writer else None
     done = resumed["done"] if resumed else set()
     t_start = time.perf_counter()
     eos = None if cfg["eos"] else ()
@@ -189,7 +215,10 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     batches = plan_batches(prompt_buckets, [src for *_, src in prompts], B)
     buckets = sorted(set(prompt_buckets))
     total = len(decoders) * len(prompts)
-    if resumed is None:
+    done = agreed_done(done, [lab for lab, *_ in decoders], len(prompts))
+    if not writer:
+        records_path = Path(os.devnull)
+    elif resumed is None:
         header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
                   "machine": machine_info(), "energy": meter.describe(),
                   "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
@@ -214,6 +243,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
         from tqdm.auto import tqdm
         # smoothing 0: the ETA uses this session's average rate over all methods and batches
         bar = tqdm(total=total, initial=len(done), desc="bench", unit="run", smoothing=0)
+    whole = {} if mesh is None else {"whole_batch": True}   # many processes: each its share
     warmed = set()
     kv_bytes: Dict[Tuple[str, int], int] = {}
     prefill_s: Dict[Tuple[str, int], float] = {}
@@ -234,7 +264,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     if cfg["warmup"] == 0:  # compile ahead of time, run nothing
                         run.compiled(params, pid, keys, prompt_lengths=plen)
                     for _ in range(cfg["warmup"]):
-                        jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
+                        jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen,
+                                                  **whole))
                     compile_s = CompileClock.total() - c0
                     kv_bytes[(lab, P)] = kv_cache_bytes(dec, P, B)
                     warmed.add((lab, P))
@@ -248,7 +279,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     c0 = CompileClock.total()
                     e0 = meter.read()
                     t0 = time.perf_counter()
-                    out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen))
+                    out = jax.block_until_ready(run(params, pid, keys, prompt_lengths=plen,
+                                                    **whole))
                     seconds = time.perf_counter() - t0
                     joules = meter.joules_since(e0)
                     compile_s += CompileClock.total() - c0  # non-zero only on a recompile
@@ -288,13 +320,16 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                     done.add((lab, idx[r]))
                 f.write("".join(lines))  # one batch's records at once: a kill loses whole batches
                 f.flush()
-                os.fsync(f.fileno())
+                if writer:
+                    os.fsync(f.fileno())
                 if bar is not None:
                     new = sum(int(out.lengths[r, int(out.best[r])]) for r in todo)
                     bar.set_postfix_str(f"{lab}: {new / seconds:.2f} tok/s, bucket {P}")
                     bar.update(len(todo))
     if bar is not None:
         bar.close()
+    if not writer:
+        return None
     summary = summary_of(records_path)
     summary.update(compiles={k: v for k, v in common.compile_count().items()},
                    wall_s=time.perf_counter() - t_start)

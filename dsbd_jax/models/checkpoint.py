@@ -157,15 +157,17 @@ def _progress(iterable, total, desc, enabled):
 
 def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.ndarray],
                     dtype, save_dir: Optional[Path] = None, progress: bool = False,
-                    desc: str = "converting") -> Dict[str, Any]:
+                    desc: str = "converting", place: Optional[Placer] = None) -> Dict[str, Any]:
     """Build the parameter pytree from a tensor getter.
 
     ``get(hf_name, layer)`` returns the tensor ``hf_name`` (``{i}`` replaced by ``layer``) in HF
     layout as a numpy array. Each stacked parameter is assembled on the host, optionally saved
     as ``<save_dir>/<path>.npy`` (float32, or in ``dtype`` when that is a 16-bit float: half the
     disk; bfloat16 as its 16-bit pattern, :func:`save_host`), converted to ``dtype``, put on the
-    device and dropped from the host before the next one.
+    device (or placed by ``place(path, host, dtype)``, e.g. onto this process's shards of a
+    mesh) and dropped from the host before the next one.
     """
+    place = place or _to_device
     dtype = jnp.dtype(dtype)
     shapes = param_shapes(config)
     params: Dict[str, Any] = {}
@@ -191,7 +193,7 @@ def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.
             del w
         if save_dir is not None:
             save_host(save_dir / f"{path_name(path)}.npy", host, dtype)
-        _set_path(params, path, _to_device(host, dtype))
+        _set_path(params, path, place(path, host, dtype))
         del host
     return params
 
@@ -216,7 +218,12 @@ def load_host(path: Path) -> np.ndarray:
     return host.view(jnp.bfloat16) if host.dtype == np.uint16 else host
 
 
-def _to_device(host: np.ndarray, dtype) -> jax.Array:
+# place(path, host [shape], dtype) -> the parameter as a jax.Array (``path``: the stacked-layout
+# key tuple, e.g. ("layers", "mlp", "up_proj", "kernel"))
+Placer = Callable[[Tuple[str, ...], np.ndarray, Any], jax.Array]
+
+
+def _to_device(path, host: np.ndarray, dtype) -> jax.Array:
     """Copy to the device; a dtype change happens there (XLA converts far faster than numpy)."""
     x = jnp.asarray(host)
     return x if x.dtype == dtype else x.astype(dtype)
@@ -249,24 +256,29 @@ def config_from_json(d: Dict[str, Any], dtype: str = "float32") -> ModelConfig:
     return ModelConfig(dtype=dtype, **d)
 
 
-def convert_saved_params(src: Path, dst: Path, config: ModelConfig, dtype) -> Dict[str, Any]:
+def convert_saved_params(src: Path, dst: Path, config: ModelConfig, dtype,
+                         place: Optional[Placer] = None) -> Dict[str, Any]:
     """Parameters saved in ``src`` (float32) written again to ``dst`` in ``dtype``
-    (:func:`save_host`) one at a time, and returned on the device in ``dtype``."""
+    (:func:`save_host`) one at a time, and returned in ``dtype`` (on the device, or placed by
+    ``place`` as in :func:`assemble_params`)."""
+    place = place or _to_device
     params: Dict[str, Any] = {}
     for path, shape in param_shapes(config).items():
         host = load_host(src / f"{path_name(path)}.npy")
         if tuple(host.shape) != shape:
             raise ValueError(f"cached {path_name(path)} has shape {host.shape}, expected {shape}; "
                              f"delete {src} to rebuild it")
-        x = _to_device(host, jnp.dtype(dtype))
-        save_host(dst / f"{path_name(path)}.npy", np.asarray(x), dtype)
-        _set_path(params, path, x)
+        save_host(dst / f"{path_name(path)}.npy", host, dtype)
+        _set_path(params, path, place(path, host, jnp.dtype(dtype)))
         del host
     return params
 
 
-def load_saved_params(directory: Path, config: ModelConfig, dtype) -> Dict[str, Any]:
-    """Parameters written by ``assemble_params(save_dir=...)`` (memory-mapped, one at a time)."""
+def load_saved_params(directory: Path, config: ModelConfig, dtype,
+                      place: Optional[Placer] = None) -> Dict[str, Any]:
+    """Parameters written by ``assemble_params(save_dir=...)`` (memory-mapped, one at a time;
+    ``place``: as in :func:`assemble_params`)."""
+    place = place or _to_device
     shapes = param_shapes(config)
     params: Dict[str, Any] = {}
     for path, shape in shapes.items():
@@ -274,6 +286,6 @@ def load_saved_params(directory: Path, config: ModelConfig, dtype) -> Dict[str, 
         if tuple(host.shape) != shape:
             raise ValueError(f"cached {path_name(path)} has shape {host.shape}, expected {shape}; "
                              f"delete {directory} to rebuild it")
-        _set_path(params, path, _to_device(host, jnp.dtype(dtype)))
+        _set_path(params, path, place(path, host, jnp.dtype(dtype)))
         del host
     return params

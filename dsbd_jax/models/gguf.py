@@ -251,12 +251,14 @@ class GGUFSource:
 # loading a GGUF file
 
 def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
-              progress: bool = False, save_dir: Optional[Path] = None) -> LoadedModel:
+              progress: bool = False, save_dir: Optional[Path] = None,
+              place=None) -> LoadedModel:
     """Load a GGUF file (see the module docstring).
 
     ``tokenizer``: ``"auto"`` builds the ``transformers`` tokenizer from the file's
     ``tokenizer.ggml.*`` metadata when present (slow for large vocabularies), ``False`` skips it.
     ``save_dir``: also write the float32 parameters there (used by the preset cache).
+    ``place``: where each tensor goes (``checkpoint.assemble_params``).
     """
     path = Path(path)
     src = GGUFSource(path)
@@ -267,7 +269,7 @@ def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
         logger.info("dequantising %s (%s, %d layers)", path.name, src.architecture,
                     config.num_layers)
         params = assemble_params(config, src.get, dtype, save_dir=save_dir, progress=progress,
-                                 desc=f"dequantising {path.name}")
+                                 desc=f"dequantising {path.name}", place=place)
     finally:
         src.close()
     tok = None

@@ -209,15 +209,16 @@ def hf_tokenizer(directory: Path, required: bool = False):
 
 
 def load_hf_checkpoint(directory, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
-                       progress: bool = False) -> LoadedModel:
-    """Load a local Hugging Face checkpoint directory (see module docstring)."""
+                       progress: bool = False, place=None) -> LoadedModel:
+    """Load a local Hugging Face checkpoint directory (see module docstring). ``place``: where
+    each tensor goes (``checkpoint.assemble_params``)."""
     directory = Path(directory)
     config = hf_config(directory, jnp.dtype(dtype).name)
     source = _SafetensorsSource(directory)
     try:
         check_no_unexpected(source.weight_map, config, f"checkpoint {directory}")
         params = assemble_params(config, source.get, dtype, progress=progress,
-                                 desc=f"loading {directory.name}")
+                                 desc=f"loading {directory.name}", place=place)
     finally:
         source.close()
     tok = hf_tokenizer(directory, required=tokenizer is True) if tokenizer else None

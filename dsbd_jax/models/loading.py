@@ -157,7 +157,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                vocab_table: Optional[Union[str, os.PathLike]] = None,
                prompt_rows: bool = False,
                kernel_blocks: Union[str, Dict[str, int], None] = "measured",
-               untie_head: bool = False) -> LoadedModel:
+               untie_head: bool = False, place=None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -203,6 +203,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         projection as two blocks of half its output columns; ``{"down_proj": 64, ...}``: given
         widths. ``info["kernel_blocks"]`` and ``info["kernel_transposed"]`` record what was
         applied. Every form gives the same outputs up to float rounding.
+      place: ``place(path, host, dtype) -> jax.Array`` for each tensor as it is read (path: the
+        stacked-layout key tuple), e.g. ``ShardedDecoder.placer("target")``, which puts it
+        straight onto this process's shards of a mesh, so a process holds its shards plus one
+        tensor, never the whole model. The kernels then stay plain (``kernel_blocks="measured"``
+        means None); the other options run on the placed arrays.
       untie_head: give a tied head (the embedding doubling as the head: the hub's Qwen2.5-0.5B,
         Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
         ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
@@ -224,8 +229,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
         raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
+    if place is not None and kernel_blocks == MEASURED:
+        kernel_blocks = None      # the sharded program takes plain [in, out] kernels
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                        progress=progress, cache_params=cache_params, revision=revision)
+                        progress=progress, cache_params=cache_params, revision=revision,
+                        place=place)
     params = lambda: model.params  # noqa: E731
     if layout == "per_layer":
         with timed_step("split the stacked layers into per-layer arrays", progress, params):
@@ -283,17 +291,18 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
 
 
 def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params,
-                revision) -> LoadedModel:
+                revision, place=None) -> LoadedModel:
     jnp.dtype(dtype)  # validates
     kind, where = _resolve(source, revision)
     if kind == "preset":
         return load_preset(where, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                           progress=progress, cache_params=cache_params)
+                           progress=progress, cache_params=cache_params, place=place)
     t0 = time.perf_counter()
     if kind == "hf":
-        model = load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress)
+        model = load_hf_checkpoint(where, dtype, tokenizer=tokenizer, progress=progress,
+                                   place=place)
     else:
-        model = load_gguf(where, dtype, tokenizer=tokenizer, progress=progress)
+        model = load_gguf(where, dtype, tokenizer=tokenizer, progress=progress, place=place)
     notice(f"loaded {'checkpoint' if kind == 'hf' else 'GGUF'} {where} in "
            f"{time.perf_counter() - t0:.1f} s", progress)
     return model

@@ -246,7 +246,7 @@ def cache_params_default() -> bool:
 
 
 def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bool = True,
-                cache_params: Optional[bool] = None):
+                cache_params: Optional[bool] = None, place=None):
     """Load a preset (building its cache the first time). See the module docstring.
 
     ``cache_params``: write the parameters (in the load's dtype) to the cache on the first load (default:
@@ -254,7 +254,8 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
 
     ``LoadedModel.info`` records the cache folder, whether this call built the parameter cache,
     and the seconds spent per step (``gguf_s``: join + sha256, ``convert_s``: dequantise +
-    write the cache, ``cached_load_s``, ``tokenizer_s``, ``total_s``).
+    write the cache, ``cached_load_s``, ``tokenizer_s``, ``total_s``). ``place``: where each
+    tensor goes (``checkpoint.assemble_params``).
     """
     preset = get_preset(name)
     directory = preset_dir(name, cache_dir)
@@ -272,7 +273,7 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
         info["gguf_s"] = time.perf_counter() - t0
     if not _params_ready(directory, dtype_name) and not cache_params:
         t1 = time.perf_counter()
-        loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress)
+        loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress, place=place)
         params, config = loaded.params, loaded.config
         info["convert_s"] = time.perf_counter() - t1
     elif not _params_ready(directory, dtype_name):
@@ -288,10 +289,10 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
                     if from_f32:  # a 16-bit copy of the float32 cache (no dequantising)
                         config = _load_cached_config(directory, dtype_name, _PARAMS_DIR)
                         loaded = LoadedModel(config, convert_saved_params(
-                            directory / _PARAMS_DIR, tmp, config, dtype), None, name, {})
+                            directory / _PARAMS_DIR, tmp, config, dtype, place), None, name, {})
                     else:
                         loaded = load_gguf(gguf_path, dtype, tokenizer=False,
-                                           progress=progress, save_dir=tmp)
+                                           progress=progress, save_dir=tmp, place=place)
                     meta = {"preset": name, "sha256": preset.sha256, "dtype": dtype_name,
                             "config": config_to_json(loaded.config)}
                     (tmp / "config.json").write_text(json.dumps(meta, indent=1))
@@ -305,7 +306,7 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
         t1 = time.perf_counter()
         config = _load_cached_config(directory, dtype_name)
         notice(f"loading {name} from cached parameters in {directory / pdir}", progress)
-        params = load_saved_params(directory / pdir, config, dtype)
+        params = load_saved_params(directory / pdir, config, dtype, place=place)
         info["cached_load_s"] = time.perf_counter() - t1
     tok = None
     if tokenizer:

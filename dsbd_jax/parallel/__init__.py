@@ -6,7 +6,10 @@
 - ``decoder``: :class:`ShardedDecoder`, a decoder jitted with those shardings. It states the
   cache layout by tracing under the mesh and the logical-axis rules (``flax.linen.
   logical_axis_rules``), which ``dsbd_jax.models.axes`` resolves where the caches are made; no
-  module of the package holds a switch.
+  module of the package holds a switch. Under many processes (JAX's multi-controller runtime)
+  each process passes its own prompts and gets its own rows back.
+- ``distributed``: joining the processes (``initialize``: environment variables, gloo, short
+  fault timeouts) and the small host-side exchange ``ShardedDecoder`` uses.
 
 May import: ``dsbd_jax.models`` and ``dsbd_jax.decoding``; never ``eval`` or ``cli``. The HLO
 reading that tests and benchmarks use (collectives in the decode loop) is

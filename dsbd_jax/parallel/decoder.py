@@ -10,6 +10,10 @@ Parameters are placed by the rules of ``dsbd_jax.parallel.rules``; prompts, leng
 split over ``data``; the decode loop's state follows by XLA's sharding propagation, and the KV
 caches by the layout they state where they are made (``dsbd_jax.models.axes``), resolved by the
 mesh and logical-axis rules this class enters around its own trace only.
+
+Many processes (JAX's multi-controller runtime, ``parallel.distributed``): each process passes
+its own prompts and gets its own rows back as numpy (``gather="all"``: every row); the global
+batch is every process's rows in process order, decoded exactly as one process would decode it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dsbd_jax.decoding import common
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
                                      param_shardings, shard_params)
@@ -37,6 +42,17 @@ def _leaf_bytes(x) -> int:
 
 
 UNEVEN_BATCH = ("pad", "replicate", "error")
+GATHER = ("local", "all")
+
+
+def share(prompt_ids, key, prompt_lengths):
+    """This process's rows (``distributed.process_share``) of a whole batch: ``(ids [n, P],
+    key (one key, or its rows of a batch of keys), lengths [n] or None)``."""
+    ids = np.asarray(prompt_ids)
+    rows = distributed.process_share(ids.shape[0]) if ids.ndim == 2 else slice(None)
+    batch_keys = key is not None and np.ndim(key) == (1 if common.is_typed_key(key) else 2)
+    return (ids[rows], key[rows] if batch_keys else key,
+            None if prompt_lengths is None else np.asarray(prompt_lengths)[rows])
 
 
 class ShardedDecoder:
@@ -110,6 +126,12 @@ class ShardedDecoder:
         trees = {k: unblock_params(t) for k, t in trees.items()}
         trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
         return shard_params(trees if pair else trees["target"], self.config, self.rules)
+
+    def placer(self, role: str = "target"):
+        """``load_model(..., place=dec.placer("target"))``: each tensor straight onto this
+        process's shards of the mesh as it is read (``ShardingRules.placer``); :meth:`place`
+        then only repeats KV heads where needed and reshards nothing else."""
+        return self.rules.placer(model_configs(self.source_config)[role], role)
 
     def _raw(self, params, ids, lengths, keys):
         if self.takes_key:
@@ -185,7 +207,8 @@ class ShardedDecoder:
         return self._compiled[sig]
 
     def compiled(self, params, prompt_ids, key=None, prompt_lengths=None):
-        """``jax.stages.Compiled`` of the program a call with these arguments runs
+        """``jax.stages.Compiled`` of the program a call with these arguments runs (many
+        processes: ``prompt_ids`` is the global batch, as with ``whole_batch=True``)
         (``.as_text()``: its HLO, for :func:`loop_collectives`; ``.memory_analysis()``)."""
         ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
                                              prompt_lengths)
@@ -196,18 +219,97 @@ class ShardedDecoder:
         """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
         return jax.device_put(params, param_shardings(params, self.config, self.rules))
 
-    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None):
+    def __call__(self, params, prompt_ids, key=None, prompt_lengths=None, gather: str = "local",
+                 whole_batch: bool = False):
+        """Decode ``prompt_ids [B, P]`` (``prompt_lengths [B]``, ``key``: one key or ``[B]``).
+
+        One process: the whole batch, same output as the decoder (``jax.Array`` leaves).
+        Many processes (``jax.process_count() > 1``): ``prompt_ids`` are this process's own
+        prompts (any count, 0 included, the same width ``P`` on every process); the global batch is
+        every process's rows in process order, so row ``b`` of process ``p`` is global row
+        ``sum(counts[:p]) + b`` and its key is that of the global row (one key: ``fold_in(key,
+        global row)``), so a prompt decodes the same whichever process passes it. Returns numpy
+        leaves: batch leaves hold this process's rows (``gather="local"``) or the whole batch
+        (``gather="all"``); the others (loop counts, stats summed over prompts) are the whole
+        batch's. Every process must call it with the same decoder and key (checked: a
+        ``ValueError`` on every process, never a hang).
+
+        ``whole_batch=True``: every process passes the same whole batch (as one process
+        would); each decodes its share (``distributed.process_share``) and every process gets
+        the whole batch back (what the command line does). One process: no effect."""
+        if gather not in GATHER:
+            raise ValueError(f"gather must be one of {GATHER}, got {gather!r}")
+        if jax.process_count() > 1:
+            if whole_batch:
+                prompt_ids, key, prompt_lengths = share(prompt_ids, key, prompt_lengths)
+                gather = "all"
+            return self._call_processes(params, prompt_ids, key, prompt_lengths, gather)
         ids, lengths, keys, B = self._inputs(prompt_ids, key, prompt_lengths)
-        params = self._placed(params)
-        placed = self._place_inputs(ids, lengths, keys)
-        out = self._executable(params, ids, placed)(params, *placed)
+        out = self._run(params, ids, lengths, keys)
         if ids.shape[0] == B:
             return out
-        return self._unpad(params, ids, out, B)
+        rows = slice(0, B)
+        flags = self._batch_flags(params, ids, out)
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, flags)
 
-    def _unpad(self, params, ids, out, B):
-        """Drop the padding rows: leaves whose leading axis is the batch (found by tracing the
-        output shapes at two batch sizes, once per shape)."""
+    def _run(self, params, ids, lengths, keys):
+        """The compiled program on the padded global batch (numpy ``ids [Bp, P]``, ``lengths
+        [Bp]``, raw ``keys [Bp, 2]``)."""
+        params = self._placed(params)
+        placed = self._place_inputs(ids, lengths, keys)
+        return self._executable(params, ids, placed)(params, *placed)
+
+    def _call_processes(self, params, prompt_ids, key, prompt_lengths, gather):
+        """Many processes: this process's prompts in, its rows (or all rows) out as numpy. A
+        collective that fails (a process died: its connections close) raises
+        ``distributed.PeerFailure`` here."""
+        try:
+            ids, lengths, key, offsets = self._global_batch(prompt_ids, key, prompt_lengths)
+            ids, lengths, keys, B = self._inputs(ids, key, lengths)
+            out = self._run(params, ids, lengths, keys)
+            flags = self._batch_flags(params, ids, out)
+            out = distributed.fetch(out, self.rules.replicated())
+        except jax.errors.JaxRuntimeError as e:
+            raise distributed.PeerFailure(f"sharded {self.name}", e) from e
+        p = jax.process_index()
+        rows = slice(offsets[p], offsets[p + 1]) if gather == "local" else slice(0, B)
+        return jax.tree.map(lambda x, f: x[rows] if f else x, out, flags)
+
+    def _settings(self) -> int:
+        """Checksum of what every process must agree on: decoder, config, mesh."""
+        return distributed.fingerprint(self.name, self.takes_key, repr(self.source_config),
+                                       mesh_label(self.mesh), self.uneven_batch)
+
+    def _global_batch(self, prompt_ids, key, prompt_lengths):
+        """Many processes: this process's ``prompt_ids [n, P]`` (``n`` may be 0) -> the global
+        batch ``(ids [B, P], lengths [B], key (one key, or raw [B, 2]), offsets [N + 1])``, every
+        process's rows in process order. Exchanges a header (checked by
+        ``distributed.check_headers``, the same error on every process), then the rows."""
+        error, n, P, kind, khash, own = None, 0, 0, 0, 0, None
+        try:
+            ids = np.asarray(prompt_ids)
+            if ids.ndim == 2 and ids.shape[0] == 0:    # fewer prompts than processes
+                lengths = np.zeros((0,), np.int32)
+            else:
+                common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+                lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
+            n, P = ids.shape
+            kind, khash, own = distributed.key_parts(key, n) if self.takes_key else (0, 0, None)
+        except (ValueError, TypeError) as e:     # raised on every process after the header
+            error = e
+        header = np.array([error is not None, n, P, kind, khash, self._settings()], np.int64)
+        headers = distributed.allgather(header)
+        distributed.check_headers(headers, error)
+        counts = headers[:, 1].tolist()
+        rows = distributed.pack_rows(ids, lengths, own, max(counts))
+        glob = distributed.concat_rows(distributed.allgather(rows), counts)
+        g_ids, g_lengths, g_keys = distributed.unpack_rows(glob, P)
+        return g_ids, g_lengths, (g_keys if kind == 2 else key), distributed.row_offsets(counts)
+
+    def _batch_flags(self, params, ids, out):
+        """Which leaves of ``out`` (the output for the padded batch ``ids``) have the batch as
+        leading axis: those whose leading axis also follows a batch one data shard larger
+        (traced once per shape). A tree of bools like the output."""
         Bp, Pl = ids.shape
         sig = (jax.tree.structure(params), Bp, Pl)
         if sig not in self._batch_leaves:
@@ -219,11 +321,10 @@ class ShardedDecoder:
                                       jax.ShapeDtypeStruct((b, Pl), jnp.int32),
                                       jax.ShapeDtypeStruct((b,), jnp.int32),
                                       jax.ShapeDtypeStruct((b, 2), jnp.uint32))
-            a, b = shapes(Bp), shapes(Bp + d)
+            a, b = out, shapes(Bp + d)
             self._batch_leaves[sig] = jax.tree.map(
                 lambda x, y: bool(x.shape) and x.shape[0] == Bp and y.shape[0] == Bp + d, a, b)
-        flags = self._batch_leaves[sig]
-        return jax.tree.map(lambda x, f: x[:B] if f else x, out, flags)
+        return self._batch_leaves[sig]
 
     # -- figures ------------------------------------------------------------------------------
     def param_bytes_per_device(self, params) -> Dict[str, int]:

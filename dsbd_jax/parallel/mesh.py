@@ -1,8 +1,14 @@
 """The device mesh: two named axes, ``data`` (prompts: the batch axis of prompts, keys, KV caches
 and decode state) and ``model`` (tensor parallel: attention heads, MLP hidden units,
-vocabulary). Multi-host works the same way: call ``jax.distributed.initialize()`` on every host
-first, then :func:`make_mesh` spans ``jax.devices()`` (all hosts' devices) and every host runs the
-same program.
+vocabulary).
+
+Many processes (one per host, JAX's multi-controller runtime): call
+``dsbd_jax.parallel.distributed.initialize()`` on every process first (it reads
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``), then :func:`make_mesh`
+spans ``jax.devices()`` (every process's devices), every process runs the same program, and
+``ShardedDecoder`` takes each process's own prompts and returns its rows (``docs/design.md``,
+"Many processes"). Run here: 2 processes x 4 virtual CPU devices on one machine
+(``tests/parallel/test_multihost.py``); not yet on several machines or accelerators.
 """
 
 from __future__ import annotations

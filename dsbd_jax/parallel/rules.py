@@ -210,6 +210,19 @@ class ShardingRules:
             return P(*(amap[a] for a in axes))
         return jax.tree_util.tree_map_with_path(spec, params)
 
+    def placer(self, config: ModelConfig, name: str = "model"):
+        """``place(path, host, dtype)`` for ``load_model(place=...)``: the host tensor ``host``
+        (``path``: its key tuple, either layout) put onto its shards of the mesh by these rules;
+        each process makes only its own devices' slices (``jax.make_array_from_callback``)."""
+        amap = self.axis_map(config, name)
+
+        def place(path, host, dtype):
+            spec = P(*(amap[a] for a in logical_axes(tuple(path), np.ndim(host))))
+            return jax.make_array_from_callback(
+                tuple(host.shape), NamedSharding(self.mesh, spec),
+                lambda index: np.asarray(host[index]).astype(dtype))
+        return place
+
     def param_shardings(self, config: ModelConfig, params, name: str = "model"):
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s),
                             self.param_specs(config, params, name))
