@@ -677,8 +677,9 @@ def _is_first_process() -> bool:
 def _dispatch(args) -> int:
     commands = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench, "plot": cmd_plot,
                 "summary": cmd_summary, "make-tiny-pair": cmd_make_tiny_pair, "vocab": cmd_vocab,
-                "distill": cmd_distill}
+                "distill": cmd_distill, "host": cmd_host}
     return commands[args.command](args) if args.command in commands else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

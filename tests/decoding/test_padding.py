@@ -192,3 +192,33 @@ def test_mask_padding_keeps_the_prompt_and_zeroes_the_rest():
     ids = np.array([[3, 1, 9, -4], [2, 2, 2, 2 ** 30]], np.int32)
     got = np.asarray(common.mask_padding(ids, np.array([2, 3], np.int32)))
     np.testing.assert_array_equal(got, [[3, 1, 0, 0], [2, 2, 2, 0]])
+
+
+@pytest.mark.parametrize("name", ["greedy", "dsbd"])
+def test_padding_is_never_read_at_any_batch_size(models, name):
+    """The batch size drawn too (1, 2 or 5 rows; one compilation each): valid prompts with any
+    padding decode exactly as their clean twins, nothing is NaN."""
+    run, _ = runner(name, "direct", models)
+
+    @st.composite
+    def sized(draw):
+        b = draw(st.sampled_from([1, 2, 5]))
+        ids = np.array(draw(st.lists(st.integers(0, V - 1), min_size=b * P, max_size=b * P)),
+                       np.int32).reshape(b, P)
+        lens = np.array(draw(st.lists(st.integers(1, P), min_size=b, max_size=b)), np.int32)
+        fill = st.one_of(st.sampled_from(FILLS), st.integers(-(2 ** 31), 2 ** 31 - 1))
+        return ids, lens, np.array(draw(st.lists(fill, min_size=b, max_size=b)), np.int64)
+
+    @settings(max_examples=8, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(sized())
+    def check(batch):
+        ids, lens, fills = batch
+        err, out = run(padded(ids, lens, fills), lens)
+        clean_err, clean = run(padded(ids, lens, np.zeros(len(lens), np.int64)), lens)
+        assert err is None and clean_err is None, err
+        assert_no_nan(out)
+        assert_same(out, clean)
+        assert not np.asarray(out.invalid).any()
+
+    check()
