@@ -324,3 +324,57 @@ def test_placed_load_is_the_same_model(tiny):
                                          for x in jax.tree.leaves(placed["stacked"])]
     with pytest.raises(ValueError, match="no sharding rule"):
         rules.placer(config)(("extra", "kernel"), np.zeros((2, 2)), np.float32)
+
+
+def test_cli_bench_killed_process_resumes(tiny):
+    """``dsbd bench --mesh`` over 2 processes, one of them killed once the first setting's
+    records are written: the other stops (never hangs), and the same two commands again resume
+    from the records like a one-process run: only the missing setting runs, nothing twice."""
+    sys.path.insert(0, str(HERE.parent))
+    from bench_setup import write_bench_config, write_gsm
+    from dsbd_jax.eval.records import read_records
+    t = tiny / "tiny"
+    gsm = write_gsm(tiny / "gsm_resume.jsonl", [{"question": f"{i}+2?", "answer": f"#### {i + 2}"}
+                                                for i in range(3)])
+    cfg = write_bench_config(tiny / "bench_resume.yaml", t / "target", t / "draft", gsm,
+                             [{"method": "sample"}, {"method": "beam", "num_beams": 2}],
+                             limit=3, batch_size=4)
+    out = tiny / "bench_resume_out"
+    logs = [tiny / "resume0", tiny / "resume1"]
+
+    def launch(tag):
+        port = free_port()
+        return [cli(["bench", cfg, "--no-progress", "--out", out, "--mesh", "data=4,model=2"],
+                    process_env(port, 2, i), logs[i].with_name(f"{logs[i].name}{tag}"))
+                for i in (0, 1)]
+
+    procs = launch("a")
+    records = out / "records.jsonl"
+    try:
+        end = time.time() + TIMEOUT_S
+        while time.time() < end:  # the first setting's 3 records (after the run header)
+            if records.exists() and records.read_text().count('"type": "sample"') >= 3:
+                break
+            assert all(p.poll() is None for p in procs), "a process ended before the kill"
+            time.sleep(0.2)
+        else:
+            pytest.fail("no records written")
+        procs[1].kill()
+        codes = [p.wait(timeout=FAULT_BOUND_S + 30) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes[1] == -9 and codes[0] != 0, codes
+    samples = lambda: [r for r in read_records(records) if r.get("type") == "sample"]  # noqa: E731
+    before = samples()
+    assert 3 <= len(before) < 6, len(before)
+    procs = launch("b")
+    codes = finish(procs, [f.with_name(f"{f.name}b").with_suffix(".err") for f in logs])
+    err0 = logs[0].with_name("resume0b").with_suffix(".err").read_text()
+    assert codes == [0, 0], err0[-3000:]
+    after = samples()
+    out0 = logs[0].with_name("resume0b").with_suffix(".out").read_text()
+    assert f"resuming: {len(before)}/6 done" in out0, out0[-2000:]
+    keys = [(r["label"], r["prompt_index"]) for r in after]
+    assert len(after) == 6 and len(set(keys)) == 6, keys
+    assert after[:len(before)] == before  # the records of the first run are kept as they were
