@@ -84,8 +84,7 @@ def measure_dtypes(din: int, dout: int, rows=PROBE_ROWS, layers=PROBE_LAYERS,
     options, interleaved round by round."""
     calls = {}
     for dt in DTYPES:
-        form = kernels._choose_form(din, dout, dt) if din * dout >= kernels.MIN_ELEMENTS \
-            else "plain"
+        form = kernels._choose_form(din, dout, dt)  # "plain" under MIN_ELEMENTS
         chain, ups, downs = mlp_pairs(form, din, dout, layers, dt)
         calls[dt] = (jax.jit(chain, compiler_options=compiler_options(form)), ups, downs)
     rng = np.random.default_rng(0)
@@ -165,23 +164,20 @@ def _logged(din: int, dout: int) -> tuple:
 def resolve_dtype(dtype, config) -> str:
     """The dtype name a load uses: ``dtype`` itself (a name or a jnp dtype), or for ``"auto"``
     (or ``None``) :func:`choose_dtype` of ``config``."""
-    if dtype is None or (isinstance(dtype, str) and dtype == AUTO):
-        return choose_dtype(config)
-    name = jnp.dtype(dtype).name
-    return name
+    return choose_dtype(config) if _is_auto(dtype) else jnp.dtype(dtype).name
+
+
+def _is_auto(dtype) -> bool:
+    return dtype is None or (isinstance(dtype, str) and dtype == AUTO)
 
 
 def plan(config, dtype=AUTO, form: Optional[str] = None) -> HostPlan:
     """How this host runs a model of ``config``'s shape: the dtype (``"auto"``: measured, see the
     module docstring; or forced), the kernel form for that dtype (``form`` forces one), the
     compiler options of that form and whether the head is stored as rows."""
-    if dtype is None or (isinstance(dtype, str) and dtype == AUTO):
-        name, why = dtype_choice(config)
-    else:
-        name, why = jnp.dtype(dtype).name, "given"
-    cfg = config.replace(dtype=name) if hasattr(config, "replace") else config
+    name, why = dtype_choice(config) if _is_auto(dtype) else (jnp.dtype(dtype).name, "given")
     if form is None:
-        form = kernels.choose_form(cfg, name)
+        form = kernels.choose_form(config.replace(dtype=name), name)
     head_t = form == TRANSPOSED and jnp.dtype(name).itemsize == 2
     options = choice(form) if jax.default_backend() == "cpu" else "default"
     return HostPlan(name, form, options, head_t, why)

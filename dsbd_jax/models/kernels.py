@@ -212,26 +212,25 @@ def transpose_head(params):
     fastest (:func:`dsbd_jax.models.products.mixed_rows`: one product over contiguous rows); a
     tied head (the embedding ``[V, d]``) already has it. A new tree; :func:`unblock_params`
     converts back."""
-    out = dict(params)
-    if HEAD in out and "kernel" in out[HEAD]:
-        head = {k: v for k, v in out[HEAD].items() if k != "kernel"}
-        out[HEAD] = {**head, T_KEY: jnp.swapaxes(out[HEAD]["kernel"], -1, -2)}
-    if VOCAB_HEAD in out and "kernel" in out[VOCAB_HEAD]:
-        head = {k: v for k, v in out[VOCAB_HEAD].items() if k != "kernel"}
-        out[VOCAB_HEAD] = {**head, T_KEY: jnp.swapaxes(out[VOCAB_HEAD]["kernel"], -1, -2)}
-    return out
+    return _swap_head(params, "kernel", T_KEY)
 
 
 def untranspose_head(params):
     """The inverse of :func:`transpose_head` (the same tree object when the head is plain)."""
+    return _swap_head(params, T_KEY, "kernel")
+
+
+def _swap_head(params, src: str, dst: str):
+    """``params`` with each vocabulary head's ``src`` matrix transposed under ``dst`` (the same
+    tree object when no head has ``src``)."""
     if not isinstance(params, Mapping):
         return params
     out = params
     for name in (HEAD, VOCAB_HEAD):
         head = out.get(name)
-        if isinstance(head, Mapping) and T_KEY in head:
-            rest = {k: v for k, v in head.items() if k != T_KEY}
-            out = {**out, name: {**rest, "kernel": jnp.swapaxes(head[T_KEY], -1, -2)}}
+        if isinstance(head, Mapping) and src in head:
+            rest = {k: v for k, v in head.items() if k != src}
+            out = {**out, name: {**rest, dst: jnp.swapaxes(head[src], -1, -2)}}
     return out
 
 

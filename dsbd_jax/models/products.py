@@ -49,28 +49,29 @@ def _rows2(xm: jax.Array) -> jax.Array:
     return jnp.pad(xm, ((0, 1), (0, 0))) if xm.shape[0] == 1 else xm
 
 
+def _mixed(x: jax.Array, kernel: jax.Array, k_in: int) -> jax.Array:
+    """``x [..., in]`` times a 2-D ``kernel`` whose axis ``k_in`` is ``in``: ``x`` cast to the
+    kernel's dtype (one row padded to two, :func:`_rows2`), float32 accumulation, float32
+    ``[..., out]``."""
+    lead = x.shape[:-1]
+    xm = x.reshape(-1, x.shape[-1])
+    y = jax.lax.dot_general(_rows2(xm).astype(kernel.dtype), kernel, (((1,), (k_in,)), ((), ())),
+                            preferred_element_type=jnp.float32)[:xm.shape[0]]
+    return y.reshape(*lead, kernel.shape[1 - k_in])
+
+
 def mixed_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
     """``x [..., in]`` times ``rows [out, in]`` (a kernel stored as its output rows, the
     ``[out, in]`` form): ``x`` cast to the kernel's dtype, float32 accumulation, float32
     ``[..., out]``. One row is padded to two (:func:`_rows2`). Meant for 16-bit kernels; a
     float32 kernel gives the float32 product."""
-    lead = x.shape[:-1]
-    xm = x.reshape(-1, x.shape[-1])
-    m = xm.shape[0]
-    y = jax.lax.dot_general(_rows2(xm).astype(rows.dtype), rows, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32)[:m]
-    return y.reshape(*lead, rows.shape[0])
+    return _mixed(x, rows, 1)
 
 
 def mixed_cols(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """``x [..., in]`` times a 16-bit ``kernel [in, out]`` (Flax's form), float32 accumulation,
     float32 ``[..., out]``; one row padded to two."""
-    lead = x.shape[:-1]
-    xm = x.reshape(-1, x.shape[-1])
-    m = xm.shape[0]
-    y = jax.lax.dot_general(_rows2(xm).astype(kernel.dtype), kernel, (((1,), (0,)), ((), ())),
-                            preferred_element_type=jnp.float32)[:m]
-    return y.reshape(*lead, kernel.shape[1])
+    return _mixed(x, kernel, 0)
 
 
 def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
