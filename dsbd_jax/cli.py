@@ -467,7 +467,7 @@ def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str) -> str:
         return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
                 f"({per_call:.2f} new tokens per target pass, all prompts together)")
     why = (" and the models run in float32 here: on this host a forest pass costs more than a "
-           "one-token pass (docs/results/speed.md)"
+           "one-token pass (docs/results/precision.md)"
            if dtype == "float32" else "")
     return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
             f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
