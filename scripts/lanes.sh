@@ -7,7 +7,8 @@
 # exit status other than 0 or 5, "every test deselected"), else 0. Arguments pass to every pytest.
 #
 # Environment: PY (default .venv/bin/python); DSBD_TEST_LANES: the lanes, separated by ";", each
-# a space-separated list of folders or files (default: the two lanes below).
+# a space-separated list of folders or files (default: the two lanes below); DSBD_TEST_LANE_NAMES:
+# their prefixes (default "A B ...").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -17,7 +18,8 @@ PY=${PY:-.venv/bin/python}
 DEFAULT_LANES="tests/models tests/parallel tests/training;tests/decoding tests/eval $(echo tests/test_*.py)"
 IFS=';' read -r -a LANES <<<"${DSBD_TEST_LANES:-$DEFAULT_LANES}"
 EXTRA=("$@")
-NAMES=(A B C D E F G H)
+# DSBD_TEST_LANE_NAMES: the lanes' prefixes, space-separated (default A B C ...)
+read -r -a NAMES <<<"${DSBD_TEST_LANE_NAMES:-A B C D E F G H}"
 if [ "${#LANES[@]}" -gt "${#NAMES[@]}" ]; then
   echo "lanes.sh: at most ${#NAMES[@]} lanes, got ${#LANES[@]}" >&2
   exit 2

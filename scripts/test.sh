@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Quickstart 2: set up, then run the whole test suite (quick tests and the real-model tests,
-# which are marked `slow`; add -m "not slow" to skip those). Arguments pass to pytest.
+# Quickstart 2: set up, then run the whole test suite (quick tests in two lanes, then the
+# real-model tests, marked `slow`, alone; add -m "not slow" to skip those). Arguments pass to
+# pytest.
 #
 # The suite runs as one pytest process per test folder (tests/decoding, tests/eval, ...): each
 # process compiles hundreds of XLA programs, and fresh processes keep memory flat and one
@@ -20,9 +21,23 @@ done
 # The lanes (scripts/lanes.sh): each lane's lines stream to the terminal prefixed by the lane
 # ("[A] "), one line per finished test and per finished folder (result and seconds). The docs
 # build and its doctests are part of them (tests/test_docs.py).
-LOG_LANES=$(mktemp); LOG_NEWEST=$(mktemp)
-PY="$PY" bash scripts/lanes.sh "$@" 2>&1 | tee "$LOG_LANES"
-status=${PIPESTATUS[0]}
+LOG_LANES=$(mktemp); LOG_SLOW=$(mktemp); LOG_NEWEST=$(mktemp)
+# The real-model tests (marked slow, up to 13 GB each) run after the lanes, alone, so that no
+# other lane's process holds its memory beside them: the lanes take -m "not slow", then lane S
+# takes -m slow. An explicit -m in the arguments keeps one pass with that selection.
+SPLIT=1
+for a in "$@"; do case "$a" in -m|-m*) SPLIT=0;; esac; done
+if [ "$SPLIT" = 1 ]; then
+  PY="$PY" bash scripts/lanes.sh -m "not slow" "$@" 2>&1 | tee "$LOG_LANES"
+  status=${PIPESTATUS[0]}
+  echo "== slow lane: the real-model tests, alone"
+  PY="$PY" DSBD_TEST_LANES="tests" DSBD_TEST_LANE_NAMES="S" bash scripts/lanes.sh -m slow "$@" \
+    2>&1 | tee "$LOG_SLOW"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+else
+  PY="$PY" bash scripts/lanes.sh "$@" 2>&1 | tee "$LOG_LANES"
+  status=${PIPESTATUS[0]}
+fi
 # Then the newest-JAX lane (scripts/newest_jax.sh: the decoders' exactness tests under the newest
 # jax on Python 3.12; skipped, and said so, where no 3.12 interpreter exists). DSBD_NEWEST_JAX=0
 # leaves it out.
@@ -31,8 +46,8 @@ if [ "${DSBD_NEWEST_JAX:-1}" != 0 ]; then
   bash scripts/newest_jax.sh 2>&1 | sed -u 's/^/[N] /' | tee "$LOG_NEWEST"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
-# the closing line sums the lanes' line and the newest-JAX lane's: "N passed, N failed, N skipped"
-"$PY" - "$LOG_LANES" "$LOG_NEWEST" <<'SUM'
+# the closing line sums the lanes', the slow lane's and the newest-JAX lane's lines: "N passed, N failed, N skipped"
+"$PY" - "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST" <<'SUM'
 import re, sys
 total = {"passed": 0, "failed": 0, "skipped": 0}
 for path in sys.argv[1:]:
@@ -44,5 +59,5 @@ for path in sys.argv[1:]:
             total[what] += int(n)
 print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
 SUM
-rm -f "$LOG_LANES" "$LOG_NEWEST"
+rm -f "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST"
 exit $status
