@@ -256,6 +256,40 @@ def transpose_params(params, widths: Mapping[str, int]):
     return params
 
 
+def transpose_params_(params: dict, widths: Mapping[str, int], head: bool = False) -> dict:
+    """:func:`transpose_params` (and with ``head``, :func:`transpose_head`) IN PLACE, one kernel
+    at a time, each new kernel waited for and the old one dropped before the next: besides the
+    model the device holds at most one kernel twice (the loaders use it; the tree-building form
+    holds both copies of every kernel until it returns). The same keys and values as the
+    tree-building form. Returns ``params``."""
+    if unblock_params(params) is not params:   # blocked or transposed already: rebuild
+        params.update(transpose_params(params, widths))
+        return transpose_head_(params) if head else params
+    bad = sorted(set(widths) - set(PROJECTIONS))
+    if bad:
+        raise ValueError(f"unknown projections {bad}; transpose_params knows {list(PROJECTIONS)}")
+    for path, _ in _projections(params):
+        n = int(widths.get(path[-2], 0))
+        if n:
+            parent = _get(params, path[:-1])
+            w = parent.pop(path[-1])
+            parent[T_KEY] = jax.block_until_ready(transpose_block(w, n))
+            del w
+    return transpose_head_(params) if head else params
+
+
+def transpose_head_(params: dict) -> dict:
+    """:func:`transpose_head` IN PLACE (the head's old ``[d, V]`` kernel is dropped as its rows
+    are made). Returns ``params``."""
+    for name in (HEAD, VOCAB_HEAD):
+        head = params.get(name)
+        if isinstance(head, dict) and "kernel" in head:
+            w = head.pop("kernel")
+            head[T_KEY] = jax.block_until_ready(jnp.swapaxes(w, -1, -2))
+            del w
+    return params
+
+
 def transposed_of(params) -> Dict[str, int]:
     """``{projection: row-block width}`` of the transposed kernels of a tree (empty: none)."""
     return {path[-2]: int(_get(params, path).shape[-2]) for path, _ in _projections(params, T_KEY)}

@@ -45,8 +45,8 @@ from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_
 from dsbd_jax.models.host import AUTO, dtype_choice, resolve_dtype
 from dsbd_jax.models.hub import is_hub_id, snapshot
 from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params, choose_blocks,
-                                     choose_form, head_transposed, transpose_head,
-                                     transpose_params, transposed_of, transposed_widths,
+                                     choose_form, head_transposed, transpose_params_,
+                                     transposed_of, transposed_widths,
                                      uniform_blocks)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
@@ -273,9 +273,10 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         if form == TRANSPOSED:
             with timed_step("stored the projection kernels transposed (faster few-row products "
                             "on this host; DSBD_JAX_KERNEL_FORM=plain skips it)", progress, params):
-                model.params = transpose_params(model.params, transposed_widths(model.config))
-                if jnp.dtype(dtype).itemsize == 2:  # 16-bit: the head as [V, d] rows too
-                    model.params = transpose_head(model.params)
+                # in place, one kernel at a time (16-bit: the head as [V, d] rows too): the
+                # load's peak is the model plus one kernel, not two copies of the model
+                transpose_params_(model.params, transposed_widths(model.config),
+                                  head=jnp.dtype(dtype).itemsize == 2)
         kernel_blocks = None
     elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
         raise ValueError(f"kernel_blocks must be 'measured', 'transposed', 'auto', 'halves', "

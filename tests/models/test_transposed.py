@@ -87,6 +87,39 @@ def test_transposed_tree_gives_the_same_forward(layout):
     ref.assert_same_forward(config, params, [t, part], [(1, 1), (2, 1), (2, 3)])
 
 
+@pytest.mark.parametrize("layout", ["per_layer", "stacked"])
+def test_in_place_transpose_builds_the_same_tree(layout):
+    """``transpose_params_`` (the loaders' in-place form, one kernel at a time) gives the tree
+    ``transpose_params`` (+ ``transpose_head``) gives: the same keys in the same order, the same
+    values; from a blocked tree too."""
+    config, params = model(layout)
+    params = {**params, "lm_head": {"kernel": jnp.ones((config.hidden_size, config.vocab_size))}}
+    widths = kernels.transposed_widths(config)
+
+    def copy(tree):
+        return jax.tree.map(lambda x: x, tree)
+
+    def same(a, b):
+        assert jax.tree.structure(a) == jax.tree.structure(b)
+        assert [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(a)[0]] \
+            == [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(b)[0]]
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+    want = kernels.transpose_params(params, widths)
+    got = copy(params)
+    assert kernels.transpose_params_(got, widths) is got
+    same(got, want)
+    assert "kernel" in got["lm_head"]                           # the head only when asked
+    got = kernels.transpose_params_(copy(params), widths, head=True)
+    same(got, kernels.transpose_head(want))
+    blocked = kernels.block_params(params, {"up_proj": 8})
+    same(kernels.transpose_params_(copy(blocked), {"down_proj": 8}),
+         kernels.transpose_params(blocked, {"down_proj": 8}))
+    with pytest.raises(ValueError, match="unknown projections"):
+        kernels.transpose_params_(copy(params), {"nope": 8})
+
+
 def test_check_params_rejects_a_transposed_kernel_of_the_wrong_size():
     config, params = model()
     bad = kernels.transpose_params(params, {"down_proj": 8})
