@@ -29,6 +29,8 @@ The modules below this one import in one direction only: ``checkpoint`` <- ``hf`
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import time
 from pathlib import Path
@@ -135,6 +137,25 @@ def load_tokenizer(source, revision: Optional[str] = None):
 SLOW_STEP_S = 0.5
 
 
+@functools.lru_cache(maxsize=1)
+def _libc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):   # not glibc (macOS, musl): nothing to hand back
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Hand the memory a load freed back to the operating system (glibc's ``malloc_trim``;
+    ``False`` where the C library has none). A load frees as much as it keeps (the stacked
+    arrays split into layers, each kernel replaced by its transposed copy); glibc keeps those
+    freed blocks of tens of MB in its heap, and the process keeps them: the 1.5B + 0.5B pair in
+    bfloat16 (4.3 GiB of parameters) left 7.1 GB resident after loading, 5.1 GB after a trim.
+    :func:`load_model` calls it after each step and at the end; it changes no value."""
+    trim = _libc_trim()
+    return bool(trim(0)) if trim is not None else False
+
+
 @contextlib.contextmanager
 def timed_step(what: str, progress: bool, result=lambda: None):
     """Time one step of a load; if it takes ``SLOW_STEP_S`` or more, say ``"<what> in X s"``
@@ -144,6 +165,7 @@ def timed_step(what: str, progress: bool, result=lambda: None):
     t0 = time.perf_counter()
     yield
     jax.block_until_ready(result())
+    release_freed_memory()
     dt = time.perf_counter() - t0
     if dt >= SLOW_STEP_S:
         notice(f"{what} in {dt:.1f} s", progress)
@@ -288,6 +310,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
+    release_freed_memory()
     return model
 
 
