@@ -171,13 +171,22 @@ def _get(params, path):
     return params
 
 
+def _check_projections(names, fn: str) -> None:
+    bad = sorted(set(names) - set(PROJECTIONS))
+    if bad:
+        raise ValueError(f"unknown projections {bad}; {fn} knows {list(PROJECTIONS)}")
+
+
+def _copy_dicts(tree):
+    """``tree`` with every mapping copied into a new dict and the arrays shared."""
+    return {k: _copy_dicts(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+
+
 def block_params(params, blocks: Mapping[str, int]):
     """``params`` with the kernel of every projection named in ``blocks`` (``{"down_proj": 64,
     ...}``; 0 = leave it) in blocks of that width. Already blocked kernels are re-blocked.
     A new tree; the input is not changed."""
-    bad = sorted(set(blocks) - set(PROJECTIONS))
-    if bad:
-        raise ValueError(f"unknown projections {bad}; block_params knows {list(PROJECTIONS)}")
+    _check_projections(blocks, "block_params")
     for path, stacked in _projections(params):
         n = int(blocks.get(path[-2], 0))
         if n:
@@ -245,29 +254,18 @@ def transpose_params(params, widths: Mapping[str, int]):
     ...}``, e.g. :func:`transposed_widths`) transposed into row blocks of that width
     (:func:`transpose_block`) under the key ``"kernel_t"``; any form is accepted as input (a new
     tree; the input is not changed). :func:`unblock_params` converts back."""
-    bad = sorted(set(widths) - set(PROJECTIONS))
-    if bad:
-        raise ValueError(f"unknown projections {bad}; transpose_params knows {list(PROJECTIONS)}")
-    params = unblock_params(params)
-    for path, _ in _projections(params):
-        n = int(widths.get(path[-2], 0))
-        if n:
-            params = _rename(params, path, T_KEY, transpose_block(_get(params, path), n))
-    return params
+    return transpose_params_(_copy_dicts(unblock_params(params)), widths)
 
 
 def transpose_params_(params: dict, widths: Mapping[str, int], head: bool = False) -> dict:
     """:func:`transpose_params` (and with ``head``, :func:`transpose_head`) IN PLACE, one kernel
     at a time, each new kernel waited for and the old one dropped before the next: besides the
-    model the device holds at most one kernel twice (the loaders use it; the tree-building form
-    holds both copies of every kernel until it returns). The same keys and values as the
-    tree-building form. Returns ``params``."""
-    if unblock_params(params) is not params:   # blocked or transposed already: rebuild
-        params.update(transpose_params(params, widths))
-        return transpose_head_(params) if head else params
-    bad = sorted(set(widths) - set(PROJECTIONS))
-    if bad:
-        raise ValueError(f"unknown projections {bad}; transpose_params knows {list(PROJECTIONS)}")
+    model the device holds at most one kernel twice (the loaders use it; a tree built beside
+    the input would hold both copies of every kernel until it returned). Returns ``params``."""
+    _check_projections(widths, "transpose_params")
+    plain = unblock_params(params)
+    if plain is not params:   # blocked or transposed already: back to [in, out] first
+        params.update(_copy_dicts(plain))
     for path, _ in _projections(params):
         n = int(widths.get(path[-2], 0))
         if n:
@@ -279,14 +277,9 @@ def transpose_params_(params: dict, widths: Mapping[str, int], head: bool = Fals
 
 
 def transpose_head_(params: dict) -> dict:
-    """:func:`transpose_head` IN PLACE (the head's old ``[d, V]`` kernel is dropped as its rows
-    are made). Returns ``params``."""
-    for name in (HEAD, VOCAB_HEAD):
-        head = params.get(name)
-        if isinstance(head, dict) and "kernel" in head:
-            w = head.pop("kernel")
-            head[T_KEY] = jax.block_until_ready(jnp.swapaxes(w, -1, -2))
-            del w
+    """:func:`transpose_head` IN PLACE (the head's old ``[d, V]`` kernel is dropped once its
+    rows replace it). Returns ``params``."""
+    params.update(_swap_head(params, "kernel", T_KEY))
     return params
 
 
