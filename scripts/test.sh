@@ -46,18 +46,10 @@ if [ "${DSBD_NEWEST_JAX:-1}" != 0 ]; then
   bash scripts/newest_jax.sh 2>&1 | sed -u 's/^/[N] /' | tee "$LOG_NEWEST"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
-# the closing line sums the lanes', the slow lane's and the newest-JAX lane's lines: "N passed, N failed, N skipped"
-"$PY" - "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST" <<'SUM'
-import re, sys
-total = {"passed": 0, "failed": 0, "skipped": 0}
-for path in sys.argv[1:]:
-    lines = [l.strip() for l in open(path, errors="replace")]
-    lines = [re.sub(r"^\[N\] ", "", l) for l in lines]
-    last = [l for l in lines if re.fullmatch(r"\d+ passed, \d+ failed, \d+ skipped", l)]
-    if last:
-        for n, what in re.findall(r"(\d+) (passed|failed|skipped)", last[-1]):
-            total[what] += int(n)
-print(f"{total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
-SUM
+# The end of the output names every failed test again (pytest's "FAILED <id> - <reason>" lines
+# of every lane) and the host, so that the tail of a CI log says what failed and where; the
+# closing line sums the lanes', the slow lane's and the newest-JAX lane's lines: "N passed,
+# N failed, N skipped"
+"$PY" scripts/suite_summary.py "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST"
 rm -f "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST"
 exit $status

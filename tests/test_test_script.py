@@ -100,3 +100,25 @@ def test_lanes_exit_0_when_every_folder_passes(tmp_path):
     lines, rc = run_lanes(f"{a};{a}", {})
     assert rc == 0
     assert lines[-1][0] == "2 passed, 0 failed, 0 skipped"
+
+
+def test_the_summary_names_the_failed_tests_and_the_host(tmp_path):
+    """``scripts/suite_summary.py`` (test.sh's last lines) on the lanes' real output, a slow-lane
+    log and a newest-JAX log: the host, each failed test once, then the summed line."""
+    a, b = fake_folders(tmp_path)
+    (a / "test_streamed.py").write_text("def test_one():\n    pass\n")
+    lines, rc = run_lanes(f"{a};{b}", {})
+    assert rc == 1
+    logs = [tmp_path / n for n in ("lanes.log", "slow.log", "newest.log")]
+    logs[0].write_text("\n".join(t for t, _ in lines) + "\n")
+    logs[1].write_text("[S] 5 passed, 0 failed, 0 skipped\n")
+    logs[2].write_text("[N] FAILED tests/x.py::test_new - assert 1 == 2\n"
+                       "[N] 3 passed, 1 failed, 0 skipped\n")
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "suite_summary.py"),
+                          *map(str, logs)], capture_output=True, text=True, check=True)
+    text = out.stdout.splitlines()
+    assert re.fullmatch(r"== host: .+, \d+ cores, .+", text[0]), text
+    assert text[1] == "== failed (2):", text
+    assert re.fullmatch(r"FAILED .*test_mixed\.py::test_fails( - .*)?", text[2]), text
+    assert text[3] == "FAILED tests/x.py::test_new - assert 1 == 2", text
+    assert text[-1] == "10 passed, 2 failed, 1 skipped", text
