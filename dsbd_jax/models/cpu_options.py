@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (TRANSPOSED, form_of, project, project_t,
+from dsbd_jax.models.products import (TRANSPOSED, form_of, kernel_dtype, project, project_t,
                                       transpose_block, transposed_width)
 
 logger = logging.getLogger("dsbd_jax")
@@ -63,6 +63,11 @@ CANDIDATES: Mapping[str, Mapping[str, object]] = {
 }
 # candidates whose products add in the same order as "default" (same bits)
 SAME_BITS = ("default", "single_thread_eigen")
+# candidates that run the matrix products on Eigen, which has no 16-bit product on XLA:CPU: with
+# 16-bit kernels XLA first converts every weight to a float32 copy, and a program with a decode
+# loop keeps those copies as temporaries (1.5x the parameters' bytes). 16-bit kernels therefore
+# run under "default" where the form's choice is one of these (options_name)
+EIGEN_PRODUCTS = ("eigen_dot",)
 # the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
 # [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
 PROBE_ROWS = (1, 4, 16)
@@ -258,10 +263,21 @@ def choice(form: str = PLAIN) -> str:
     return name
 
 
-def compiler_options(form: str = PLAIN) -> Dict[str, object]:
-    """The ``compiler_options`` of the choice in use for kernels in ``form`` (``{}`` off the
-    CPU)."""
-    return dict(CANDIDATES[choice(form)])
+def options_name(form: str = PLAIN, dtype="float32") -> str:
+    """The candidate a program runs under whose projection kernels are in ``form`` and stored in
+    ``dtype``: :func:`choice` of the form, except that 16-bit kernels never run under a
+    candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products, which run them in
+    mixed precision)."""
+    name = choice(form)
+    if jnp.dtype(dtype).itemsize == 2 and name in EIGEN_PRODUCTS:
+        return "default"
+    return name
+
+
+def compiler_options(form: str = PLAIN, dtype="float32") -> Dict[str, object]:
+    """The ``compiler_options`` in use for kernels in ``form`` stored in ``dtype``
+    (:func:`options_name`; ``{}`` off the CPU)."""
+    return dict(CANDIDATES[options_name(form, dtype)])
 
 
 def _nested_options_error(e: Exception) -> bool:
@@ -290,9 +306,10 @@ class tuned_jit:
         self._jits: Dict[str, Callable] = {}
         functools.update_wrapper(self, fun)
 
-    def for_form(self, form: str = PLAIN):
-        """The ``jax.jit`` object for programs whose kernels are in ``form``."""
-        name = choice(form)
+    def for_form(self, form: str = PLAIN, dtype="float32"):
+        """The ``jax.jit`` object for programs whose kernels are in ``form``, stored in
+        ``dtype`` (:func:`options_name`)."""
+        name = options_name(form, dtype)
         if name not in self._jits:
             self._jits[name] = jax.jit(self._fun, compiler_options=dict(CANDIDATES[name]),
                                        **self._jit_kwargs)
@@ -308,7 +325,7 @@ class tuned_jit:
         return jax.jit(self._fun, **self._jit_kwargs)
 
     def _for_args(self, args, kwargs):
-        return self.for_form(form_of((args, kwargs)))
+        return self.for_form(form_of((args, kwargs)), kernel_dtype((args, kwargs)))
 
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):

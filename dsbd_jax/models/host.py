@@ -42,7 +42,7 @@ import numpy as np
 
 from dsbd_jax.models import kernels
 from dsbd_jax.models.cpu_options import (choice, compiler_options, host_key, interleaved_min,
-                                         mlp_pairs, read_cache, write_cache)
+                                         mlp_pairs, options_name, read_cache, write_cache)
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -86,7 +86,7 @@ def measure_dtypes(din: int, dout: int, rows=PROBE_ROWS, layers=PROBE_LAYERS,
     for dt in DTYPES:
         form = kernels._choose_form(din, dout, dt)  # "plain" under MIN_ELEMENTS
         chain, ups, downs = mlp_pairs(form, din, dout, layers, dt)
-        calls[dt] = (jax.jit(chain, compiler_options=compiler_options(form)), ups, downs)
+        calls[dt] = (jax.jit(chain, compiler_options=compiler_options(form, dt)), ups, downs)
     rng = np.random.default_rng(0)
     best: Dict[str, Dict[int, float]] = {dt: {} for dt in calls}
     for M in rows:
@@ -179,5 +179,5 @@ def plan(config, dtype=AUTO, form: Optional[str] = None) -> HostPlan:
     if form is None:
         form = kernels.choose_form(config.replace(dtype=name), name)
     head_t = form == TRANSPOSED and jnp.dtype(name).itemsize == 2
-    options = choice(form) if jax.default_backend() == "cpu" else "default"
+    options = options_name(form, name) if jax.default_backend() == "cpu" else "default"
     return HostPlan(name, form, options, head_t, why)

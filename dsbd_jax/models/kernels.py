@@ -327,7 +327,7 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
             y = project(x, w)
             x = jnp.tile(y, (1, -(-din // dout)))[:, :din]
         return x
-    f = jax.jit(chain, compiler_options=compiler_options())
+    f = jax.jit(chain, compiler_options=compiler_options("plain", dtype))
     widths = sorted({0} | {width_of(c, dout) for c in candidates})
     trees = {n: [jnp.asarray(w) if n == 0 else block(jnp.asarray(w), n) for w in ws]
              for n in widths}
@@ -432,7 +432,7 @@ def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=
     calls = {}
     for form in ("plain", TRANSPOSED):
         chain, ups, downs = mlp_pairs(form, din, dout, layers, dtype)
-        calls[form] = (jax.jit(chain, compiler_options=compiler_options(form)), ups, downs)
+        calls[form] = (jax.jit(chain, compiler_options=compiler_options(form, dtype)), ups, downs)
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     best: Dict[str, Dict[int, float]] = {form: {} for form in calls}

@@ -168,3 +168,24 @@ def form_of(tree) -> str:
         elif isinstance(t, (list, tuple)):
             stack.extend(t)
     return "plain"
+
+
+def kernel_dtype(tree) -> str:
+    """``"bfloat16"`` (or ``"float16"``) when a projection kernel in the pytree ``tree`` (an
+    array under the key ``"kernel"`` or ``T_KEY``: a parameter tree, or a call's arguments) is
+    stored in 16 bits, else ``"float32"``. Reads the leaves' dtypes only (tracers and shape
+    structs alike)."""
+    stack = [tree]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Mapping):
+            for k, v in t.items():
+                dt = getattr(v, "dtype", None) if k in ("kernel", T_KEY) else None
+                if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize == 2:
+                    return jnp.dtype(dt).name
+                if dt is None:
+                    stack.append(v)
+        elif isinstance(t, (list, tuple)):
+            stack.extend(t)
+    return "float32"
+

@@ -187,3 +187,37 @@ def test_tuned_jit_inside_another_jit(fresh, monkeypatch):
                                rtol=1e-6)
     with pytest.raises(TypeError):  # other errors still surface
         tj(x)
+
+
+def test_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch):
+    """A 16-bit model runs under XLA's own products even where the host's choice is
+    ``eigen_dot``: tuned jits and ``ShardedDecoder`` alike. Under ``eigen_dot`` the compiled
+    decode loop holds a float32 copy of the weights as temporaries (shown below, so the check can
+    fail); under the options the library picks it holds none."""
+    if "eigen_dot" not in co.candidates():
+        pytest.skip("this XLA rejects eigen_dot's options")
+    from dsbd_jax.parallel import ShardedDecoder, make_mesh
+    monkeypatch.setenv(co.ENV, "eigen_dot")
+    assert co.options_name("plain", "float32") == "eigen_dot"
+    assert co.options_name("plain", "bfloat16") == "default"
+    assert co.options_name("transposed", jnp.bfloat16) == "default"
+    cfg = ModelConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
+                          llama.init_params(cfg.replace(dtype="float32"), jax.random.key(0)))
+    assert co.kernel_dtype(params) == "bfloat16"
+    assert co.kernel_dtype(jax.tree.map(lambda x: x.astype(jnp.float32), params)) == "float32"
+    dec = methods.build("sample", cfg, max_new_tokens=4, top_k=10, eos_token_id=())
+    ids = np.arange(8, dtype=np.int32)[None] + 4
+    sharded = ShardedDecoder.of(dec, make_mesh(data=1, model=1))
+    placed = sharded.place(methods.model_params(dec, params))
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+
+    def temp_bytes(compiled):
+        return compiled.memory_analysis().temp_size_in_bytes
+    ours = temp_bytes(sharded.lower(placed, ids, jax.random.key(1)).compile())
+    assert ours < 0.1 * weight_bytes, (ours, weight_bytes)
+    on_eigen = jax.jit(sharded._raw, compiler_options=dict(co.CANDIDATES["eigen_dot"]))
+    keys = jax.random.key_data(jax.random.split(jax.random.key(1), 1))
+    eigen = temp_bytes(on_eigen.lower(placed, ids, np.array([8], np.int32), keys).compile())
+    assert eigen > 0.5 * weight_bytes, (eigen, weight_bytes)
