@@ -455,10 +455,15 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str) -> str:
+def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
+                 backend: Optional[str] = None) -> str:
     """One line on what the demo showed: DSBD faster at equal or better log-likelihood, or what
-    held it back (tokens per target pass, the dtype). The two prompts' log-likelihoods vary
-    by about 0.05 per token from seed to seed, so a gap under 0.05 counts as equal."""
+    held it back (tokens per target pass; on a CPU backend, the forest pass's cost). The two
+    prompts' log-likelihoods vary by about 0.05 per token from seed to seed, so a gap under 0.05
+    counts as equal. ``backend``: jax's default backend when left out."""
+    if backend is None:
+        import jax
+        backend = jax.default_backend()
     import numpy as np
     per_call = float(np.sum(np.asarray(stats["generated_tokens"]))) / max(
         float(np.sum(np.asarray(stats["target_calls"]))), 1.0)
@@ -466,9 +471,11 @@ def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str) -> str:
     if speedup >= 1.0:
         return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
                 f"({per_call:.2f} new tokens per target pass, all prompts together)")
-    why = (" and the models run in float32 here: on this host a forest pass costs more than a "
-           "one-token pass (docs/results/precision.md)"
-           if dtype == "float32" else "")
+    why = ""
+    if backend == "cpu":
+        why = (f"; on this CPU the target's pass over a forest costs more than a one-token pass "
+               f"({dtype}: about twice on the 2-core hosts measured, docs/results/precision.md), "
+               f"so verifying a forest in one pass does not pay for itself")
     return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
             f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
 

@@ -80,3 +80,17 @@ def test_the_generate_bar_shows_what_the_help_says():
     assert "5/8 tok" in line and "iter=2" in line and "target calls=3" in line, line
     assert "accepted/layer=0.75" in line, line
     assert "/s" not in line and "s/tok" not in line, line
+
+
+def test_demo_verdict_names_what_held_dsbd_back():
+    """The demo's last line: faster at equal or better log-likelihood, or slower with the tokens
+    per target pass and, on a CPU, the forest pass's cost in the model's dtype."""
+    from dsbd_jax.cli import demo_verdict
+    stats = {"generated_tokens": [32, 32], "target_calls": [6, 5]}
+    fast = demo_verdict(1.3, 0.01, stats, "bfloat16", backend="gpu")
+    assert fast.startswith("DSBD was 1.30x as fast as beam sampling at equal or better")
+    assert "5.82 new tokens per target pass" in fast
+    slow = demo_verdict(0.77, -0.2, stats, "bfloat16", backend="cpu")
+    assert slow.startswith("DSBD was slower than beam sampling here (0.77x, lower log-likelihood)")
+    assert "forest costs more than a one-token pass (bfloat16" in slow
+    assert "forest" not in demo_verdict(0.9, 0.0, stats, "float32", backend="gpu")

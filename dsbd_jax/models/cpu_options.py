@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (TRANSPOSED, form_of, kernel_dtype, project, project_t,
-                                      transpose_block, transposed_width)
+from dsbd_jax.models.products import (TRANSPOSED, form_of, has_row_head, kernel_dtype, project,
+                                      project_t, transpose_block, transposed_width)
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -63,10 +63,13 @@ CANDIDATES: Mapping[str, Mapping[str, object]] = {
 }
 # candidates whose products add in the same order as "default" (same bits)
 SAME_BITS = ("default", "single_thread_eigen")
-# candidates that run the matrix products on Eigen, which has no 16-bit product on XLA:CPU: with
-# 16-bit kernels XLA first converts every weight to a float32 copy, and a program with a decode
-# loop keeps those copies as temporaries (1.5x the parameters' bytes). 16-bit kernels therefore
-# run under "default" where the form's choice is one of these (options_name)
+# candidates that run the matrix products on Eigen. Two kinds of product go badly there, and a
+# program with either runs under "default" where its form's choice is one of these
+# (options_name): 16-bit kernels (Eigen has no 16-bit product on XLA:CPU, so XLA first converts
+# every weight to a float32 copy, and a program with a decode loop keeps those copies as
+# temporaries, 1.5x the parameters' bytes) and a vocabulary head stored as [V, d] rows, e.g. a
+# tied head (2-5 rows take 25x, 8-16 rows 3x the time of XLA's own product:
+# results/tied_head.json)
 EIGEN_PRODUCTS = ("eigen_dot",)
 # the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
 # [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
@@ -263,15 +266,22 @@ def choice(form: str = PLAIN) -> str:
     return name
 
 
-def options_name(form: str = PLAIN, dtype="float32") -> str:
+def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> str:
     """The candidate a program runs under whose projection kernels are in ``form`` and stored in
-    ``dtype``: :func:`choice` of the form, except that 16-bit kernels never run under a
-    candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products, which run them in
-    mixed precision)."""
+    ``dtype`` (``row_head``: its vocabulary head is stored as ``[V, d]`` rows, e.g. tied):
+    :func:`choice` of the form, except that 16-bit kernels and row heads never run under a
+    candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products)."""
     name = choice(form)
-    if jnp.dtype(dtype).itemsize == 2 and name in EIGEN_PRODUCTS:
+    if (jnp.dtype(dtype).itemsize == 2 or row_head) and name in EIGEN_PRODUCTS:
         return "default"
     return name
+
+
+def options_of(tree) -> str:
+    """:func:`options_name` for a program over the parameters (or call arguments) ``tree``:
+    their kernel form, kernel dtype and head (:func:`dsbd_jax.models.products.form_of`,
+    ``kernel_dtype``, ``has_row_head``)."""
+    return options_name(form_of(tree), kernel_dtype(tree), has_row_head(tree))
 
 
 def compiler_options(form: str = PLAIN, dtype="float32") -> Dict[str, object]:
@@ -306,10 +316,10 @@ class tuned_jit:
         self._jits: Dict[str, Callable] = {}
         functools.update_wrapper(self, fun)
 
-    def for_form(self, form: str = PLAIN, dtype="float32"):
+    def for_form(self, form: str = PLAIN, dtype="float32", row_head: bool = False):
         """The ``jax.jit`` object for programs whose kernels are in ``form``, stored in
-        ``dtype`` (:func:`options_name`)."""
-        name = options_name(form, dtype)
+        ``dtype``, with or without a row-stored head (:func:`options_name`)."""
+        name = options_name(form, dtype, row_head)
         if name not in self._jits:
             self._jits[name] = jax.jit(self._fun, compiler_options=dict(CANDIDATES[name]),
                                        **self._jit_kwargs)
@@ -325,7 +335,8 @@ class tuned_jit:
         return jax.jit(self._fun, **self._jit_kwargs)
 
     def _for_args(self, args, kwargs):
-        return self.for_form(form_of((args, kwargs)), kernel_dtype((args, kwargs)))
+        tree = (args, kwargs)
+        return self.for_form(form_of(tree), kernel_dtype(tree), has_row_head(tree))
 
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):

@@ -189,3 +189,29 @@ def kernel_dtype(tree) -> str:
             stack.extend(t)
     return "float32"
 
+
+def has_row_head(tree) -> bool:
+    """Whether a model in the pytree ``tree`` computes its vocabulary head over rows stored as
+    ``[V, d]`` (a product contracting the weight's last axis): a tied head (the embedding, no
+    ``"lm_head"``), a truncated tied head (``"vocab_head"`` holding an ``"embedding"``) or a head
+    stored transposed (``T_KEY`` under ``"lm_head"`` / ``"vocab_head"``). Walks the mappings,
+    lists and tuples only."""
+    stack = [tree]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Mapping):
+            if "embed" in t:
+                head = t.get("lm_head")
+                vocab = t.get("vocab_head")
+                if isinstance(vocab, Mapping) and ("embedding" in vocab or T_KEY in vocab):
+                    return True
+                if head is None and not isinstance(vocab, Mapping):
+                    return True
+                if isinstance(head, Mapping) and T_KEY in head:
+                    return True
+            else:
+                stack.extend(t.values())
+        elif isinstance(t, (list, tuple)):
+            stack.extend(t)
+    return False
+

@@ -9,7 +9,7 @@ import pytest
 
 from dsbd_jax.decoding import methods
 from dsbd_jax.models import cpu_options as co
-from dsbd_jax.models import llama
+from dsbd_jax.models import kernels, llama
 from dsbd_jax.models.config import ModelConfig
 
 
@@ -189,18 +189,32 @@ def test_tuned_jit_inside_another_jit(fresh, monkeypatch):
         tj(x)
 
 
-def test_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch):
-    """A 16-bit model runs under XLA's own products even where the host's choice is
-    ``eigen_dot``: tuned jits and ``ShardedDecoder`` alike. Under ``eigen_dot`` the compiled
-    decode loop holds a float32 copy of the weights as temporaries (shown below, so the check can
-    fail); under the options the library picks it holds none."""
+def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch):
+    """A 16-bit model, or one whose head is stored as ``[V, d]`` rows (tied, truncated tied,
+    transposed), runs under XLA's own products even where the host's choice is ``eigen_dot``:
+    tuned jits and ``ShardedDecoder`` alike. Under ``eigen_dot`` the compiled decode loop of a
+    16-bit model holds a float32 copy of the weights as temporaries (shown below, so the check
+    can fail); under the options the library picks it holds none."""
     if "eigen_dot" not in co.candidates():
         pytest.skip("this XLA rejects eigen_dot's options")
+    from dsbd_jax.models.vocab import truncate_head
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     monkeypatch.setenv(co.ENV, "eigen_dot")
     assert co.options_name("plain", "float32") == "eigen_dot"
     assert co.options_name("plain", "bfloat16") == "default"
     assert co.options_name("transposed", jnp.bfloat16) == "default"
+    assert co.options_name("plain", "float32", row_head=True) == "default"
+    small = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                        num_heads=2, num_kv_heads=1, head_dim=16)
+    tied = llama.init_params(small.replace(tie_word_embeddings=True), jax.random.key(0))
+    untied = llama.init_params(small, jax.random.key(0))
+    rows = np.arange(8)
+    assert co.has_row_head(tied) and co.has_row_head({"draft": tied, "target": untied})
+    assert not co.has_row_head(untied) and not co.has_row_head((untied, jnp.ones(3)))
+    assert co.has_row_head(truncate_head(tied, small.replace(tie_word_embeddings=True), rows))
+    assert not co.has_row_head(truncate_head(untied, small, rows))
+    assert co.has_row_head(kernels.transpose_head(untied))
+    assert co.options_of(tied) == "default" and co.options_of(untied) == "eigen_dot"
     cfg = ModelConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
