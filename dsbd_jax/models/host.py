@@ -10,11 +10,9 @@ shape and cached under ``$DSBD_JAX_CACHE`` (default ``~/.cache/dsbd_jax``):
   the logits stay float32, and so do warping, beam scores and verification. On hosts with fast
   16-bit products (AMX-BF16; accelerators) a 2-16-row product then costs about what one row
   does, at half the memory; on hosts without them it can be slower than float32. So ``"auto"``
-  estimates one forward pass of the model's shape in both dtypes at ``M`` = 1, 4, 16 rows
-  (:func:`measure_pass`: chained MLP product pairs scaled to the model's layers, plus its
-  vocabulary head in the form the model computes it) and takes bfloat16 only where it is
-  ``GAIN`` faster in total and never ``MARGIN`` slower at any ``M``; off the CPU (GPU, TPU) it
-  is bfloat16; models whose MLP has
+  times both on chained MLP product pairs of the model's shape at ``M`` = 1, 4, 16 rows
+  (:func:`measure_dtypes`) and takes bfloat16 only where it is ``GAIN`` faster in total and never
+  ``MARGIN`` slower at any ``M``; off the CPU (GPU, TPU) it is bfloat16; models whose MLP has
   under :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) stay
   float32 on the CPU. ``$DSBD_JAX_DTYPE``
   (``auto``, ``float32``, ``bfloat16``) forces one.
@@ -43,9 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models import kernels
-from dsbd_jax.models.cpu_options import (CANDIDATES, choice, compiler_options, host_key,
-                                         interleaved_min, mlp_pairs, options_name, read_cache,
-                                         write_cache)
+from dsbd_jax.models.cpu_options import (choice, compiler_options, host_key, interleaved_min,
+                                         mlp_pairs, options_name, read_cache, write_cache)
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -55,11 +52,8 @@ AUTO = "auto"
 DTYPES = ("float32", "bfloat16")
 PROBE_ROWS = (1, 4, 16)
 PROBE_LAYERS, PROBE_REPEATS = 4, 5
-# the head is timed on at most this many of its rows and scaled to the vocabulary (a product's
-# time grows linearly with its output rows at this size)
-PROBE_HEAD_ROWS = 32768
-GAIN = 0.03     # bfloat16's estimated pass must be 3% faster than float32's over PROBE_ROWS ...
-MARGIN = 0.10   # ... and never 10% slower at any M
+GAIN = 0.10    # bfloat16 must be 10% faster than float32 over PROBE_ROWS in total ...
+MARGIN = 0.05  # ... and never 5% slower at any M
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,93 +98,35 @@ def measure_dtypes(din: int, dout: int, rows=PROBE_ROWS, layers=PROBE_LAYERS,
     return best
 
 
-def measure_head(din: int, vocab: int, tied: bool, rows=PROBE_ROWS, head_rows=PROBE_HEAD_ROWS,
-                 repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
-    """``{dtype: {M: min seconds}}`` of the vocabulary head's product ``[M, din] x [din, vocab]``
-    in float32 and in bfloat16, each in the form a loaded model computes it: float32 untied as
-    its ``[d, V]`` kernel, float32 tied as :func:`dsbd_jax.models.vocab.tied_logits` over the
-    ``[V, d]`` embedding, bfloat16 as mixed-precision rows
-    (:func:`dsbd_jax.models.products.mixed_rows`). Timed on ``min(vocab, head_rows)`` rows and
-    scaled to ``vocab``."""
-    from dsbd_jax.models.products import mixed_rows
-    from dsbd_jax.models.vocab import tied_logits
-    n = min(vocab, head_rows)
-    rng = np.random.default_rng(1)
-    w = rng.standard_normal((n, din), np.float32) / np.float32(np.sqrt(din))
-    heads = {"float32": jnp.asarray(w if tied else np.ascontiguousarray(w.T)),
-             "bfloat16": jnp.asarray(w.astype(jnp.bfloat16))}
-    del w
-    fns = {"float32": tied_logits if tied else jnp.matmul, "bfloat16": mixed_rows}
-    # under the options a loaded model's programs get (cpu_options.options_name)
-    options = {"float32": options_name("plain", "float32", row_head=tied),
-               "bfloat16": options_name(TRANSPOSED, "bfloat16", row_head=True)}
-    calls = {dt: jax.jit(fns[dt], compiler_options=dict(CANDIDATES[options[dt]]))
-             for dt in DTYPES}
-    best: Dict[str, Dict[int, float]] = {dt: {} for dt in DTYPES}
-    for M in rows:
-        x = jnp.asarray(rng.standard_normal((M, din), np.float32))
-        t = interleaved_min({dt: functools.partial(calls[dt], x, heads[dt]) for dt in DTYPES},
-                            repeats)
-        for dt in DTYPES:
-            best[dt][M] = t[dt] * vocab / n
-    return best
-
-
-def measure_pass(din: int, dout: int, num_layers: int, vocab: int, tied: bool,
-                 rows=PROBE_ROWS) -> Dict[str, Dict[int, float]]:
-    """``{dtype: {M: seconds}}``: an estimate of one forward pass of ``M`` rows, the model's
-    ``num_layers`` MLPs (:func:`measure_dtypes` on ``PROBE_LAYERS`` pairs, scaled) plus its
-    vocabulary head (:func:`measure_head`), in float32 and in bfloat16. Attention's
-    projections (about a fifth of a layer's weights at these shapes) and the KV cache are left
-    out; both favour bfloat16 where its products are as fast (half the bytes to read)."""
-    mlp = measure_dtypes(din, dout, rows)
-    head = measure_head(din, vocab, tied, rows)
-    return {dt: {M: mlp[dt][M] * num_layers / PROBE_LAYERS + head[dt][M] for M in rows}
-            for dt in DTYPES}
-
-
 def pick_dtype(times: Mapping[str, Mapping[int, float]]) -> str:
     """``"bfloat16"`` if its total over the probe rows is ``GAIN`` below float32's and it is
-    never ``MARGIN`` slower at any ``M``; else ``"float32"``. (Checked against whole decoders on
-    the 2-core Intel host of ``results/speed_bf16.json``, where every decoder ran 1.07-1.18x
-    faster in bfloat16 end to end: there the pass estimates of both models pass this rule.)"""
+    never ``MARGIN`` slower at any ``M``; else ``"float32"``."""
     base, cand = times["float32"], times["bfloat16"]
     total_ok = sum(cand.values()) < (1 - GAIN) * sum(base.values())
     rows_ok = all(cand[m] <= (1 + MARGIN) * base[m] for m in base)
     return "bfloat16" if total_ok and rows_ok else "float32"
 
 
-def pass_shape(config) -> tuple:
-    """``(hidden, intermediate, layers, vocab, tied)``: the shape :func:`measure_pass` needs."""
-    return (config.hidden_size, config.intermediate_size, config.num_layers, config.vocab_size,
-            bool(config.tie_word_embeddings))
-
-
-def dtype_key(shape: tuple) -> str:
-    """The cache key of a shape's dtype choice (:func:`pass_shape`): the host, each form's
-    options, the shape."""
-    din, dout, layers, vocab, tied = shape
+def dtype_key(din: int, dout: int) -> str:
+    """The cache key of a shape's dtype choice: the host, each form's options, the shape."""
     return (f"dtype | {host_key()} | options plain {choice('plain')}, transposed "
-            f"{choice(TRANSPOSED)} | pass {din}x{dout} x{layers} head {vocab}"
-            + (" tied" if tied else ""))
+            f"{choice(TRANSPOSED)} | {din}x{dout}")
 
 
 @functools.lru_cache(maxsize=None)
-def _choose_dtype(shape: tuple) -> tuple:
-    """``(dtype, how)`` for a model shape (:func:`pass_shape`) on this CPU host (cached;
-    measured once)."""
-    key, cached = dtype_key(shape), read_cache(cache_file())
+def _choose_dtype(din: int, dout: int) -> tuple:
+    """``(dtype, how)`` for an MLP shape on this CPU host (cached; measured once)."""
+    key, cached = dtype_key(din, dout), read_cache(cache_file())
     got = cached.get(key, {})
     if got.get("choice") in DTYPES:
         return got["choice"], f"cached in {cache_file()}"
-    times = measure_pass(*shape)
+    times = measure_dtypes(din, dout)
     dt = pick_dtype(times)
     error = write_cache(cache_file(), key, dt, times)
     where = f"written to {cache_file()}" if error is None else f"not cached ({error})"
-    ms = {d: "/".join(f"{1e3 * s:.1f}" for s in times[d].values()) for d in DTYPES}
-    return dt, (f"measured ({where}): an estimated pass (MLPs and head) at "
-                f"M={'/'.join(map(str, PROBE_ROWS))} takes float32 {ms['float32']} ms, "
-                f"bfloat16 {ms['bfloat16']} ms")
+    ms = {d: "/".join(f"{1e3 * s:.2f}" for s in times[d].values()) for d in DTYPES}
+    return dt, (f"measured ({where}): MLP pairs at M={'/'.join(map(str, PROBE_ROWS))} take "
+                f"float32 {ms['float32']} ms, bfloat16 {ms['bfloat16']} ms")
 
 
 def choose_dtype(config) -> str:
@@ -210,18 +146,18 @@ def dtype_choice(config) -> tuple:
         return "bfloat16", f"{jax.default_backend()} backend"
     if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
         return "float32", "a small model (not bound by memory; exact float32 logits)"
-    return _logged(pass_shape(config))
+    return _logged(config.hidden_size, config.intermediate_size)
 
 
 @functools.lru_cache(maxsize=None)
-def _logged(shape: tuple) -> tuple:
+def _logged(din: int, dout: int) -> tuple:
     t0 = time.perf_counter()
-    dt, how = _choose_dtype(shape)
+    dt, how = _choose_dtype(din, dout)
     note = "" if dt == "bfloat16" else (
         "; bfloat16 products are not faster than float32 on this host, so models load in "
         "float32 (dtype='bfloat16' or $DSBD_JAX_DTYPE=bfloat16 forces half the memory)")
-    logger.info("dtype for %dx%d models (%d layers, %d-row head) on this host: %s (%s, "
-                "%.1f s)%s", *shape[:4], dt, how, time.perf_counter() - t0, note)
+    logger.info("dtype for %dx%d models on this host: %s (%s, %.1f s)%s", din, dout, dt, how,
+                time.perf_counter() - t0, note)
     return dt, how
 
 

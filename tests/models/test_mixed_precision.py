@@ -113,35 +113,10 @@ def test_truncated_head_as_rows_with_prompt_rows():
 def test_pick_dtype():
     f32 = {1: 1.0, 4: 1.0, 16: 1.0}
     assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.8, 4: 0.8, 16: 0.8}}) == "bfloat16"
-    # faster in total but 15% slower at one M: float32
-    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.5, 4: 0.5, 16: 1.15}}) == "float32"
+    # faster in total but 10% slower at one M: float32
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.5, 4: 0.5, 16: 1.1}}) == "float32"
     # within the margin everywhere but not GAIN faster: float32
-    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.98, 4: 0.98, 16: 0.98}}) == "float32"
-    # the 1.5B pass estimate on the 2-core Intel host (ms): 6.5% faster in total, 5% slower at
-    # 16 rows, where every decoder ran 1.07-1.18x faster in bfloat16 end to end: bfloat16
-    assert host.pick_dtype({"float32": {1: 137.0, 4: 174.8, 16: 263.6},
-                            "bfloat16": {1: 119.9, 4: 140.8, 16: 277.1}}) == "bfloat16"
-
-
-def test_pass_estimate_adds_the_scaled_layers_and_the_head(monkeypatch):
-    """``measure_pass``: the MLP probe scaled from ``PROBE_LAYERS`` to the model's layers, plus
-    the head; the head is timed on at most ``PROBE_HEAD_ROWS`` rows and scaled to the
-    vocabulary, in the form (tied or not) the model computes it."""
-    mlp = {"float32": {1: 1.0, 4: 2.0}, "bfloat16": {1: 0.5, 4: 1.0}}
-    seen = []
-
-    def head(din, vocab, tied, rows):
-        seen.append((din, vocab, tied, rows))
-        return {"float32": {1: 10.0, 4: 20.0}, "bfloat16": {1: 5.0, 4: 5.0}}
-    monkeypatch.setattr(host, "measure_dtypes", lambda din, dout, rows: mlp)
-    monkeypatch.setattr(host, "measure_head", head)
-    got = host.measure_pass(64, 128, 2 * host.PROBE_LAYERS, 1000, True, rows=(1, 4))
-    assert got == {"float32": {1: 12.0, 4: 24.0}, "bfloat16": {1: 6.0, 4: 7.0}}
-    assert seen == [(64, 1000, True, (1, 4))]
-    monkeypatch.undo()
-    for tied in (False, True):
-        t = host.measure_head(32, 300, tied, rows=(1, 2), head_rows=100, repeats=1)
-        assert set(t) == set(host.DTYPES) and all(v > 0 for d in t.values() for v in d.values())
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.95, 4: 0.95, 16: 0.95}}) == "float32"
 
 
 def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
@@ -162,9 +137,9 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
     calls = []
     real = host.measure_dtypes
 
-    def counted(din, dout, rows):
+    def counted(din, dout, **kw):
         calls.append((din, dout))
-        return real(din, dout, rows=rows, layers=1, repeats=1)
+        return real(din, dout, rows=(1, 4), layers=1, repeats=1)
     monkeypatch.setattr(host, "measure_dtypes", counted)
     mid = config.replace(hidden_size=128, intermediate_size=256)
     first = host.choose_dtype(mid)
