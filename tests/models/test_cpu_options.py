@@ -215,6 +215,10 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
     assert not co.has_row_head(truncate_head(untied, small, rows))
     assert co.has_row_head(kernels.transpose_head(untied))
     assert co.options_of(tied) == "default" and co.options_of(untied) == "eigen_dot"
+    from dsbd_jax.models import host
+    assert host.plan(small.replace(tie_word_embeddings=True), "float32", "plain").options == "default"
+    assert host.plan(small, "float32", "plain").options == "eigen_dot"
+    assert host.plan(small, "bfloat16", "plain").options == "default"
     cfg = ModelConfig(vocab_size=2048, hidden_size=256, intermediate_size=1024, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
