@@ -14,6 +14,7 @@ of ``dsbd_jax.parallel.distributed`` are tested below on one device.
 """
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -34,9 +35,20 @@ FAULT_BOUND_S = 30
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for the coordinator, drawn below the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default): the coordinator binds
+    it seconds later, and a port from the ephemeral range could meanwhile be handed to any
+    other socket on the machine (the other test lane's notebook kernels, gloo's connections)."""
+    rng = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 def worker_env(devices: int):
