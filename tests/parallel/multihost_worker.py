@@ -7,7 +7,7 @@ the weights are placed onto each process's shards as they load (``load_model(pla
 
     python multihost_worker.py decode TINY OUT PORT N P      # one process of N (P: its id)
     python multihost_worker.py reference TINY OUT            # one process, one device
-    python multihost_worker.py fault TINY OUT PORT N P       # process 1 dies in its second call
+    python multihost_worker.py fault TINY OUT PORT N P       # process 1 dies between two calls
 
 ``reference`` runs the same decoders unsharded on the whole batch (``OUT/reference.npz``).
 """
@@ -120,7 +120,13 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
         print(f"process {pid}: {name} {times[name]} s", flush=True)
         if fault:
             print(f"process {pid}: first call done", flush=True)
-            if pid == 1:      # killed between two calls: the others are in the second one
+            done = os.path.join(out_dir, "fault_first_call_done_0")
+            if pid == 0:
+                open(done, "w").close()
+            else:     # killed between two calls, once process 0 has finished its first call
+                deadline = time.time() + 600
+                while not os.path.exists(done) and time.time() < deadline:
+                    time.sleep(0.05)
                 os.kill(os.getpid(), signal.SIGKILL)
             t = time.time()
             try:

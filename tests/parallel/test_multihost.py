@@ -252,12 +252,29 @@ def process_env(port, count, pid):
 
 GLOO = re.compile(r"\[Gloo\] Rank |\d+ is connected to \d+ peer ranks\. "
                   r"Expected number of connected peer ranks is : \d+")
+GLOO_MESSAGE = re.sub(r"[\d\s]", "", "[Gloo] Rank 0 is connected to 1 peer ranks. "
+                                        "Expected number of connected peer ranks is : 1")
+
+
+def gloo_residue(line: str) -> bool:
+    """Whether ``line`` holds only pieces of gloo's connection message (digits and spaces
+    aside): one piece, or pieces of at least 4 characters each, matched from the left."""
+    rest = re.sub(r"[\d\s]", "", line)
+    while rest and rest not in GLOO_MESSAGE:
+        n = max((k for k in range(4, len(rest)) if rest[:k] in GLOO_MESSAGE), default=0)
+        if not n:
+            return False
+        rest = rest[n:]
+    return True
 
 
 def python_lines(text: str) -> str:
     """Less gloo's connection messages (written by C++ threads straight to the process's
-    stdout, at times interleaved mid-line), and the blank lines they leave."""
-    return "".join(line for line in GLOO.sub("", text).splitlines(True) if line.strip())
+    stdout, at times interleaved mid-line: "...connected to 3[Gloo] Rank 2 is connected to 3
+    peer ranks. ...", then " peer ranks. ..." or a lone digit on a line of its own), and the
+    blank lines and pieces of those messages they leave."""
+    return "".join(line for line in GLOO.sub("", text).splitlines(True)
+                   if not gloo_residue(line))
 
 
 def beams(text: str) -> str:
