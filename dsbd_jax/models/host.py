@@ -61,9 +61,10 @@ class HostPlan:
     """How this host runs a model of one shape (:func:`plan`).
 
     ``dtype``: ``"float32"`` or ``"bfloat16"``; ``form``: ``"plain"`` or ``"transposed"``
-    projection kernels; ``options``: the name of the compiler options the model's programs
-    compile under (:func:`dsbd_jax.models.cpu_options.options_name`) (:data:`dsbd_jax.models.cpu_options.CANDIDATES`); ``head_transposed``: the
-    vocabulary head stored as ``[V, d]`` rows; ``why``: how the dtype was decided."""
+    projection kernels; ``options``: the name (in :data:`dsbd_jax.models.cpu_options.CANDIDATES`)
+    of the compiler options the model's programs compile under
+    (:func:`dsbd_jax.models.cpu_options.options_name`); ``head_transposed``: the vocabulary head
+    stored as ``[V, d]`` rows; ``why``: how the dtype was decided."""
     dtype: str
     form: str
     options: str

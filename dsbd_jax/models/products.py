@@ -181,7 +181,8 @@ def kernel_dtype(tree) -> str:
         if isinstance(t, Mapping):
             for k, v in t.items():
                 dt = getattr(v, "dtype", None) if k in ("kernel", T_KEY) else None
-                if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize == 2:
+                if (dt is not None and jnp.issubdtype(dt, jnp.floating)
+                        and jnp.dtype(dt).itemsize == 2):
                     return jnp.dtype(dt).name
                 if dt is None:
                     stack.append(v)
@@ -214,4 +215,3 @@ def has_row_head(tree) -> bool:
         elif isinstance(t, (list, tuple)):
             stack.extend(t)
     return False
-
