@@ -28,8 +28,8 @@ def test_small_run_writes_every_section(tmp_path, monkeypatch):
     assert data["machine"]["cpu_model"] and "xla_flags" in data["machine"]
     assert data["machine"]["cpu_options"] == "default"
     runs = data["runs"]
-    assert [(r["dtype"], r["layout"]) for r in runs] == [("bfloat16", "stacked"),
-                                                         ("float32", "per_layer")]
+    assert [(r["dtype"], r["layout"]) for r in runs] == [("bfloat16", "per_layer"),
+                                                         ("float32", "stacked")]
     assert not data["skipped"]
     first = runs[0]
     assert set(first["param_bytes"]) == {"target", "draft"}

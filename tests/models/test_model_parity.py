@@ -418,8 +418,8 @@ def test_layouts_give_the_same_logits_and_convert_exactly(case, torch):
 def test_layout_defaults_and_errors():
     from dsbd_jax.models import llama as M
     from dsbd_jax.models.config import ModelConfig
-    assert M.default_layout("cpu") == "per_layer"
-    assert M.default_layout("gpu") == M.default_layout("tpu") == "stacked"
+    assert M.default_layout("cpu") == M.default_layout("gpu") == "per_layer"  # measured faster
+    assert M.default_layout("tpu") == "stacked"
     assert M.check_layout(None) == M.default_layout()
     cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=3,
                       num_heads=2, num_kv_heads=1, head_dim=8)

@@ -46,7 +46,7 @@ def test_every_decoder_matches_one_device(report):
     methods = {c["method"] for c in report["cases"]}
     assert methods == {"sample", "beam", "beam_search", "spec", "tree", "dsbd"}
     assert {tuple(c["mesh"]) for c in _cases(report, method="dsbd")} == {(8, 1), (2, 4), (1, 2)}
-    # both weight layouts run sharded (per-layer is CPU's default, stacked GPU/TPU's)
+    # both weight layouts run sharded (per-layer is the CPU's and GPU's default, stacked TPU's)
     assert {c["layout"] for c in _cases(report, method="dsbd", mesh=[2, 4])} == {"stacked",
                                                                                  "per_layer"}
     for c in report["cases"]:
