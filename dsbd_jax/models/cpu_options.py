@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (TRANSPOSED, form_of, has_row_head, kernel_dtype, project,
+from dsbd_jax.models.products import (TRANSPOSED, program_kind, project,
                                       project_t, transpose_block, transposed_width)
 
 logger = logging.getLogger("dsbd_jax")
@@ -279,15 +279,17 @@ def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> 
 
 def options_of(tree) -> str:
     """:func:`options_name` for a program over the parameters (or call arguments) ``tree``:
-    their kernel form, kernel dtype and head (:func:`dsbd_jax.models.products.form_of`,
-    ``kernel_dtype``, ``has_row_head``)."""
-    return options_name(form_of(tree), kernel_dtype(tree), has_row_head(tree))
+    their kernel form, kernel dtype and head, read in one walk
+    (:func:`dsbd_jax.models.products.program_kind`)."""
+    return options_name(*program_kind(tree))
 
 
-def compiler_options(form: str = PLAIN, dtype="float32") -> Dict[str, object]:
-    """The ``compiler_options`` in use for kernels in ``form`` stored in ``dtype``
-    (:func:`options_name`; ``{}`` off the CPU)."""
-    return dict(CANDIDATES[options_name(form, dtype)])
+def compiler_options(form: str = PLAIN, dtype="float32",
+                     row_head: bool = False) -> Dict[str, object]:
+    """The ``compiler_options`` in use for kernels in ``form`` stored in ``dtype``, with or
+    without a row-stored head (:func:`options_name`; ``{}`` off the CPU). For a parameter tree:
+    ``compiler_options(*products.program_kind(params))``."""
+    return dict(CANDIDATES[options_name(form, dtype, row_head)])
 
 
 def _nested_options_error(e: Exception) -> bool:
@@ -302,7 +304,7 @@ class tuned_jit:
     ``@functools.partial(tuned_jit, static_argnames=...)`` where ``jax.jit`` would go.
 
     ``form`` is the form of the projection kernels among the call's arguments
-    (:func:`dsbd_jax.models.products.form_of`: ``"transposed"`` when any is transposed), so a
+    (:func:`dsbd_jax.models.products.program_kind`: ``"transposed"`` when any is transposed), so a
     program runs under the options measured for its own products. One ``jax.jit`` per distinct
     choice of options: when both forms choose the same options, both share one jit object.
 
@@ -335,8 +337,7 @@ class tuned_jit:
         return jax.jit(self._fun, **self._jit_kwargs)
 
     def _for_args(self, args, kwargs):
-        tree = (args, kwargs)
-        return self.for_form(form_of(tree), kernel_dtype(tree), has_row_head(tree))
+        return self.for_form(*program_kind((args, kwargs)))
 
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):

@@ -29,8 +29,9 @@ from jax.sharding import Mesh
 
 from dsbd_jax.decoding import common
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.cpu_options import CANDIDATES, options_of
+from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.products import program_kind
 from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
@@ -152,7 +153,7 @@ class ShardedDecoder:
                 with nn.logical_axis_rules(self.rules.logical_rules(split_batch)):
                     return self._raw(*args)
             self._jits[treedef] = jax.jit(counted, in_shardings=shardings,
-                                          compiler_options=dict(CANDIDATES[options_of(params)]))
+                                          compiler_options=compiler_options(*program_kind(params)))
         return self._jits[treedef]
 
     def _inputs(self, prompt_ids, key, prompt_lengths):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import exact_reference as ref
 from dsbd_jax.models import cpu_options as co
 from dsbd_jax.models import kernels
 from dsbd_jax.models import llama
-from dsbd_jax.models.products import form_of
+from dsbd_jax.models.products import T_KEY, form_of, has_row_head, kernel_dtype, program_kind
 
 
 @pytest.fixture
@@ -41,6 +42,37 @@ def test_form_of_finds_a_transposed_kernel_anywhere():
     # among a call's arguments: nested in dicts, tuples, lists
     assert form_of(((jnp.ones(2),), {"pair": [{"x": 1}, {"target": t}]})) == "transposed"
     assert form_of(((jnp.ones(2), params), {})) == "plain"
+
+
+def test_program_kind_reads_form_dtype_and_head_in_one_walk():
+    def spec(dtype, *shape):
+        return jax.ShapeDtypeStruct(shape or (4, 4), dtype)
+
+    f32, bf16 = jnp.float32, jnp.bfloat16
+    layer = {"mlp": {"down_proj": {"kernel": spec(f32)}}}
+    untied = {"embed": {"embedding": spec(f32)}, "layers_0": layer,
+              "lm_head": {"kernel": spec(f32)}}
+    tied = {"embed": {"embedding": spec(f32)}, "layers_0": layer}
+    cases = {
+        "untied float32": (untied, ("plain", "float32", False)),
+        "tied": (tied, ("plain", "float32", True)),
+        "truncated tied": ({**tied, "vocab_head": {"embedding": spec(f32)}},
+                           ("plain", "float32", True)),
+        "truncated untied": ({**untied, "vocab_head": {"kernel": spec(f32)}},
+                             ("plain", "float32", False)),
+        "head stored as rows": ({**untied, "lm_head": {T_KEY: spec(bf16, 2, 2, 4)}},
+                                ("transposed", "bfloat16", True)),
+        "bfloat16 layer": ({**untied, "layers_0": {"mlp": {"down_proj": {"kernel": spec(bf16)}}}},
+                           ("plain", "bfloat16", False)),
+        # a call's arguments: a plain float32 draft beside a tied bfloat16 target, in a tuple
+        "a call's arguments": (
+            ((jnp.ones(2), untied),
+             {"target": [{**tied, "layers_0": {"mlp": {"up": {T_KEY: spec(bf16)}}}}]}),
+            ("transposed", "bfloat16", True)),
+    }
+    for name, (tree, want) in cases.items():
+        assert program_kind(tree) == want, name
+        assert (form_of(tree), kernel_dtype(tree), has_row_head(tree)) == want, name
 
 
 def test_each_form_is_measured_and_cached_apart(fresh, monkeypatch):
