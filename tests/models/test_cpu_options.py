@@ -11,6 +11,7 @@ from dsbd_jax.decoding import methods
 from dsbd_jax.models import cpu_options as co
 from dsbd_jax.models import kernels, llama
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.products import has_row_head, kernel_dtype
 
 
 @pytest.fixture
@@ -209,11 +210,11 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
     tied = llama.init_params(small.replace(tie_word_embeddings=True), jax.random.key(0))
     untied = llama.init_params(small, jax.random.key(0))
     rows = np.arange(8)
-    assert co.has_row_head(tied) and co.has_row_head({"draft": tied, "target": untied})
-    assert not co.has_row_head(untied) and not co.has_row_head((untied, jnp.ones(3)))
-    assert co.has_row_head(truncate_head(tied, small.replace(tie_word_embeddings=True), rows))
-    assert not co.has_row_head(truncate_head(untied, small, rows))
-    assert co.has_row_head(kernels.transpose_head(untied))
+    assert has_row_head(tied) and has_row_head({"draft": tied, "target": untied})
+    assert not has_row_head(untied) and not has_row_head((untied, jnp.ones(3)))
+    assert has_row_head(truncate_head(tied, small.replace(tie_word_embeddings=True), rows))
+    assert not has_row_head(truncate_head(untied, small, rows))
+    assert has_row_head(kernels.transpose_head(untied))
     assert co.options_of(tied) == "default" and co.options_of(untied) == "eigen_dot"
     from dsbd_jax.models import host
     assert host.plan(small.replace(tie_word_embeddings=True), "float32", "plain").options == "default"
@@ -223,8 +224,8 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
                       num_heads=4, num_kv_heads=2, head_dim=64, dtype="bfloat16")
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
                           llama.init_params(cfg.replace(dtype="float32"), jax.random.key(0)))
-    assert co.kernel_dtype(params) == "bfloat16"
-    assert co.kernel_dtype(jax.tree.map(lambda x: x.astype(jnp.float32), params)) == "float32"
+    assert kernel_dtype(params) == "bfloat16"
+    assert kernel_dtype(jax.tree.map(lambda x: x.astype(jnp.float32), params)) == "float32"
     dec = methods.build("sample", cfg, max_new_tokens=4, top_k=10, eos_token_id=())
     ids = np.arange(8, dtype=np.int32)[None] + 4
     sharded = ShardedDecoder.of(dec, make_mesh(data=1, model=1))
