@@ -232,7 +232,9 @@ def projection(decoders, speed_json):
         return {"error": f"no tokens per iteration in {speed_json}"}
     tpi = {r["method"]: r["tokens_per_target_call"] for r in rows
            if r.get("impl") == "dsbd_jax" and "tokens_per_target_call" in r}
-    out = {"source": speed_json, "tokens_per_iteration": tpi, "note": "PROJECTION, not measured"}
+    # the source as a path in the checkout where it is one (no path of the measuring machine)
+    out = {"source": os.path.relpath(os.path.abspath(speed_json), _ROOT),
+           "tokens_per_iteration": tpi, "note": "PROJECTION, not measured"}
     for batch, costs in decoders.items():
         proj = {m: 1e3 * int(batch) * tpi[m] / c["ms_per_iteration"] for m, c in costs.items()
                 if m in tpi and c["ms_per_iteration"]}

@@ -57,8 +57,10 @@ def main(argv=None):
             print(f"round {r} {side} (jax {res['machine']['jax']}): {ms}", flush=True)
     best = {side: {shape: min(run["per_layer_transposed"][shape]["ms"] for run in rs)
                    for shape in rs[0]["per_layer_transposed"]} for side, rs in runs.items()}
-    result = {"a": {"python": args.a, "machine": runs["a"][0]["machine"]},
-              "b": {"python": args.b, "machine": runs["b"][0]["machine"]},
+    # interpreters as paths from the checkout (no absolute path of the measuring machine)
+    rel = {side: os.path.relpath(os.path.abspath(getattr(args, side)), _ROOT) for side in "ab"}
+    result = {"a": {"python": rel["a"], "machine": runs["a"][0]["machine"]},
+              "b": {"python": rel["b"], "machine": runs["b"][0]["machine"]},
               "layers": runs["a"][0]["layers"], "rounds": args.rounds, "repeats": args.repeats,
               "best_ms": best, "ratio_b_over_a": {s: best["b"][s] / best["a"][s] for s in best["a"]},
               "runs": runs}
