@@ -53,6 +53,7 @@ def machine_info() -> Dict[str, Any]:
         "platform": dev.platform,
         "device": getattr(dev, "device_kind", str(dev)),
         "cpu_model": cpu_options.cpu_model(),
+        "cpu_flags": list(cpu_options.cpu_flags()),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "python": platform.python_version(),

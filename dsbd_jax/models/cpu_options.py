@@ -96,8 +96,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the CPU flags that decide which products, dtypes and options are fastest on a host: two hosts
+# with the same model name (e.g. "Intel(R) Xeon(R) Processor") may differ in them
+DECIDING_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                  "amx_tile", "amx_bf16", "amx_int8")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> tuple:
+    """The host's CPU flags among ``DECIDING_FLAGS`` (``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return tuple(flag for flag in DECIDING_FLAGS if flag in have)
+    except OSError:
+        pass
+    return ()
+
+
 def host_key() -> str:
-    return f"{cpu_model()} | {os.cpu_count()} cpus | jax {jax.__version__}"
+    """The key of every per-host cache: CPU model, its deciding flags, cores, jax and jaxlib
+    versions and ``XLA_FLAGS`` (a cache made on one host never answers for another whose
+    flags differ)."""
+    import jaxlib
+    flags = ",".join(cpu_flags()) or "no flags"
+    xla = os.environ.get("XLA_FLAGS", "")
+    return (f"{cpu_model()} | {flags} | {os.cpu_count()} cpus | jax {jax.__version__} "
+            f"jaxlib {jaxlib.__version__}" + (f" | XLA_FLAGS {xla}" if xla else ""))
 
 
 def options_key(form: str = PLAIN) -> str:
