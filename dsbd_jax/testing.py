@@ -39,11 +39,12 @@ def tiny_tokenizer():
 
 
 def make_tiny_pair(directory, seed: int = 0, noise: float = 0.5, hidden_size: int = 64,
-                   num_layers: int = 2) -> Tuple[Path, Path]:
+                   num_layers: int = 2, tie_word_embeddings: bool = False) -> Tuple[Path, Path]:
     """Write ``directory/target`` and ``directory/draft`` (tiny Llama checkpoints + tokenizer).
 
     ``noise``: the draft's weights are the target's times ``1 + noise * N(0, 1)`` (0: identical
-    models). Returns the two directories."""
+    models). ``tie_word_embeddings``: the head is the embedding (no ``lm_head`` tensor), as in
+    the hub's Qwen2.5-0.5B. Returns the two directories."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -51,7 +52,8 @@ def make_tiny_pair(directory, seed: int = 0, noise: float = 0.5, hidden_size: in
     tok = tiny_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                       num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=2048, tie_word_embeddings=False,
+                      max_position_embeddings=2048,
+                      tie_word_embeddings=tie_word_embeddings,
                       bos_token_id=None, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)

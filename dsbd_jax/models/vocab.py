@@ -7,6 +7,8 @@ of the models' own generations). :func:`truncate_head` gathers the draft's vocab
     params["vocab_head"] = {"rows": int32 [N],             # token ids, ascending, unique
                             "kernel": [d, N]}               # untied head: lm_head columns
                      (or) {"rows": int32 [N],
+                           "kernel_t": [N, d]}              # untied head stored as rows
+                     (or) {"rows": int32 [N],
                            "embedding": [N, d]}             # tied head: embedding rows
 
 (the untied ``lm_head`` is dropped: its ``V - N`` other columns are never read again; a tied
@@ -48,7 +50,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import is_mixed, mixed_cols, mixed_rows
+from dsbd_jax.models.products import (T_KEY, TRANSPOSED, is_mixed, mixed_cols, mixed_rows,
+                                      program_kind)
 
 VOCAB_HEAD = "vocab_head"
 TABLE_NAME = "dsbd_vocab.npz"  # a table's default file name beside a model (see table_path)
@@ -100,7 +103,12 @@ def untie_head(params, config):
     2-24x as long as the same product with an ``[d, V]`` kernel (``benchmarks/tied_head.py``;
     4 rows of a 151,936 x 896 head: 673 against 36 ms). Logits equal the tied model's to float
     rounding. An untied model is returned unchanged; a truncated head must be untied before
-    truncation (untie first, then :func:`truncate_head`)."""
+    truncation (untie first, then :func:`truncate_head`).
+
+    In a 16-bit tree with transposed projection kernels the new head is stored as its ``[V, d]``
+    rows (``lm_head["kernel_t"]``, a copy of the embedding), the form ``load_model`` gives every
+    untied head of such a model (:func:`dsbd_jax.models.kernels.transpose_head`): the result is
+    the tree ``load_model(..., untie_head=True)`` gives."""
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
     if not config.tie_word_embeddings:
@@ -109,8 +117,12 @@ def untie_head(params, config):
         raise ValueError("these parameters have a truncated head: untie the full model's "
                          "parameters, then truncate")
     embedding = params["embed"]["embedding"]
-    out = dict(params, lm_head={"kernel": jnp.transpose(embedding)})  # a new [d, V] array
-    return out, dataclasses.replace(config, tie_word_embeddings=False)
+    form, dtype, _ = program_kind(params)
+    if form == TRANSPOSED and dtype != "float32":
+        head = {T_KEY: jnp.array(embedding, copy=True)}  # a new [V, d] array
+    else:
+        head = {"kernel": jnp.transpose(embedding)}  # a new [d, V] array
+    return dict(params, lm_head=head), dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
@@ -149,8 +161,12 @@ def check_rows(rows, vocab_size: int) -> np.ndarray:
 
 def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
     """The draft's parameters with its vocabulary head gathered once to ``rows`` (module doc).
-    Works on both weight layouts; the other parameters are shared, not copied. ``prompt_rows``:
-    keep the full head matrix too, so that each call adds its prompts' tokens to the rows
+    Works on both weight layouts and on every head form ``load_model`` stores; the other
+    parameters are shared, not copied. An untied head stored as ``[V, d]`` rows
+    (``lm_head["kernel_t"]``, a 16-bit model with transposed kernels) gives its ``N`` rows under
+    ``"kernel_t"``: the result is the tree ``load_model(..., head_rows=...)`` gives for the same
+    rows. ``prompt_rows``: keep the full head matrix too (``"full_kernel" [d, V]``, or
+    ``"full_embedding"``), so that each call adds its prompts' tokens to the rows
     (:func:`with_prompt_rows`; module doc)."""
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
@@ -166,10 +182,23 @@ def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
         if prompt_rows:
             head["full_embedding"] = full
     else:
-        full = out.pop("lm_head")["kernel"]
-        head = {"rows": idx, "kernel": jnp.take(full, idx, axis=1)}
-        if prompt_rows:
-            head["full_kernel"] = full
+        lm_head = out.pop("lm_head", None)
+        if isinstance(lm_head, Mapping) and T_KEY in lm_head:
+            # [V, d] rows (kernels.transpose_head: a 16-bit model with transposed kernels): the
+            # truncated head keeps that form, as load_model(head_rows=...) stores it
+            full_t = lm_head[T_KEY]
+            head = {"rows": idx, T_KEY: jnp.take(full_t, idx, axis=0)}
+            if prompt_rows:
+                head["full_kernel"] = jnp.swapaxes(full_t, 0, 1)
+        elif isinstance(lm_head, Mapping) and "kernel" in lm_head:
+            full = lm_head["kernel"]
+            head = {"rows": idx, "kernel": jnp.take(full, idx, axis=1)}
+            if prompt_rows:
+                head["full_kernel"] = full
+        else:
+            raise ValueError("config says the head is untied, but the parameters have no "
+                             f"lm_head kernel ('kernel' or {T_KEY!r}); got lm_head "
+                             f"{sorted(lm_head) if isinstance(lm_head, Mapping) else lm_head!r}")
     out[VOCAB_HEAD] = head
     return out
 
