@@ -67,7 +67,7 @@ def main(argv=None):
 
     from dsbd_jax.decoding import methods as dm
     from dsbd_jax.decoding.common import bucket_length, pad_prompts
-    from dsbd_jax.eval.timing import machine_info, write_json
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models.loading import load_model
 
     supported = cpu_options.candidates()
@@ -92,7 +92,7 @@ def main(argv=None):
     N = args.max_new_tokens
     warp = dict(temperature=1.0, top_k=10, top_p=0.8, eos_token_id=(), max_new_tokens=N)
     out = {"machine": machine_info(), "target": args.target, "draft": args.draft,
-           "settings": {k: v for k, v in vars(args).items()}, "host_choice": cpu_options.choice(),
+           "settings": portable_settings(vars(args), _ROOT), "host_choice": cpu_options.choice(),
            "options": {n: dict(supported[n]) for n in names}, "runs": {}}
     for mname in args.methods:
         method, settings = METHODS[mname]

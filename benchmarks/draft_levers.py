@@ -189,7 +189,7 @@ def main(argv=None):
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
-    from dsbd_jax.eval.timing import machine_info, write_json
+    from dsbd_jax.eval.timing import machine_info, portable_path, portable_settings, write_json
     from dsbd_jax.models import vocab as mv
     from dsbd_jax.models.loading import load_model
     from dsbd_jax.training.distill import DistillConfig, make_acceptance, make_rollouts
@@ -224,8 +224,7 @@ def main(argv=None):
     counts, meta = mv.load_table(table)
     # recorded relative to the checkout when it is the bundled table (no path of this machine)
     root = Path(__file__).resolve().parent.parent
-    table_name = (str(Path(table).resolve().relative_to(root))
-                  if Path(table).resolve().is_relative_to(root) else str(table))
+    table_name = portable_path(table, root)
     drafts = build_drafts(draft, counts, args.rows, args.both_rows, args.prompt_rows,
                           args.distilled)
 
@@ -240,7 +239,8 @@ def main(argv=None):
     slots = max(len(p) for p in prompts) + N
     prompt_len = max(len(p) for p in prompts)
     if args.passes_only:
-        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
+        out = {"machine": machine_info(), "kernel_forms": forms,
+               "settings": portable_settings(vars(args), root),
                "table": table_name, "slots": slots, "prompt_len": prompt_len, "drafts": {d: {} for d in drafts}}
         for B in sorted({1, args.batch}):
             ms = interleaved_medians({d: pass_call(draft.config, p, B, slots, prompt_len)
@@ -271,7 +271,8 @@ def main(argv=None):
         fn = prompt_acc if mv.has_prompt_rows(params) else plain_acc
         return heldout_acceptance(fn, params, data, min(args.batch, len(prompts)))
     if args.acceptance_only:
-        out = {"machine": machine_info(), "kernel_forms": forms, "settings": dict(vars(args)),
+        out = {"machine": machine_info(), "kernel_forms": forms,
+               "settings": portable_settings(vars(args), root),
                "table": table_name, "table_meta": meta, "drafts": {}}
         for dname, dparams in drafts.items():
             acc = acceptance(dparams)
@@ -296,7 +297,7 @@ def main(argv=None):
     }
     batches = sorted({1, args.batch})
     out = {"machine": machine_info(), "kernel_forms": forms,
-           "settings": {k: v for k, v in vars(args).items()}, "table": table_name,
+           "settings": portable_settings(vars(args), root), "table": table_name,
            "table_meta": meta, "references": {}, "drafts": {}}
     for B in batches:
         for name, fn, cfg in (("sample", sample, DecodeConfig(target=target.config, **base_cfg)),

@@ -289,7 +289,7 @@ def main(argv=None):
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import num_slots, speculative_sample
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
-    from dsbd_jax.eval.timing import machine_info, write_json
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models import vocab as mv
     from dsbd_jax.models.loading import load_model
 
@@ -341,7 +341,7 @@ def main(argv=None):
         if unknown:
             raise SystemExit(f"unknown methods {unknown} (have {sorted(methods)})")
         methods = {k: v for k, v in methods.items() if k in args.methods}
-    out = {"machine": machine_info(), "settings": dict(vars(args)), "bucket": P,
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT), "bucket": P,
            "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
                             for k, m in (("target", target), ("draft", draft))},
            "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}

@@ -59,7 +59,9 @@ def main(argv=None):
                    for shape in rs[0]["per_layer_transposed"]} for side, rs in runs.items()}
     # interpreters as paths from the checkout (no absolute path of the measuring machine)
     rel = {side: os.path.relpath(os.path.abspath(getattr(args, side)), _ROOT) for side in "ab"}
-    result = {"a": {"python": rel["a"], "machine": runs["a"][0]["machine"]},
+    # the host's block: side a's (both sides run on this host; each side's block is kept too)
+    result = {"machine": runs["a"][0]["machine"],
+              "a": {"python": rel["a"], "machine": runs["a"][0]["machine"]},
               "b": {"python": rel["b"], "machine": runs["b"][0]["machine"]},
               "layers": runs["a"][0]["layers"], "rounds": args.rounds, "repeats": args.repeats,
               "best_ms": best, "ratio_b_over_a": {s: best["b"][s] / best["a"][s] for s in best["a"]},

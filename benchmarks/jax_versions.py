@@ -111,7 +111,8 @@ def main(argv=None):
             for k in best["host"]]
     out = {"what": f"{label_b} / {label_a} on the CPU, ms (minimum over rounds of each "
                    "process's minimum); accelerator.py " + " ".join(accel_args),
-           "rounds": args.rounds, "machine": {"host": a, "trixie": b},
+           # the host (its CPU fields hold for both environments), then each environment's block
+           "rounds": args.rounds, "machine": a, "environments": {"host": a, "trixie": b},
            "per_round": per_env, "rows": rows}
     from dsbd_jax.eval.timing import write_json
     write_json(args.out, out)

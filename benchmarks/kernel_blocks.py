@@ -39,7 +39,7 @@ if _ROOT not in sys.path:  # run as a script from a checkout
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.eval.timing import machine_info, portable_settings, write_json  # noqa: E402
 from dsbd_jax.models import cpu_options, kernels  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -108,7 +108,7 @@ def main(argv=None):
            "form": "transposed" if transposed else "blocked",
            "options": {"plain": cpu_options.choice("plain"),
                        "blocked": cpu_options.choice("transposed" if transposed else "plain")},
-           "settings": vars(args), "runs": {}}
+           "settings": portable_settings(vars(args), _ROOT), "runs": {}}
     for mname in args.methods:
         fn, cfg, variants = methods[mname]
         secs = {k: 0.0 for k in variants}

@@ -138,8 +138,9 @@ def main(argv=None):
         print(json.dumps(res))
         return
 
-    results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                           "python": platform.python_version(),
+    from dsbd_jax.eval.timing import machine_info
+    # the measuring processes' host: this one (they inherit its environment, XLA_FLAGS included)
+    results = {"machine": {**machine_info(), "os": platform.platform(),
                            "loadavg_start": os.getloadavg()},
                "dtype": args.dtype, "models": {}}
     for name in models:

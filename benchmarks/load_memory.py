@@ -8,7 +8,8 @@ Steps:
      its peak RSS (``VmHWM``) before and after the load, the parameters' bytes and the largest
      stacked tensor's bytes. Expected: peak about baseline + parameters + one stacked tensor.
 
-Writes JSON (default ``results/load_memory.json``) with the CPU model, and prints a table.
+Writes JSON (default ``results/load_memory.json``) with the host (``machine``), the exported
+checkpoint's name (no path), and prints a table.
 
 Usage:
   python benchmarks/load_memory.py --small                     # minutes: a tiny model
@@ -131,9 +132,10 @@ def main(argv=None) -> None:
               f"{r['largest_stacked_bytes'] / mib:8.1f} MiB  peak RSS {r['peak_rss'] / mib:9.1f} "
               f"MiB (baseline {r['baseline_rss'] / mib:7.1f}, +{r['over_baseline'] / mib:8.1f})  "
               f"{r['load_s']:.1f} s")
-    from dsbd_jax.models.cpu_options import cpu_model
-    out = dict(cpu=cpu_model(), source="small" if a.small else a.preset, layout=a.layout,
-               checkpoint=directory, file_bytes=os.path.getsize(
+    from dsbd_jax.eval.timing import machine_info, portable_path
+    # the measuring processes' host: this one (they inherit its environment, XLA_FLAGS included)
+    out = dict(machine=machine_info(), source="small" if a.small else a.preset, layout=a.layout,
+               checkpoint=portable_path(directory, _ROOT), file_bytes=os.path.getsize(
                    os.path.join(directory, "model.safetensors")), rows=rows)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:

@@ -11,7 +11,7 @@ model=2`` (the model axis spans both processes), ``load_model(place=...)``. (Vir
 would not do: on CPU each device's buffers are host memory, so a process with 4 devices holds 4
 copies of whatever they replicate.) Each reports its peak RSS (``VmHWM``), its RSS after
 importing JAX and joining (before the load), the bytes of the model, of its own shards and of
-the largest tensor.
+the largest tensor, and the JSON the measuring processes' host (``machine``) and dtype.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def measure(directory: str, mode: str, port: int, pid: int) -> dict:
     import jax
     from dsbd_jax import load_model, sample
     from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.eval.timing import machine_info
     from dsbd_jax.models.loading import read_config
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     jax.devices()
@@ -66,7 +67,8 @@ def measure(directory: str, mode: str, port: int, pid: int) -> dict:
     return dict(mode=mode, process=pid, rss_before_load_mb=round(before, 1),
                 peak_rss_mb=round(peak_mb(), 1), rss_after_load_mb=round(rss_mb(), 1),
                 model_mb=round(total, 1), own_shards_mb=round(own / 2 ** 20, 1),
-                largest_tensor_mb=round(largest, 1),
+                largest_tensor_mb=round(largest, 1), dtype=model.info["dtype"],
+                machine=machine_info(),
                 finite=bool(all(np.isfinite(np.asarray(s.data)).all()
                                 for x in leaves for s in x.addressable_shards)))
 
@@ -100,10 +102,13 @@ def main() -> None:
         from dsbd_jax.testing import make_tiny_pair
         make_tiny_pair(args.dir, hidden_size=args.hidden, num_layers=args.layers)
     rows = run(args.dir, "whole", 1) + run(args.dir, "placed", 2)
+    machine = rows[0]["machine"]  # the measuring processes' host (one CPU device each)
     for r in rows:
+        r.pop("machine")
         print(json.dumps(r))
     if args.out:
-        Path(args.out).write_text(json.dumps({"hidden": args.hidden, "layers": args.layers,
+        Path(args.out).write_text(json.dumps({"machine": machine, "dtype": rows[0]["dtype"],
+                                              "hidden": args.hidden, "layers": args.layers,
                                               "rows": rows}, indent=1) + "\n")
 
 

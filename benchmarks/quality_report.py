@@ -196,7 +196,9 @@ def main():
     with open(out, "w") as f:
         f.write(text + "\n")
     with open(os.path.join(os.path.dirname(out), "report.json"), "w") as f:
-        json.dump({"summary": summary, "ratios": rs, "yardstick": yard, "batches": batch_rows}, f,
+        # the host and dtype of the records it reports on (their header's), not this process's
+        json.dump({"machine": summary["machine"], "dtype": summary.get("dtype"),
+                   "summary": summary, "ratios": rs, "yardstick": yard, "batches": batch_rows}, f,
                   indent=1)
     print(text)
     print(f"\nwrote {out}")

@@ -100,8 +100,10 @@ def main(argv=None):
               f"{(r['temp_bytes_per_device'] or 0)/1e6:.2f} MB per device; "
               f"{r['comm_bytes_per_iteration']/1e3:.1f} kB communicated per iteration; "
               f"{r['ms_per_iteration']} ms/iteration", flush=True)
+    from dsbd_jax.eval.timing import machine_info
     dev = jax.devices()[0]
     report = dict(
+        machine=machine_info(), dtype=target.info["dtype"],
         backend=dev.platform, device_kind=dev.device_kind, devices=jax.device_count(),
         note=("virtual CPU devices share the host's cores; step times do not predict speed on "
               "accelerators. Memory and communication figures are properties of the compiled "

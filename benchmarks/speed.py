@@ -202,7 +202,10 @@ def main():
                              "kv_cache_bytes"])
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
-    bench.write_json(args.out, {"machine": bench.machine_info(), "settings": vars(args),
+    from dsbd_jax.eval.timing import portable_settings
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench.write_json(args.out, {"machine": bench.machine_info(),
+                                "settings": portable_settings(vars(args), root),
                                 "prompt_lengths": [len(p) for p in prompts], "rows": rows,
                                 "ratios": ratios, "wall_s": time.perf_counter() - t0})
     print(f"wrote {args.out}")

@@ -221,6 +221,9 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     elif resumed is None:
         header = {"type": "run", "name": cfg["name"], "started": datetime.datetime.now().isoformat(),
                   "machine": machine_info(), "energy": meter.describe(),
+                  # the dtype the figures were measured in (the load's choice where "auto")
+                  "dtype": {name: (m.info or {}).get("dtype") for name, m in
+                            (("target", target), ("draft", draft)) if m is not None},
                   "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
                   "config": {k: v for k, v in cfg.items() if k != "runs"},
                   "runs": [lab for lab, *_ in decoders],

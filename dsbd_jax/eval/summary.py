@@ -23,7 +23,8 @@ def summary_of(records_path) -> Dict[str, Any]:
     rows = summarize(records)
     done = sum(1 for r in records if r.get("type") == "sample")
     total = len(head.get("runs", [])) * head.get("num_prompts", 0) or done
-    return {"name": head.get("name"), "machine": head.get("machine"), "energy": head.get("energy"),
+    return {"name": head.get("name"), "machine": head.get("machine"), "dtype": head.get("dtype"),
+            "energy": head.get("energy"),
             "batch_size": head.get("batch_size"), "complete": done >= total, "done": done,
             "total": total, "sessions": 1 + sum(r.get("type") == "resume" for r in records),
             "rows": rows, "comparisons": comparisons(rows),

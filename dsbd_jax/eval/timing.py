@@ -67,6 +67,34 @@ def machine_info() -> Dict[str, Any]:
     }
 
 
+# the host fields every result JSON's "machine" block carries (tests/test_results_hosts.py)
+HOST_KEYS = ("cpu_model", "cpu_flags", "cpu_count", "jax", "jaxlib", "xla_flags")
+
+
+def portable_path(path, root=None) -> str:
+    """``path`` as a result JSON records it: relative to ``root`` (default: the current
+    directory; the benchmarks pass the checkout) where it lies inside it, else its name only.
+    A result never names an absolute path of the measuring machine."""
+    p = Path(os.path.abspath(os.fspath(path)))
+    base = Path(os.path.abspath(os.fspath(root) if root is not None else os.getcwd()))
+    try:
+        return p.relative_to(base).as_posix()
+    except ValueError:
+        return p.name
+
+
+def portable_settings(settings, root=None) -> Dict[str, Any]:
+    """A benchmark's settings (``vars(args)``) as a result JSON records them: every value that is
+    an absolute path (or a list of them) through :func:`portable_path`."""
+    def one(v):
+        if isinstance(v, str) and os.path.isabs(v):
+            return portable_path(v, root)
+        if isinstance(v, (list, tuple)):
+            return [one(x) for x in v]
+        return v
+    return {k: one(v) for k, v in dict(settings).items()}
+
+
 def _version(package: str):
     try:
         from importlib.metadata import version
