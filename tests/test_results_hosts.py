@@ -207,6 +207,7 @@ def test_portable_paths(tmp_path):
     assert portable_path(root / "results" / "x.json", root) == "results/x.json"
     assert portable_path("/somewhere/else/table.npz", root) == "table.npz"
     s = portable_settings({"out": str(root / "r.json"), "n": 3, "xs": ["/a/b.npz", "rel/c"],
-                           "name": "qwen"}, root)
-    assert s == {"out": "r.json", "n": 3, "xs": ["b.npz", "rel/c"], "name": "qwen"}
+                           "name": "qwen", "datasets": [{"path": "/data/gsm8k.jsonl"}]}, root)
+    assert s == {"out": "r.json", "n": 3, "xs": ["b.npz", "rel/c"], "name": "qwen",
+                 "datasets": [{"path": "gsm8k.jsonl"}]}
     assert not ABSOLUTE.search(json.dumps(s))

@@ -40,8 +40,11 @@ _RESUME_IGNORED = ("description", "models_file", "warmup")
 
 
 def _comparable(config: Dict[str, Any]) -> Dict[str, Any]:
-    return json.loads(json.dumps({k: v for k, v in config.items()
-                                  if k not in _RESUME_IGNORED and k != "runs"}))
+    """The config as the header records it (absolute paths as ``portable_settings`` writes them),
+    without the keys a resume ignores."""
+    from dsbd_jax.eval.timing import portable_settings
+    return json.loads(json.dumps(portable_settings(
+        {k: v for k, v in config.items() if k not in _RESUME_IGNORED and k != "runs"})))
 
 
 def resume_state(records_path, config: Dict[str, Any]) -> Optional[Dict[str, Any]]:

@@ -163,7 +163,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     from dsbd_jax.decoding.methods import build, label, model_params
     from dsbd_jax.eval.tasks import metric_name, score
     from dsbd_jax.eval.energy import energy_meter
-    from dsbd_jax.eval.timing import machine_info, peak_rss_gb
+    from dsbd_jax.eval.timing import machine_info, peak_rss_gb, portable_settings
 
     CompileClock.install()
     out_dir = Path(out_dir)
@@ -225,7 +225,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                   "dtype": {name: (m.info or {}).get("dtype") for name, m in
                             (("target", target), ("draft", draft)) if m is not None},
                   "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
-                  "config": {k: v for k, v in cfg.items() if k != "runs"},
+                  # paths relative to the working directory, or names (no absolute path)
+                  "config": portable_settings({k: v for k, v in cfg.items() if k != "runs"}),
                   "runs": [lab for lab, *_ in decoders],
                   "buckets": buckets, "num_prompts": len(prompts), "batch_size": B,
                   "num_batches": len(batches), "load_s": load_s,

@@ -84,13 +84,16 @@ def portable_path(path, root=None) -> str:
 
 
 def portable_settings(settings, root=None) -> Dict[str, Any]:
-    """A benchmark's settings (``vars(args)``) as a result JSON records them: every value that is
-    an absolute path (or a list of them) through :func:`portable_path`."""
+    """A benchmark's settings (``vars(args)``, a bench config) as a result JSON records them:
+    every string that is an absolute path, in lists and nested dicts too, through
+    :func:`portable_path`."""
     def one(v):
         if isinstance(v, str) and os.path.isabs(v):
             return portable_path(v, root)
         if isinstance(v, (list, tuple)):
             return [one(x) for x in v]
+        if isinstance(v, dict):
+            return {k: one(x) for k, x in v.items()}
         return v
     return {k: one(v) for k, v in dict(settings).items()}
 
