@@ -268,12 +268,39 @@ def build_decoder(name, args, target_config, draft_config, progress: bool):
     return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
 
 
+# A stand-in model for checking the settings alone (``check_options``): a vocabulary and
+# context no setting can exceed and no EOS / pad id, so only model-independent rules can fail.
+_STAND_IN = dict(vocab_size=2**31 - 1, hidden_size=8, intermediate_size=8, num_layers=1,
+                 num_heads=1, num_kv_heads=1, head_dim=8, max_position_embeddings=2**31 - 1)
+
+
+def check_options(args, methods, prompts, raw: bool = False) -> None:
+    """The checks that need no model, before any model file is read: each method's settings
+    (the decoders' own rules, built on a stand-in model whose vocabulary and context no
+    setting can exceed) and the prompts (an empty ``--raw`` prompt has no token to start
+    from)."""
+    from dsbd_jax.decoding.methods import check_settings
+    from dsbd_jax.models.config import ModelConfig
+    if raw:
+        for i, text in enumerate(prompts):
+            if not text:
+                raise CLIError(f"--prompt {i + 1} is empty: with --raw it has no token to start "
+                               f"from (without --raw the chat template gives it some)")
+    stand_in = ModelConfig(**_STAND_IN)
+    for m in methods:
+        settings = _settings(m, args)
+        check_settings(m, settings)
+        build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None, progress=False)
+
+
 def prepare(args, methods, prompts, raw: bool = False):
-    """Everything that can fail without weights, checked before the slow load: the model
-    configs (``config.json`` / GGUF metadata), the decoders' settings, the tokenizer and the
+    """Everything that can fail without weights, checked before the slow load and cheapest
+    first: the settings and prompts alone (:func:`check_options`), then against the model
+    configs (the converted cache's ``config.json`` / a GGUF's header), the tokenizer and the
     prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
     with ``configs = (target, draft or None)``; the decoders are built with ``progress``
     unless ``--no-progress``."""
+    check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.models.loading import load_tokenizer, read_config

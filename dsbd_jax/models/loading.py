@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from dsbd_jax.models.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
-                                   tokenizer_from_gguf)
+                                   read_header, tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.host import AUTO, dtype_choice, resolve_dtype
 from dsbd_jax.models.hub import is_hub_id, snapshot
@@ -125,11 +125,15 @@ def load_tokenizer(source, revision: Optional[str] = None):
         return preset_tokenizer(where)
     if kind == "hf":
         return hf_tokenizer(where)
-    src = GGUFSource(where)
-    try:
-        has_tok = src.has_tokenizer()
-    finally:
-        src.close()
+    header = read_header(where)
+    if header is not None:
+        has_tok = "tokenizer.ggml.tokens" in header[0]
+    else:
+        src = GGUFSource(where)
+        try:
+            has_tok = src.has_tokenizer()
+        finally:
+            src.close()
     return tokenizer_from_gguf(where) if has_tok else None
 
 

@@ -364,6 +364,31 @@ def test_gguf_tokenizer(tmp_path):
     assert load_model(tmp_path / "m.gguf", tokenizer=False, progress=False).tokenizer is None
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_config_reads_the_header_without_the_vocabulary(tmp_path, monkeypatch, arch):
+    """``read_config`` of a GGUF (and of a preset without a converted cache) reads the key/value
+    header and steps over the tokenizer's arrays: ``gguf.GGUFReader``, which decodes every
+    token into a numpy array (24 s for a 151,936-token vocabulary), is never used, and the
+    config is the one ``GGUFReader`` gives."""
+    import gguf
+
+    from dsbd_jax.models.gguf import GGUFSource, SkippedArray, read_header
+    path = write_gguf(tmp_path / "m.gguf", hf_tensors(seed=3, bias=arch == "qwen2"), arch,
+                      tokenizer=True, meta={"add_pad_token_id": 0})
+    expected = GGUFSource(path).config()
+    fields, tensors = read_header(path)
+    assert fields["tokenizer.ggml.tokens"] == SkippedArray(8, V)    # stepped over: type, length
+    assert fields["tokenizer.ggml.merges"].length == 3
+    assert fields["tokenizer.ggml.token_type"] == SkippedArray(5, V)
+    assert tensors["token_embd.weight"] == (D, V)
+
+    def fail(*a, **k):
+        raise AssertionError("GGUFReader parsed the whole file, vocabulary arrays included")
+    monkeypatch.setattr(gguf, "GGUFReader", fail)
+    assert loading.read_config(path) == expected
+    assert loading.read_config(path, jnp.bfloat16) == expected.replace(dtype="bfloat16")
+
+
 # ---------------------------------------------------------------------------------------------
 # presets: parts shipped as (fake) installed distributions
 
