@@ -680,6 +680,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
+            from dsbd_jax.compilation_cache import enable_compilation_cache
+            enable_compilation_cache()      # compiled programs persist across runs
         if args.command in ("generate", "bench") and _join_processes():
             args.no_progress = True      # the progress callback is one process's
             if not _is_first_process():

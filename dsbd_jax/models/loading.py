@@ -39,6 +39,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from dsbd_jax.compilation_cache import enable_compilation_cache
 from dsbd_jax.models.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
@@ -242,6 +243,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)
+    enable_compilation_cache(cache_dir)
     if isinstance(dtype, str) and dtype == AUTO:
         t0 = time.perf_counter()
         config = read_config(source, revision=revision)
