@@ -70,7 +70,11 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
                    help="keep the k most likely tokens, 0 = off (the paper uses 10)")
     p.add_argument("--top-p", type=float, default=0.8,
                    help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
-    p.add_argument("--beams", type=int, default=2, help="beam width W (beam/dsbd output width)")
+    p.add_argument("--beams", type=int, default=2,
+                   help="beam width W: the output beams of beam and beam_search; DSBD: the "
+                        "beams its extra layer draws, so its output has W beams when the last "
+                        "iteration passed every layer, else the width of the layer it ended on "
+                        "(--min-width to max(--beams, --draft-width))")
     p.add_argument("--gamma", type=int, default=2, help="draft look-ahead (layers)")
     p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
     p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
@@ -456,11 +460,12 @@ def cmd_demo(args) -> int:
           f"draft {args.draft} ({draft.info['dtype']}); {len(prompts)} prompt(s), "
           f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
           f"timed)", flush=True)
-    print(f"DSBD: {args.beams} output beams, draft look-ahead gamma={args.gamma}, draft beam "
+    print(f"DSBD: {args.beams} beams in the extra layer (the output: {args.min_width} to "
+          f"{max(args.beams, args.draft_width)}, the width of the layer a run ends on), draft look-ahead gamma={args.gamma}, draft beam "
           f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
           f"{args.min_width}..{max(args.beams, args.draft_width)}"
           f"{', single-beam' if args.single_beam else ''}; beam sampling: W={args.beams} "
-          f"(the same number of output beams); both with temperature {args.temperature}, "
+          f"; both with temperature {args.temperature}, "
           f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
     results = {}
     for name, dec in decoders.items():

@@ -114,3 +114,15 @@ def test_generate_refuses_bad_options_before_reading_a_model(argv, words, monkey
         monkeypatch.setattr(loading, name, fail)
     assert cli.main(["generate", *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_beams_help_says_what_dsbd_outputs():
+    """DSBD's output width is the width of the layer a run ends on (the extra layer's --beams
+    only when every layer passed), so the help gives the range, not W."""
+    from dsbd_jax.cli import _settings
+    text = option_help(dict(subparsers(build_parser()))["dsbd generate"], "--beams")
+    assert "max(--beams, --draft-width)" in text and "--min-width" in text
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--beams", "2",
+                                      "--draft-width", "3"])
+    s = _settings("dsbd", args)
+    assert (s["num_beams"], s["min_width"], s["max_width"]) == (2, 1, 3)
