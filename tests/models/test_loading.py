@@ -481,11 +481,45 @@ def test_preset_bfloat16_cache(fake_preset, monkeypatch):
     # from the float32 cache: no GGUF needed
     import shutil
     shutil.rmtree(d / "params-v1-bfloat16")
+    for host_form in d.glob("params-v1-host-*"):     # the caches in this host's form too
+        shutil.rmtree(host_form)
     (d / "model.gguf").unlink()
     conv = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
     assert conv.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
     for x, y in zip(jax.tree.leaves(conv.params), jax.tree.leaves(again.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype):
+    """The first load of a preset caches its parameters in the form it leaves them in
+    (per-layer, transposed kernels, a 16-bit model's head as rows); the second load reads that
+    form: no splitting of stacked layers, no transposing, the same values. Another form is
+    another cache."""
+    preset, t, cache = fake_preset
+    kw = dict(tokenizer=False, progress=False, layout="per_layer", kernel_blocks="transposed")
+    first = load_model("fake-tiny", dtype, **kw)
+    assert first.info["kernel_transposed"] and "host_form_cache" in first.info
+
+    def fail(*a, **k):
+        raise AssertionError("split or transposed again")
+    monkeypatch.setattr(loading, "unstack_layers_", fail)
+    monkeypatch.setattr(loading, "transpose_params_", fail)
+    monkeypatch.setattr(presets, "load_gguf", fail)
+    second = load_model("fake-tiny", dtype, **kw)
+    assert second.info["host_form_cache"] == first.info["host_form_cache"]
+    assert second.config == first.config
+    assert (second.info["kernel_transposed"], second.info["head_transposed"]) == \
+        (first.info["kernel_transposed"], first.info["head_transposed"])
+    a, b = jax.tree_util.tree_flatten_with_path(first.params)[0], \
+        jax.tree_util.tree_flatten_with_path(second.params)[0]
+    assert [p for p, _ in a] == [p for p, _ in b]
+    for (_, x), (_, y) in zip(a, b):
+        assert x.dtype == y.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(AssertionError, match="again"):    # plain kernels: not that cache
+        load_model("fake-tiny", dtype, tokenizer=False, progress=False, layout="per_layer",
+                   kernel_blocks=None)
 
 
 def test_preset_without_param_cache(fake_preset, monkeypatch):
@@ -575,7 +609,7 @@ def test_preset_load_is_visible_without_logging(fake_preset, capfd):
     load_model("fake-tiny", tokenizer=False)
     err = capfd.readouterr().err
     assert "converting" not in err
-    assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1\)", err), err
+    assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1(-host-float32-[\w-]+, in this host's form)?\)", err), err
 
 
 def test_every_slow_step_of_a_load_names_itself(tmp_path, capfd, monkeypatch):
