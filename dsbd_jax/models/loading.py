@@ -201,7 +201,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         accumulation); activations, norms, attention and logits stay float32.
         ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
-      cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+      cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
+        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.compilation_cache`); default
+        ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. A preset is cached once more in the form
+        this load leaves it in (layout, kernel form, dtype; ``presets.save_host_layout``), and a
+        later load with the same form reads that.
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
         GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
         turns it off), else ``True``.
