@@ -16,7 +16,7 @@ target calls and, for DSBD, the accepted draft candidates per verified layer; no
 prints the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
 checked on their own before any model file is read, then against the models' configs before any
 weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
-(:mod:`dsbd_jax.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
+(:mod:`dsbd_jax.models.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
 Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
 
 Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
@@ -688,7 +688,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
-            from dsbd_jax.compilation_cache import enable_compilation_cache
+            from dsbd_jax.models.compilation_cache import enable_compilation_cache
             enable_compilation_cache()      # compiled programs persist across runs
         if args.command in ("generate", "bench") and _join_processes():
             args.no_progress = True      # the progress callback is one process's

@@ -39,7 +39,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.compilation_cache import enable_compilation_cache
+from dsbd_jax.models.compilation_cache import enable_compilation_cache
 from dsbd_jax.models.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
@@ -202,7 +202,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
-        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.compilation_cache`); default
+        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default
         ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. A preset is cached once more in the form
         this load leaves it in (layout, kernel form, dtype; ``presets.save_host_layout``), and a
         later load with the same form reads that.
