@@ -13,8 +13,10 @@
 
 ``generate`` shows a progress bar per decoder iteration (new tokens, elapsed time, iterations,
 target calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then
-prints the run's tokens/s and every beam with its target log-likelihood. Settings are checked
-against the models' configs before any weights are loaded.
+prints the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
+checked on their own before any model file is read, then against the models' configs before any
+weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
+(:mod:`dsbd_jax.models.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
 Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
 
 Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
@@ -70,7 +72,11 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
                    help="keep the k most likely tokens, 0 = off (the paper uses 10)")
     p.add_argument("--top-p", type=float, default=0.8,
                    help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
-    p.add_argument("--beams", type=int, default=2, help="beam width W (beam/dsbd output width)")
+    p.add_argument("--beams", type=int, default=2,
+                   help="beam width W: the output beams of beam and beam_search; DSBD: the "
+                        "beams its extra layer draws, so its output has W beams when the last "
+                        "iteration passed every layer, else the width of the layer it ended on "
+                        "(--min-width to max(--beams, --draft-width))")
     p.add_argument("--gamma", type=int, default=2, help="draft look-ahead (layers)")
     p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
     p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
@@ -268,12 +274,39 @@ def build_decoder(name, args, target_config, draft_config, progress: bool):
     return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
 
 
+# A stand-in model for checking the settings alone (``check_options``): a vocabulary and
+# context no setting can exceed and no EOS / pad id, so only model-independent rules can fail.
+_STAND_IN = dict(vocab_size=2**31 - 1, hidden_size=8, intermediate_size=8, num_layers=1,
+                 num_heads=1, num_kv_heads=1, head_dim=8, max_position_embeddings=2**31 - 1)
+
+
+def check_options(args, methods, prompts, raw: bool = False) -> None:
+    """The checks that need no model, before any model file is read: each method's settings
+    (the decoders' own rules, built on a stand-in model whose vocabulary and context no
+    setting can exceed) and the prompts (an empty ``--raw`` prompt has no token to start
+    from)."""
+    from dsbd_jax.decoding.methods import check_settings
+    from dsbd_jax.models.config import ModelConfig
+    if raw:
+        for i, text in enumerate(prompts):
+            if not text:
+                raise CLIError(f"--prompt {i + 1} is empty: with --raw it has no token to start "
+                               f"from (without --raw the chat template gives it some)")
+    stand_in = ModelConfig(**_STAND_IN)
+    for m in methods:
+        settings = _settings(m, args)
+        check_settings(m, settings)
+        build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None, progress=False)
+
+
 def prepare(args, methods, prompts, raw: bool = False):
-    """Everything that can fail without weights, checked before the slow load: the model
-    configs (``config.json`` / GGUF metadata), the decoders' settings, the tokenizer and the
+    """Everything that can fail without weights, checked before the slow load and cheapest
+    first: the settings and prompts alone (:func:`check_options`), then against the model
+    configs (the converted cache's ``config.json`` / a GGUF's header), the tokenizer and the
     prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
     with ``configs = (target, draft or None)``; the decoders are built with ``progress``
     unless ``--no-progress``."""
+    check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.models.loading import load_tokenizer, read_config
@@ -429,11 +462,12 @@ def cmd_demo(args) -> int:
           f"draft {args.draft} ({draft.info['dtype']}); {len(prompts)} prompt(s), "
           f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
           f"timed)", flush=True)
-    print(f"DSBD: {args.beams} output beams, draft look-ahead gamma={args.gamma}, draft beam "
+    print(f"DSBD: {args.beams} beams in the extra layer (the output: {args.min_width} to "
+          f"{max(args.beams, args.draft_width)}, the width of the layer a run ends on), draft look-ahead gamma={args.gamma}, draft beam "
           f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
           f"{args.min_width}..{max(args.beams, args.draft_width)}"
           f"{', single-beam' if args.single_beam else ''}; beam sampling: W={args.beams} "
-          f"(the same number of output beams); both with temperature {args.temperature}, "
+          f"; both with temperature {args.temperature}, "
           f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
     results = {}
     for name, dec in decoders.items():
@@ -653,6 +687,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
+            from dsbd_jax.models.compilation_cache import enable_compilation_cache
+            enable_compilation_cache()      # compiled programs persist across runs
         if args.command in ("generate", "bench") and _join_processes():
             args.no_progress = True      # the progress callback is one process's
             if not _is_first_process():

@@ -3,26 +3,44 @@
 # Python 3.12 (the install accepts it there; Python 3.10-3.11 stay on the pinned 0.10.2), so a
 # regression of a new jax (like jax#40101 in jaxlib 0.11.1) is seen when it appears.
 #
-# Where a Python 3.12 interpreter exists ($DSBD_PY312, default ~/.pyenv/versions/3.12.1/bin/python)
+# Where a Python >= 3.12 interpreter exists ($DSBD_PY312, else python3.13 or python3.12 on PATH,
+# else the newest ~/.pyenv/versions/3.1[2-9]*)
 # it builds .venv-jax-newest (once; later runs only upgrade jax/jaxlib to the newest release)
 # with dsbd-jax, pytest, hypothesis and scipy, and runs the test files below (the verification
 # rule, the width rule, and the exactness tests of speculative, tree and DSBD decoding, which
 # need no torch: PyPI's torch for 3.12 is the multi-GB CUDA build, so it is left out). Where no
-# 3.12 interpreter exists it says so and counts one skip. The last line is pytest's counts,
+# such interpreter exists it says so and counts one skip. The last line is pytest's counts,
 # "N passed, N failed, N skipped", which scripts/test.sh adds to the suite's.
 #   bash scripts/newest_jax.sh                      # the lane
+#   bash scripts/newest_jax.sh --which              # the interpreter it would use, or "none"
 #   bash scripts/newest_jax.sh tests/decoding/test_verify.py   # other test paths
 #   bash scripts/newest_jax.sh --bench OUT.json     # benchmarks/accelerator.py under the newest jax
 #                                                   # (the items benchmarks/jax_versions.py compares;
 #                                                   # run it under .venv too, on a quiet host)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY312=${DSBD_PY312:-$HOME/.pyenv/versions/3.12.1/bin/python}
+# the interpreter: $DSBD_PY312, else python3.13 / python3.12 on PATH, else the newest
+# ~/.pyenv/versions/3.1[2-9]*; any of them only if it is Python >= 3.12
+at_least_312() { [ -x "$1" ] && "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
+find_py312() {
+  if [ -n "${DSBD_PY312:-}" ]; then echo "$DSBD_PY312"; return; fi
+  local c
+  for c in "$(command -v python3.13)" "$(command -v python3.12)" \
+           $(ls -d "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -rV); do
+    if [ -n "$c" ] && at_least_312 "$c"; then echo "$c"; return; fi
+  done
+  echo "$HOME/.pyenv/versions/3.12.1/bin/python"     # named in the skip message
+}
+PY312=$(find_py312)
+if [ "${1:-}" = "--which" ]; then   # only say which interpreter the lane would use
+  at_least_312 "$PY312" && echo "$PY312" || echo "none"
+  exit 0
+fi
 VENV=${DSBD_NEWEST_VENV:-.venv-jax-newest}
 TESTS=(tests/decoding/test_verify.py tests/decoding/test_width.py tests/decoding/test_speculative.py
        tests/decoding/test_tree.py tests/decoding/test_dsbd.py)
-if [ ! -x "$PY312" ]; then
-  echo "newest-jax: SKIPPED: no Python 3.12 interpreter at $PY312 (set DSBD_PY312 to one)"
+if ! at_least_312 "$PY312"; then
+  echo "newest-jax: SKIPPED: no Python >= 3.12 interpreter (\$DSBD_PY312, python3.13 or python3.12 on PATH, ~/.pyenv/versions/3.1[2-9]*; tried $PY312)"
   echo "0 passed, 0 failed, 1 skipped"
   exit 0
 fi

@@ -94,3 +94,35 @@ def test_demo_verdict_names_what_held_dsbd_back():
     assert slow.startswith("DSBD was slower than beam sampling here (0.77x, lower log-likelihood)")
     assert "forest costs more than a one-token pass (bfloat16" in slow
     assert "forest" not in demo_verdict(0.9, 0.0, stats, "float32", backend="gpu")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--prompt", "hi", "--threshold", "1.5"], "threshold must be a number in [0, 1]"),
+    (["--prompt", "hi", "--beams", "0"], "num_beams"),
+    (["--method", "beam", "--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--raw", "--prompt", ""], "--prompt 1 is empty"),
+])
+def test_generate_refuses_bad_options_before_reading_a_model(argv, words, monkeypatch, capsys):
+    """A bad setting or an empty ``--raw`` prompt is refused before any model config, tokenizer
+    or weight is read (the default models' configs and tokenizer can take seconds to read)."""
+    from dsbd_jax import cli
+    from dsbd_jax.models import loading
+
+    def fail(*a, **k):
+        raise AssertionError("a model was read before the options were checked")
+    for name in ("read_config", "load_tokenizer", "load_model"):
+        monkeypatch.setattr(loading, name, fail)
+    assert cli.main(["generate", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_beams_help_says_what_dsbd_outputs():
+    """DSBD's output width is the width of the layer a run ends on (the extra layer's --beams
+    only when every layer passed), so the help gives the range, not W."""
+    from dsbd_jax.cli import _settings
+    text = option_help(dict(subparsers(build_parser()))["dsbd generate"], "--beams")
+    assert "max(--beams, --draft-width)" in text and "--min-width" in text
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--beams", "2",
+                                      "--draft-width", "3"])
+    s = _settings("dsbd", args)
+    assert (s["num_beams"], s["min_width"], s["max_width"]) == (2, 1, 3)

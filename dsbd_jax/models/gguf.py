@@ -16,6 +16,7 @@ permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permut
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -124,82 +125,9 @@ class GGUFSource:
 
     def config(self, dtype: str = "float32") -> ModelConfig:
         """The :class:`ModelConfig` described by the file's metadata and tensor shapes."""
-        arch = self.architecture
-        required = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
-        missing = [k for k in required if self.meta(k) is None]
-        if missing:
-            raise ValueError(f"GGUF file {self.path} lacks metadata {[f'{arch}.{k}' for k in missing]}")
-        hidden = int(self.meta("embedding_length"))
-        heads = int(self.meta("attention.head_count"))
-        kv_heads = int(self.meta("attention.head_count_kv", heads))
-        head_dim = int(self.meta("attention.key_length", hidden // heads))
-        value_dim = int(self.meta("attention.value_length", head_dim))
-        if value_dim != head_dim:
-            raise ValueError(f"GGUF key_length {head_dim} != value_length {value_dim} is not supported")
-        rope_dim = self.meta("rope.dimension_count")
-        if rope_dim is not None and int(rope_dim) != head_dim:
-            raise ValueError(
-                f"partial rotary embedding (rope.dimension_count={rope_dim}, head_dim={head_dim}) "
-                "is not supported")
-        if "token_embd.weight" not in self.tensors:
-            raise ValueError(f"GGUF file {self.path} has no token_embd.weight tensor")
-        vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml order: [hidden, vocab]
-        rope_scaling = None
-        scaling_type = self.meta("rope.scaling.type")
-        if "rope_freqs.weight" in self.tensors:
-            raise ValueError("GGUF rope_freqs (llama3-style rope scaling factors) is not supported; "
-                             "load the Hugging Face checkpoint instead")
-        if scaling_type not in (None, "none"):
-            if scaling_type != "linear":
-                raise ValueError(f"unsupported GGUF rope.scaling.type {scaling_type!r}; supported: "
-                                 "none, linear")
-            rope_scaling = ModelConfig.freeze_rope_scaling(
-                {"rope_type": "linear", "factor": float(self.meta("rope.scaling.factor"))})
-        bias = "blk.0.attn_q.bias" in self.tensors
-        if arch == "qwen2" and not bias:
-            raise ValueError(f"qwen2 GGUF file {self.path} has no attention biases")
-        eos = []
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                    "tokenizer.ggml.eom_token_id"):
-            v = _field(self.reader, key)
-            if v is not None and int(v) not in eos and int(v) < vocab:
-                eos.append(int(v))
-        family = {}
-        if arch == "gemma3":
-            n = int(self.meta("block_count"))
-            window = self.meta("attention.sliding_window")
-            family = dict(
-                qk_norm=True, norm_style="gemma", sandwich_norms=True, hidden_act="gelu_tanh",
-                embed_scale=True, query_pre_attn_scalar=float(head_dim),
-                sliding_window=None if window is None else int(window),
-                layer_types=tuple("sliding_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN
-                                  else "full_attention" for i in range(n)),
-                rope_local_theta=GEMMA3_LOCAL_ROPE_THETA)
-            if n == 62:  # llama.cpp: the 27B (62 layers) scales by hidden / heads, not head_dim
-                family["query_pre_attn_scalar"] = float(hidden // heads)
-        bos = _field(self.reader, "tokenizer.ggml.bos_token_id")
-        pad = _field(self.reader, "tokenizer.ggml.padding_token_id")
-        return ModelConfig(
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=int(self.meta("feed_forward_length")),
-            num_layers=int(self.meta("block_count")),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(self.meta("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(self.meta("rope.freq_base", 10000.0)),
-            rope_scaling=rope_scaling,
-            tie_word_embeddings="output.weight" not in self.tensors,
-            attention_bias=bias,
-            max_position_embeddings=int(self.meta("context_length", 4096)),
-            dtype=dtype,
-            architecture=arch,
-            bos_token_id=None if bos is None else int(bos),
-            eos_token_id=tuple(eos) or None,
-            pad_token_id=None if pad is None else int(pad),
-            **family,
-        )
+        return config_from_metadata(
+            self.path, lambda key, default=None: _field(self.reader, key, default),
+            {n: tuple(int(d) for d in t.shape) for n, t in self.tensors.items()}, dtype)
 
     # -- tensors -------------------------------------------------------------------------------
     def get(self, hf_name: str, layer: Optional[int] = None) -> np.ndarray:
@@ -247,6 +175,92 @@ class GGUFSource:
         return out
 
 
+def config_from_metadata(path, field, tensors, dtype: str = "float32") -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file from its metadata: ``field(key, default)`` gives
+    a key's value, ``tensors`` maps tensor names to their ggml-order shapes
+    (``[ne0, ne1, ...]``)."""
+    arch = field("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r} in {path}; supported: "
+                         f"{', '.join(SUPPORTED_GGUF_ARCHITECTURES)}")
+    meta = lambda key, default=None: field(f"{arch}.{key}", default)  # noqa: E731
+    required = ("embedding_length", "feed_forward_length", "block_count", "attention.head_count")
+    missing = [k for k in required if meta(k) is None]
+    if missing:
+        raise ValueError(f"GGUF file {path} lacks metadata {[f'{arch}.{k}' for k in missing]}")
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    value_dim = int(meta("attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise ValueError(f"GGUF key_length {head_dim} != value_length {value_dim} is not supported")
+    rope_dim = meta("rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ValueError(
+            f"partial rotary embedding (rope.dimension_count={rope_dim}, head_dim={head_dim}) "
+            "is not supported")
+    if "token_embd.weight" not in tensors:
+        raise ValueError(f"GGUF file {path} has no token_embd.weight tensor")
+    vocab = int(tensors["token_embd.weight"][1])  # ggml order: [hidden, vocab]
+    rope_scaling = None
+    scaling_type = meta("rope.scaling.type")
+    if "rope_freqs.weight" in tensors:
+        raise ValueError("GGUF rope_freqs (llama3-style rope scaling factors) is not supported; "
+                         "load the Hugging Face checkpoint instead")
+    if scaling_type not in (None, "none"):
+        if scaling_type != "linear":
+            raise ValueError(f"unsupported GGUF rope.scaling.type {scaling_type!r}; supported: "
+                             "none, linear")
+        rope_scaling = ModelConfig.freeze_rope_scaling(
+            {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))})
+    bias = "blk.0.attn_q.bias" in tensors
+    if arch == "qwen2" and not bias:
+        raise ValueError(f"qwen2 GGUF file {path} has no attention biases")
+    eos = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                "tokenizer.ggml.eom_token_id"):
+        v = field(key)
+        if v is not None and int(v) not in eos and int(v) < vocab:
+            eos.append(int(v))
+    family = {}
+    if arch == "gemma3":
+        n = int(meta("block_count"))
+        window = meta("attention.sliding_window")
+        family = dict(
+            qk_norm=True, norm_style="gemma", sandwich_norms=True, hidden_act="gelu_tanh",
+            embed_scale=True, query_pre_attn_scalar=float(head_dim),
+            sliding_window=None if window is None else int(window),
+            layer_types=tuple("sliding_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN
+                              else "full_attention" for i in range(n)),
+            rope_local_theta=GEMMA3_LOCAL_ROPE_THETA)
+        if n == 62:  # llama.cpp: the 27B (62 layers) scales by hidden / heads, not head_dim
+            family["query_pre_attn_scalar"] = float(hidden // heads)
+    bos = field("tokenizer.ggml.bos_token_id")
+    pad = field("tokenizer.ggml.padding_token_id")
+    return ModelConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(meta("feed_forward_length")),
+        num_layers=int(meta("block_count")),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias=bias,
+        max_position_embeddings=int(meta("context_length", 4096)),
+        dtype=dtype,
+        architecture=arch,
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_id=tuple(eos) or None,
+        pad_token_id=None if pad is None else int(pad),
+        **family,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # loading a GGUF file
 
@@ -278,13 +292,116 @@ def load_gguf(path, dtype=jnp.float32, tokenizer: Union[bool, str] = "auto",
     return LoadedModel(config, params, tok, str(path))
 
 
+# GGUF value types (``gguf.GGUFValueType``) -> struct format of a scalar; 8 = string, 9 = array
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+           12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedArray:
+    """An array value :func:`read_header` stepped over: its element type and length."""
+
+    item_type: int
+    length: int
+
+
+def read_header(path):
+    """A GGUF file's key/value metadata and tensor shapes, read straight from its header:
+    ``(fields, tensors)`` with ``fields[key]`` a scalar or string, or a :class:`SkippedArray`
+    for an array value (its items are stepped over, not decoded: the tokenizer's vocabulary,
+    scores and merges, hundreds of thousands of items in a 150k-token model, which
+    ``gguf.GGUFReader`` turns into as many numpy arrays), and ``tensors[name]`` the tensor's
+    ggml-order shape. ``None`` for a big-endian file (``GGUFReader`` reads those)."""
+    import mmap
+    import struct
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        version, = struct.unpack_from("<I", m, 4)
+        if version & 0xFFFF == 0:    # written big-endian
+            return None
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
+        n_tensors, n_kv = struct.unpack_from("<QQ", m, 8)
+        pos = 24
+
+        def u32():
+            nonlocal pos
+            v, = struct.unpack_from("<I", m, pos)
+            pos += 4
+            return v
+
+        def u64():
+            nonlocal pos
+            v, = struct.unpack_from("<Q", m, pos)
+            pos += 8
+            return v
+
+        def string():
+            nonlocal pos
+            n = u64()
+            pos += n
+            return bytes(m[pos - n:pos]).decode("utf-8", errors="replace")
+
+        def scalar(t):
+            nonlocal pos
+            fmt = "<" + _SCALAR[t]
+            v, = struct.unpack_from(fmt, m, pos)
+            pos += struct.calcsize(fmt)
+            return v
+
+        def skip(t, count):
+            nonlocal pos
+            if t == _STRING:
+                for _ in range(count):
+                    n, = struct.unpack_from("<Q", m, pos)
+                    pos += 8 + n
+            elif t == _ARRAY:
+                for _ in range(count):
+                    inner = u32()
+                    skip(inner, u64())
+            elif t in _SCALAR:
+                pos += count * struct.calcsize("<" + _SCALAR[t])
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {t}")
+
+        fields = {}
+        for _ in range(n_kv):
+            key = string()
+            t = u32()
+            if t == _STRING:
+                fields[key] = string()
+            elif t == _ARRAY:
+                item, length = u32(), u64()
+                skip(item, length)
+                fields[key] = SkippedArray(item, length)
+            elif t in _SCALAR:
+                fields[key] = scalar(t)
+            else:
+                raise ValueError(f"{path}: unknown GGUF value type {t} for {key!r}")
+        tensors = {}
+        for _ in range(n_tensors):
+            name = string()
+            dims = tuple(u64() for _ in range(u32()))
+            pos += 12                 # ggml type (uint32), data offset (uint64)
+            tensors[name] = dims
+    return fields, tensors
+
+
 def gguf_config(path, dtype_name: str = "float32") -> ModelConfig:
-    """The :class:`ModelConfig` of a GGUF file, from its metadata (no tensor is read)."""
-    src = GGUFSource(Path(path))
-    try:
-        return src.config(dtype_name)
-    finally:
-        src.close()
+    """The :class:`ModelConfig` of a GGUF file, from its header (:func:`read_header`: no
+    tensor is read and the tokenizer's arrays are stepped over, not decoded)."""
+    header = read_header(path)
+    if header is None:
+        src = GGUFSource(Path(path))
+        try:
+            return src.config(dtype_name)
+        finally:
+            src.close()
+    fields, tensors = header
+    return config_from_metadata(os.fspath(path), lambda key, default=None: fields.get(key, default),
+                                tensors, dtype_name)
 
 
 def tokenizer_from_gguf(path):

@@ -39,10 +39,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from dsbd_jax.models.compilation_cache import enable_compilation_cache
 from dsbd_jax.models.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
-                                   tokenizer_from_gguf)
+                                   read_header, tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
 from dsbd_jax.models.host import AUTO, dtype_choice, resolve_dtype
 from dsbd_jax.models.hub import is_hub_id, snapshot
@@ -51,8 +52,10 @@ from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params,
                                      transposed_of, transposed_widths,
                                      uniform_blocks)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
-from dsbd_jax.models.presets import (PRESETS, cache_root, load_preset, preset_config,
-                                     preset_tokenizer)
+from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
+                                     host_layout_dir_name, load_host_layout, load_preset,
+                                     preset_config, preset_dir, preset_tokenizer,
+                                     save_host_layout)
 from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 from dsbd_jax.models.vocab import untie_head as untie
 
@@ -125,11 +128,15 @@ def load_tokenizer(source, revision: Optional[str] = None):
         return preset_tokenizer(where)
     if kind == "hf":
         return hf_tokenizer(where)
-    src = GGUFSource(where)
-    try:
-        has_tok = src.has_tokenizer()
-    finally:
-        src.close()
+    header = read_header(where)
+    if header is not None:
+        has_tok = "tokenizer.ggml.tokens" in header[0]
+    else:
+        src = GGUFSource(where)
+        try:
+            has_tok = src.has_tokenizer()
+        finally:
+            src.close()
     return tokenizer_from_gguf(where) if has_tok else None
 
 
@@ -194,7 +201,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         accumulation); activations, norms, attention and logits stay float32.
         ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
-      cache_dir: presets only; default ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+      cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
+        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default
+        ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. A preset is cached once more in the form
+        this load leaves it in (layout, kernel form, dtype; ``presets.save_host_layout``), and a
+        later load with the same form reads that.
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
         GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
         turns it off), else ``True``.
@@ -238,6 +249,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)
+    enable_compilation_cache(cache_dir)
     if isinstance(dtype, str) and dtype == AUTO:
         t0 = time.perf_counter()
         config = read_config(source, revision=revision)
@@ -253,6 +265,18 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         raise ValueError("vocab_table is given but head_rows is not: say how many rows to keep")
     if place is not None and kernel_blocks == MEASURED:
         kernel_blocks = None      # the sharded program takes plain [in, out] kernels
+    host_form = _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
+                           cache_params, cache_dir, revision)
+    if host_form is not None:
+        model = _load_host_form(host_form, dtype, tokenizer, cache_dir, progress)
+        if model is not None:
+            model.info["untied_head"] = False
+            model.info["kernel_blocks"] = {}
+            model.info["kernel_transposed"] = transposed_of(model.params)
+            model.info["head_transposed"] = head_transposed(model.params)
+            model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
+            release_freed_memory()
+            return model
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                         progress=progress, cache_params=cache_params, revision=revision,
                         place=place)
@@ -310,8 +334,66 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
+    if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]):
+        name, folder, key = host_form
+        with timed_step(f"cached {name} in this host's form ({folder}: later loads only read "
+                        f"it)", progress):
+            model.info["host_form_cache"] = str(save_host_layout(
+                name, folder, model.params, model.config, dtype, key, cache_dir))
     release_freed_memory()
     return model
+
+
+def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
+               cache_params, cache_dir, revision):
+    """``(preset, folder, key)`` of the cache of a preset in the form this load leaves it in
+    (layout, kernel form, head rows, dtype: :func:`presets.save_host_layout`), or ``None``
+    where there is none: not a preset, the parameter cache off, or a load that places,
+    truncates, unties or blocks. The form is part of the key, so a cache made for one form
+    never answers for another."""
+    if place is not None or head_rows is not None or untie_head:
+        return None
+    if isinstance(kernel_blocks, Mapping) or kernel_blocks not in (MEASURED, TRANSPOSED, None):
+        return None
+    if cache_params is False or (cache_params is None and not cache_params_default()):
+        return None
+    kind, where = _resolve(source, revision)
+    if kind != "preset":
+        return None
+    dtype_name = jnp.dtype(dtype).name
+    config = preset_config(where, dtype_name, cache_dir)
+    form = (TRANSPOSED if kernel_blocks == TRANSPOSED else
+            choose_form(config, dtype) if kernel_blocks == MEASURED else "plain")
+    row_head = form == TRANSPOSED and jnp.dtype(dtype).itemsize == 2
+    if layout == "stacked" and form != TRANSPOSED:
+        return None                 # the form of the parameter cache itself
+    key = {"dtype": dtype_name, "layout": layout, "form": form, "row_head": row_head,
+           "widths": transposed_widths(config) if form == TRANSPOSED else {}}
+    return where, host_layout_dir_name(dtype_name, layout, form, row_head), key
+
+
+def _load_host_form(host_form, dtype, tokenizer, cache_dir, progress) -> Optional[LoadedModel]:
+    """The preset read from its cache in this host's form (:func:`_host_form`), or ``None``
+    when that cache is missing or was made from another file or form."""
+    name, folder, key = host_form
+    t0 = time.perf_counter()
+    got = load_host_layout(name, folder, dtype, key, cache_dir)
+    if got is None:
+        return None
+    config, params = got
+    jax.block_until_ready(params)
+    info = {"cache_dir": str(preset_dir(name, cache_dir)), "built_cache": False,
+            "host_form_cache": str(preset_dir(name, cache_dir) / folder),
+            "cached_load_s": time.perf_counter() - t0}
+    tok = None
+    if tokenizer:
+        t1 = time.perf_counter()
+        tok = preset_tokenizer(name, cache_dir, progress)
+        info["tokenizer_s"] = time.perf_counter() - t1
+    info["total_s"] = time.perf_counter() - t0
+    notice(f"loaded preset {name} ({jnp.dtype(dtype).name}) in {info['total_s']:.1f} s (from "
+           f"{info['host_form_cache']}, in this host's form)", progress)
+    return LoadedModel(config, params, tok, name, info)
 
 
 def _load_model(source, dtype, *, tokenizer, cache_dir, progress, cache_params,

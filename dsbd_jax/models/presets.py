@@ -350,3 +350,76 @@ def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
                 os.replace(tmp, tok_dir)
                 return tok
     return AutoTokenizer.from_pretrained(str(tok_dir))
+
+
+# ---------------------------------------------------------------------------------------------
+# the host's layout: parameters as load_model leaves them (per-layer, transposed kernels)
+
+def host_layout_dir_name(dtype_name: str, layout: str, form: str, head_rows_form: bool) -> str:
+    """The folder of a preset's parameters in the form a host runs them: dtype, layout
+    (``per_layer`` / ``stacked``), kernel form (``plain`` / ``transposed``) and whether the
+    head is stored as ``[V, d]`` rows."""
+    return (f"{_PARAMS_DIR}-host-{jnp.dtype(dtype_name).name}-{layout}-{form}"
+            + ("-rowhead" if head_rows_form else ""))
+
+
+def _flatten(tree, prefix=()):
+    for k, v in tree.items():
+        if not isinstance(k, str) or "." in k or "/" in k:
+            raise ValueError(f"parameter key {k!r} cannot name a file")
+        if isinstance(v, dict):
+            yield from _flatten(v, prefix + (k,))
+        else:
+            yield prefix + (k,), v
+
+
+def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype, key: dict,
+                     cache_dir=None) -> Path:
+    """Write ``params`` (any nesting of dicts, e.g. per-layer with transposed kernels) to
+    ``<cache>/<preset>/<folder>/`` (one ``.npy`` per leaf, :func:`save_host`, and
+    ``config.json`` with ``key``: what the form was made from), published by an atomic rename.
+    Returns the folder."""
+    from dsbd_jax.models.checkpoint import save_host
+    directory = preset_dir(name, cache_dir)
+    final = directory / folder
+    with _lock(directory):
+        if (final / "config.json").exists():
+            return final
+        tmp = directory / f"{folder}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            leaves = []
+            for path, leaf in _flatten(params):
+                file = ".".join(path) + ".npy"
+                save_host(tmp / file, leaf, dtype)
+                leaves.append(list(path))
+            meta = {"preset": name, "sha256": get_preset(name).sha256, "key": key,
+                    "config": config_to_json(config), "leaves": leaves}
+            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
+    """``(config, params)`` written by :func:`save_host_layout` when its folder exists and was
+    made from the same preset file and ``key``; else ``None``. A read: each leaf memory-mapped
+    and copied to the device as it is."""
+    from dsbd_jax.models.checkpoint import _to_device, load_host
+    final = preset_dir(name, cache_dir) / folder
+    if not (final / "config.json").exists():
+        return None
+    meta = json.loads((final / "config.json").read_text())
+    if meta.get("sha256") != get_preset(name).sha256 or meta.get("key") != key:
+        return None
+    dtype = jnp.dtype(dtype)
+    params: dict = {}
+    for path in meta["leaves"]:
+        tree = params
+        for k in path[:-1]:
+            tree = tree.setdefault(k, {})
+        tree[path[-1]] = _to_device(tuple(path), load_host(final / (".".join(path) + ".npy")),
+                                    dtype)
+    return config_from_json(meta["config"], dtype.name), params

@@ -364,6 +364,31 @@ def test_gguf_tokenizer(tmp_path):
     assert load_model(tmp_path / "m.gguf", tokenizer=False, progress=False).tokenizer is None
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_gguf_config_reads_the_header_without_the_vocabulary(tmp_path, monkeypatch, arch):
+    """``read_config`` of a GGUF (and of a preset without a converted cache) reads the key/value
+    header and steps over the tokenizer's arrays: ``gguf.GGUFReader``, which decodes every
+    token into a numpy array (24 s for a 151,936-token vocabulary), is never used, and the
+    config is the one ``GGUFReader`` gives."""
+    import gguf
+
+    from dsbd_jax.models.gguf import GGUFSource, SkippedArray, read_header
+    path = write_gguf(tmp_path / "m.gguf", hf_tensors(seed=3, bias=arch == "qwen2"), arch,
+                      tokenizer=True, meta={"add_pad_token_id": 0})
+    expected = GGUFSource(path).config()
+    fields, tensors = read_header(path)
+    assert fields["tokenizer.ggml.tokens"] == SkippedArray(8, V)    # stepped over: type, length
+    assert fields["tokenizer.ggml.merges"].length == 3
+    assert fields["tokenizer.ggml.token_type"] == SkippedArray(5, V)
+    assert tensors["token_embd.weight"] == (D, V)
+
+    def fail(*a, **k):
+        raise AssertionError("GGUFReader parsed the whole file, vocabulary arrays included")
+    monkeypatch.setattr(gguf, "GGUFReader", fail)
+    assert loading.read_config(path) == expected
+    assert loading.read_config(path, jnp.bfloat16) == expected.replace(dtype="bfloat16")
+
+
 # ---------------------------------------------------------------------------------------------
 # presets: parts shipped as (fake) installed distributions
 
@@ -456,11 +481,45 @@ def test_preset_bfloat16_cache(fake_preset, monkeypatch):
     # from the float32 cache: no GGUF needed
     import shutil
     shutil.rmtree(d / "params-v1-bfloat16")
+    for host_form in d.glob("params-v1-host-*"):     # the caches in this host's form too
+        shutil.rmtree(host_form)
     (d / "model.gguf").unlink()
     conv = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
     assert conv.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
     for x, y in zip(jax.tree.leaves(conv.params), jax.tree.leaves(again.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype):
+    """The first load of a preset caches its parameters in the form it leaves them in
+    (per-layer, transposed kernels, a 16-bit model's head as rows); the second load reads that
+    form: no splitting of stacked layers, no transposing, the same values. Another form is
+    another cache."""
+    preset, t, cache = fake_preset
+    kw = dict(tokenizer=False, progress=False, layout="per_layer", kernel_blocks="transposed")
+    first = load_model("fake-tiny", dtype, **kw)
+    assert first.info["kernel_transposed"] and "host_form_cache" in first.info
+
+    def fail(*a, **k):
+        raise AssertionError("split or transposed again")
+    monkeypatch.setattr(loading, "unstack_layers_", fail)
+    monkeypatch.setattr(loading, "transpose_params_", fail)
+    monkeypatch.setattr(presets, "load_gguf", fail)
+    second = load_model("fake-tiny", dtype, **kw)
+    assert second.info["host_form_cache"] == first.info["host_form_cache"]
+    assert second.config == first.config
+    assert (second.info["kernel_transposed"], second.info["head_transposed"]) == \
+        (first.info["kernel_transposed"], first.info["head_transposed"])
+    a, b = jax.tree_util.tree_flatten_with_path(first.params)[0], \
+        jax.tree_util.tree_flatten_with_path(second.params)[0]
+    assert [p for p, _ in a] == [p for p, _ in b]
+    for (_, x), (_, y) in zip(a, b):
+        assert x.dtype == y.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(AssertionError, match="again"):    # plain kernels: not that cache
+        load_model("fake-tiny", dtype, tokenizer=False, progress=False, layout="per_layer",
+                   kernel_blocks=None)
 
 
 def test_preset_without_param_cache(fake_preset, monkeypatch):
@@ -550,7 +609,7 @@ def test_preset_load_is_visible_without_logging(fake_preset, capfd):
     load_model("fake-tiny", tokenizer=False)
     err = capfd.readouterr().err
     assert "converting" not in err
-    assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1\)", err), err
+    assert re.search(r"loaded preset fake-tiny \(float32\) in [0-9.]+ s \(from .*params-v1(-host-float32-[\w-]+, in this host's form)?\)", err), err
 
 
 def test_every_slow_step_of_a_load_names_itself(tmp_path, capfd, monkeypatch):
