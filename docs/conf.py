@@ -25,7 +25,6 @@ source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 exclude_patterns = ["_build", "README.md"]
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
-suppress_warnings = ["myst.xref_missing", "myst.header"]
 
 autosummary_generate = True
 autodoc_default_options = {"members": True, "show-inheritance": False}
