@@ -106,6 +106,17 @@ class HeadConfig:
             raise AttributeError(name)
         return getattr(self.block, name)
 
+    def replace(self, **changes) -> "HeadConfig":
+        """A copy with ``changes``: the head's own fields, and any model field (e.g.
+        ``num_kv_heads``, as sharding repeats KV heads), which applies to the target's config
+        the block is made from."""
+        own = {k: changes.pop(k) for k in ("target", "intermediate_size", "feature_layers")
+               if k in changes}
+        target = own.pop("target", self.target)
+        if changes:
+            target = target.replace(**changes)
+        return dataclasses.replace(self, target=target, **own)
+
     def to_dict(self) -> dict:
         return {"kind": "draft_head", "target": dataclasses.asdict(self.target),
                 "intermediate_size": self.intermediate_size,

@@ -385,17 +385,33 @@ def plot_log(run_dir) -> Optional[Path]:
 # ---------------------------------------------------------------------------------------------
 def load_head(source, target_config=None):
     """``(HeadConfig, params, meta)`` from a head directory or a name registered by training
-    (``CACHE/heads/NAME``)."""
+    (``CACHE/heads/NAME``); bound to ``target_config`` when given."""
+    return mhead.load(head_path(source), target_config)
+
+
+def head_path(source) -> Path:
+    """The directory of a draft head given by path or registered name (``FileNotFoundError``)."""
     path = Path(str(source)).expanduser()
-    if not mhead.is_head_dir(path):
-        named = cache_dir_of_heads() / str(source)
-        if mhead.is_head_dir(named):
-            path = named
-        else:
-            raise FileNotFoundError(f"no draft head {source!r}: neither a directory with "
-                                    f"{mhead.CONFIG_FILE} nor a trained head's name under "
-                                    f"{cache_dir_of_heads()}")
-    return mhead.load(path, target_config)
+    if mhead.is_head_dir(path):
+        return path
+    named = cache_dir_of_heads() / str(source)
+    if mhead.is_head_dir(named):
+        return named
+    raise FileNotFoundError(f"no draft head {source!r}: neither a directory with "
+                            f"{mhead.CONFIG_FILE} nor a trained head's name under "
+                            f"{cache_dir_of_heads()}")
+
+
+def read_head_config(source, target_config) -> mhead.HeadConfig:
+    """A head's config (its JSON only, no weights), checked against and bound to the target's."""
+    d = json.loads((head_path(source) / mhead.CONFIG_FILE).read_text())
+    config = mhead.HeadConfig.from_dict(d)
+    for k in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "num_layers"):
+        if getattr(config.target, k) != getattr(target_config, k):
+            raise ValueError(f"the draft head {source!r} was made for a target with {k} = "
+                             f"{getattr(config.target, k)}, this target has "
+                             f"{getattr(target_config, k)}")
+    return dataclasses.replace(config, target=target_config)
 
 
 def is_head_source(source) -> bool:
