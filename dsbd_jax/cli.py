@@ -9,6 +9,7 @@
     dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
     dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
     dsbd distill configs/distill_qwen_fkl.yaml   # distil the draft towards the target (resumable)
+    dsbd train-head configs/head_qwen.yaml       # train a feature-level draft head (resumable)
     dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
 
 ``generate`` shows a progress bar per decoder iteration (new tokens, elapsed time, iterations,
@@ -91,7 +92,8 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
 
 
 MODEL_HELP = "target model: preset name, HF directory, .gguf or hub id org/name[@revision]"
-DRAFT_HELP = "draft model (the speculative methods): same forms as --target"
+DRAFT_HELP = ("draft (the speculative methods): a draft model, in the same forms as --target, "
+              "or a draft head: its directory or the name `dsbd train-head` registered")
 MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
              "tensor parallel over 'model'; data defaults to the remaining devices); "
              "see dsbd_jax.parallel")
@@ -200,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     dis.add_argument("--no-progress", action="store_true", help="no progress bar")
     dis.add_argument("--stop-after", type=int, default=None,
                      help="stop after N steps of this call (checkpointed; run again to go on)")
+    th = add("train-head", help="train a feature-level draft head for the target (optax; "
+                                "resumable)")
+    th.add_argument("config", help="a head-training recipe, e.g. configs/head_qwen.yaml")
+    th.add_argument("--no-progress", action="store_true", help="no progress lines")
+    th.add_argument("--stop-after", type=int, default=None,
+                    help="stop after N steps of this call (checkpointed; run again to go on)")
     hst = add("host", help="how this host runs a model: its dtype (float32 or bfloat16), kernel "
                            "form and compiler options, measured once and cached")
     hst.add_argument("--model", action="append", default=None,
@@ -312,8 +320,9 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.models.loading import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     dtype = getattr(args, "dtype", "auto")
-    configs = (read_config(args.target, dtype),
-               read_config(args.draft, dtype) if needs_draft else None)
+    target_config = read_config(args.target, dtype)
+    configs = (target_config, _draft_config(args.draft, target_config, dtype)
+               if needs_draft else None)
     progress = not getattr(args, "no_progress", False)
     decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
     tokenizer = load_tokenizer(args.target)
@@ -322,6 +331,27 @@ def prepare(args, methods, prompts, raw: bool = False):
     cap = min(max_prompt_length(d.config) for d in decoders.values())
     ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
     return configs, decoders, tokenizer, ids, lens
+
+
+def _draft_config(source, target_config, dtype):
+    """The draft's config: a draft head's (``--draft`` names a head directory or a trained
+    head, :mod:`dsbd_jax.training.head`), else the draft model's."""
+    from dsbd_jax.training import head as th
+    if th.is_head_source(source):
+        return th.read_head_config(source, target_config)
+    from dsbd_jax.models.loading import read_config
+    return read_config(source, dtype)
+
+
+class _LoadedHead:
+    """A loaded draft head, as ``load_models`` returns a model (``config``, ``params``,
+    ``info``)."""
+
+    def __init__(self, source, target_config):
+        from dsbd_jax.training.head import load_head
+        self.config, self.params, meta = load_head(source, target_config)
+        self.info = {"dtype": target_config.dtype, "draft_head": meta}
+        self.tokenizer = None
 
 
 def load_models(args, configs):
@@ -343,7 +373,14 @@ def load_models(args, configs):
         elif role == "draft" and (getattr(args, "draft_vocab_table", None) is not None
                                   or getattr(args, "draft_prompt_rows", False)):
             raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
-        m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
+        from dsbd_jax.models.head import is_head
+        if role == "draft" and is_head(config):
+            if head:
+                raise CLIError("--draft-head-rows truncates a draft model; a draft head keeps "
+                               "the vocabulary rows it was trained with")
+            m = _LoadedHead(source, models[0].config)
+        else:
+            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
         if head:
             _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
                     + (" + the prompt's tokens" if head["prompt_rows"] else ""))
@@ -663,6 +700,21 @@ def cmd_distill(args) -> int:
     return 0
 
 
+def cmd_train_head(args) -> int:
+    from dsbd_jax.training.head import load_recipe, run_recipe
+    recipe = load_recipe(args.config)  # checked before any weights are loaded
+    res = run_recipe(args.config, progress=not args.no_progress, stop_after=args.stop_after)
+    log = [r for r in res["log"] if "heldout_acceptance_1" in r]
+    if log:
+        print(f"step {res['step']} of {recipe['train'].steps}; held-out acceptance "
+              f"{log[0]['heldout_acceptance_1']:.4f} (step {log[0]['step']}) -> "
+              f"{log[-1]['heldout_acceptance_1']:.4f} (step {log[-1]['step']})")
+    if "head_dir" in res:
+        print(f"wrote {res['head_dir']} ({res['num_params']:,} parameters of its own) and "
+              f"{res['plot']}; --draft {recipe['save_as']} reads it")
+    return 0
+
+
 def cmd_host(args) -> int:
     """Print :func:`dsbd_jax.models.host.plan` for each model (its config only)."""
     import jax
@@ -721,7 +773,7 @@ def _is_first_process() -> bool:
 def _dispatch(args) -> int:
     commands = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench, "plot": cmd_plot,
                 "summary": cmd_summary, "make-tiny-pair": cmd_make_tiny_pair, "vocab": cmd_vocab,
-                "distill": cmd_distill, "host": cmd_host}
+                "distill": cmd_distill, "train-head": cmd_train_head, "host": cmd_host}
     return commands[args.command](args) if args.command in commands else 1
 
 

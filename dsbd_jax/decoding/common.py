@@ -254,8 +254,11 @@ def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
 
 # ---------------------------------------------------------------------------------------------
 @jax.named_scope("prefill")
-def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int):
-    """Run the prompts once. Returns ``(cache [L, B, slots, K, D], last_logits [B, V])``.
+def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int,
+            feature_layers=None):
+    """Run the prompts once. Returns ``(cache [L, B, slots, K, D], last_logits [B, V])``, and
+    with ``feature_layers`` (a draft head's, :mod:`dsbd_jax.models.head`) the target's features
+    of every prompt position ``[B, P, F]`` as a third element.
 
     Slots ``0 .. len-1`` of each row hold the prompt; later slots are zero.
     """
@@ -265,11 +268,11 @@ def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int)
     from dsbd_jax.models.llama import causal_mask
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     mask = causal_mask(prompt_lengths, P)
-    logits, new = forward(config, params, prompt_ids, positions, mask, None,
-                          logits_at=(prompt_lengths - 1)[:, None])
+    out = forward(config, params, prompt_ids, positions, mask, None,
+                  logits_at=(prompt_lengths - 1)[:, None], feature_layers=feature_layers)
     cache = kvc.empty_cache(config, B, slots)
-    cache = kvc.write(cache, new, jnp.zeros((B,), jnp.int32))
-    return cache, logits[:, 0]
+    cache = kvc.write(cache, out[1], jnp.zeros((B,), jnp.int32))
+    return (cache, out[0][:, 0]) + tuple(out[2:])
 
 
 def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths):
@@ -352,8 +355,18 @@ class DecodeConfig:
         if not isinstance(self.target, ModelConfig):
             raise ValueError("DecodeConfig.target must be a ModelConfig")
         if self.draft is not None:
-            if not isinstance(self.draft, ModelConfig):
-                raise ValueError("DecodeConfig.draft must be a ModelConfig or None")
+            from dsbd_jax.models.head import HeadConfig
+            if isinstance(self.draft, HeadConfig):
+                t = self.draft.target
+                if (t.hidden_size, t.vocab_size, t.num_layers) != (
+                        self.target.hidden_size, self.target.vocab_size, self.target.num_layers):
+                    raise ValueError(
+                        f"the draft head was made for another target (hidden {t.hidden_size}, "
+                        f"vocabulary {t.vocab_size}, {t.num_layers} layers; this target: "
+                        f"{self.target.hidden_size}, {self.target.vocab_size}, "
+                        f"{self.target.num_layers})")
+            elif not isinstance(self.draft, ModelConfig):
+                raise ValueError("DecodeConfig.draft must be a ModelConfig, a HeadConfig or None")
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError(
                     f"draft and target vocabularies differ ({self.draft.vocab_size} vs "
@@ -533,7 +546,11 @@ def guard_inputs(name: str, config, params, prompt_ids, prompt_lengths):
     note_trace(name, batch=prompt_ids.shape[0], prompt=prompt_ids.shape[1])
     if isinstance(params, dict) and "draft" in params:
         check_params("target", config.target, params["target"])
-        check_params("draft", config.draft, params["draft"])
+        from dsbd_jax.models import head as _head
+        if _head.is_head(config.draft):
+            _head.check_params(config.draft, params["draft"])
+        else:
+            check_params("draft", config.draft, params["draft"])
     else:
         check_params("target", config.target, params)
     return guard_prompts(prompt_ids, prompt_lengths, config.target.vocab_size)

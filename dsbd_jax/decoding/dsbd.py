@@ -57,12 +57,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import common, drafting
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
-from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.verify import make_randoms, verify_forest
 
 NEG_INF = -jnp.inf
@@ -165,6 +164,7 @@ class DSBDState:
     iterations: jax.Array
     target_calls: jax.Array
     draft_calls: jax.Array
+    feat: jax.Array             # [B, W, 2, d] a draft head's features read with prev, pending
 
 
 def _to_rows(cache: KVCache, Wc: int, extra: int = 0) -> KVCache:
@@ -183,8 +183,14 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
     B, P = prompt_ids.shape
     lay = layout(config, P)
     W, N, G = config.max_width, config.max_new_tokens, config.gamma
-    tcache, _ = common.prefill(config.target, params["target"], prompt_ids, prompt_lengths, lay.S)
-    dcache, _ = common.prefill(config.draft, params["draft"], prompt_ids, prompt_lengths, lay.S)
+    tcache, dcache, feats = drafting.prefill_pair(config, params, prompt_ids, prompt_lengths,
+                                                  lay.S, lay.S)
+    if feats is None:
+        feat = drafting.empty_features((B, W, 2))
+    else:
+        fprev, fpend = drafting.prompt_features(feats, prompt_lengths)
+        feat = jnp.broadcast_to(jnp.stack([fprev, fpend], axis=1)[:, None],
+                                (B, W, 2, fprev.shape[-1]))
     rows = jnp.arange(B)
     first = jnp.arange(W)[None, :] == 0
     zi = jnp.zeros((B,), jnp.int32)
@@ -201,7 +207,7 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
         step_widths=jnp.zeros((B, N), jnp.int32), depth_hist=jnp.zeros((B, G + 2), jnp.int32),
         accepted_layers=zi, layer_verified=zg, layer_passed=zg, layer_width=zg,
         layer_candidates=zg, layer_accepted=zg, iterations=jnp.int32(0),
-        target_calls=jnp.int32(0), draft_calls=jnp.int32(0))
+        target_calls=jnp.int32(0), draft_calls=jnp.int32(0), feat=feat)
 
 
 def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
@@ -219,10 +225,11 @@ def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
     in_idx = (state.anchor[:, None] if config.single_beam
               else jnp.broadcast_to(jnp.arange(W)[None], (B, W)))     # [B, Wc]
     inputs = {k: common.take_rows(getattr(state, k), in_idx)
-              for k in ("pending", "prev", "scores", "finished", "live")}
-    forest, dbuf = build_forest(config, lay, params["draft"], state.draft_cache, base,
+              for k in ("pending", "prev", "scores", "finished", "live", "feat")}
+    forest, dbuf = build_forest(config, lay, params, state.draft_cache, base,
                                 inputs["prev"], inputs["pending"], inputs["scores"],
-                                inputs["finished"], inputs["live"], rand.draft_u, rand.draft_g)
+                                inputs["finished"], inputs["live"], rand.draft_u, rand.draft_g,
+                                feats=inputs["feat"] if drafting.uses_head(config) else None)
     return forest, dbuf, lay, rand, base, in_idx, inputs
 
 
@@ -243,8 +250,9 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     depth = lay.depth()
     positions = base[:, None] + depth[None, :]
     mask = target_mask(lay, forest.anc, base)
-    logits, tkv = forward(config.target, params["target"], forest.node_tokens, positions, mask,
-                          state.target_cache, key_positions=row_positions(lay, B))
+    logits, tkv, tfeat = drafting.target_forward(config, params, forest.node_tokens, positions,
+                                                 mask, state.target_cache,
+                                                 key_positions=row_positions(lay, B))
     node_fin = jnp.concatenate([fin_in, forest.finished.reshape(B, G * C)], axis=1)   # [B, T]
     logp = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), node_fin, pad)
     # node scores: root score + the target log-probs along the path
@@ -288,6 +296,18 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     new_scores = jnp.where(valid, common.take_rows(s_node, par) + common.take_rows(flat_lp, par * V + tok), NEG_INF)
     new_fin = common.take_rows(node_fin, par) | common.is_eos(tok, config.eos_token_id)
     new_prev = common.take_rows(forest.node_tokens, par)
+    if tfeat is not None:
+        # a head's features for the output beams: pending reads the target's feature at par,
+        # prev at par's parent (par's ancestor at depth d - 2, or the root's own prev feature)
+        gather = jax.vmap(lambda f, i: f[i])
+        f_pend = gather(tfeat, par)                                    # [B, W, d]
+        above = jnp.take_along_axis(path, jnp.maximum(d - 2, 0)[:, None, None].repeat(W, 1),
+                                    axis=2)[..., 0]                    # [B, W]
+        root_prev = gather(inputs["feat"][:, :, 1], root)              # [B, W, d]
+        f_prev = jnp.where((d >= 2)[:, None, None], gather(tfeat, above), root_prev)
+        new_feat = jnp.stack([f_prev, f_pend], axis=2)
+    else:
+        new_feat = state.feat
     generated = state.generated + jnp.where(active, d, 0)
 
     # 5. commit the accepted paths into the caches
@@ -327,6 +347,7 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
         generated=generated, done=done, anchor=anchor,
         sequences=upd(seqs, state.sequences), scores=upd(new_scores, state.scores),
         finished=fin, live=live, pending=upd(tok, state.pending), prev=upd(new_prev, state.prev),
+        feat=jnp.where(a[..., None, None], new_feat, state.feat),
         step_widths=step_widths, depth_hist=depth_hist,
         accepted_layers=state.accepted_layers + jnp.sum(verdict.passed, axis=1),
         layer_verified=state.layer_verified + vsum(verdict.verified),

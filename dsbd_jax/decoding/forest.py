@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from dsbd_jax.decoding import common
 from dsbd_jax.models.cache import KVCache
-from dsbd_jax.models.llama import forward
+from dsbd_jax.decoding import drafting
 from dsbd_jax.decoding.verify import draw_gumbel
 from dsbd_jax.decoding.warping import draw_from
 from dsbd_jax.decoding.warping import warp_logits
@@ -159,18 +159,21 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
                 q=q)
 
 
-def _draft_forward(config, params, buffer: KVCache, tokens, positions, mask, offset,
+def _draft_forward(config, params, buffer: KVCache, tokens, feats, positions, mask, offset,
                    key_positions, logits_at=None):
     """Draft forward over new tokens against the whole draft buffer; writes their keys/values
-    into the buffer at slot ``offset`` (the scratch tail). ``key_positions [B, slots]``: the
-    buffer's RoPE positions (:func:`buffer_positions`). Returns ``(logits, buffer)``."""
-    logits, new = forward(config.draft, params, tokens, positions, mask, buffer,
-                          logits_at=logits_at, key_positions=key_positions)
+    into the buffer at slot ``offset`` (the scratch tail). ``params``: both models'; ``feats``:
+    the features a draft head reads (``None`` for a draft model). ``key_positions [B, slots]``:
+    the buffer's RoPE positions (:func:`buffer_positions`). Returns ``(logits, buffer,
+    features or None)``."""
+    logits, new, out = drafting.draft_forward(config, params, tokens, feats, positions, mask,
+                                              buffer, logits_at=logits_at,
+                                              key_positions=key_positions)
 
     def put(c, x):
         return jax.lax.dynamic_update_slice(c, x.astype(c.dtype), (0, 0, offset, 0, 0))
 
-    return logits, KVCache(put(buffer.k, new.k), put(buffer.v, new.v))
+    return logits, KVCache(put(buffer.k, new.k), put(buffer.v, new.v)), out
 
 
 def row_positions(lay: Layout, batch: int) -> jax.Array:
@@ -192,18 +195,23 @@ def buffer_positions(lay: Layout, base: jax.Array) -> jax.Array:
     return jnp.concatenate([row_positions(lay, B), scratch.astype(jnp.int32)], axis=1)
 
 
-def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.Array,
+def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
                  prev: jax.Array, pending: jax.Array, scores: jax.Array, finished: jax.Array,
-                 live: jax.Array, draft_u: jax.Array, draft_g: jax.Array):
+                 live: jax.Array, draft_u: jax.Array, draft_g: jax.Array, feats=None):
     """Run the draft: ``gamma`` forward calls, ``gamma`` layers of ``W_S`` nodes each.
 
     Args:
+      params: ``{"target": .., "draft": ..}`` (a draft head reads the target's embedding and
+        vocabulary head).
       buffer: draft cache ``[L, B, Wc * S + Td, K, D]``.
       base: ``[B]`` slot of the pending tokens. prev, pending: ``[B, Wc]`` tokens at ``base - 1``
         and ``base``. scores: ``[B, Wc]`` target log-likelihoods of the input beams (the draft's
         beam scores start from them). finished, live: ``[B, Wc]``.
       draft_u: ``[B, G, C]`` uniforms; draft_g: ``[B, G, P * V]`` Gumbel noise (or empty): the
         draft's random numbers (``verify.Randoms``).
+      feats: a draft head's ``[B, Wc, 2, d]`` features read with each input beam's prev and
+        pending tokens (``None`` for a draft model); each layer's nodes read their parent's
+        output feature, so every draft beam carries its own chain of features.
     Returns:
       ``(Forest, buffer)``; the buffer's scratch holds prev, pending and layers ``1 .. G-1``.
     """
@@ -225,8 +233,10 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
     pos0 = jnp.concatenate([jnp.broadcast_to(draft_filled[:, None], (B, Wc)),
                             jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
     key_pos = buffer_positions(lay, base)
-    logits0, buffer = _draft_forward(config, draft_params, buffer, tokens0, pos0, mask0, off,
-                                     key_pos, logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
+    feats0 = None if feats is None else jnp.concatenate([feats[:, :, 0], feats[:, :, 1]], 1)
+    logits0, buffer, out0 = _draft_forward(config, params, buffer, tokens0, feats0, pos0, mask0,
+                                           off, key_pos,
+                                           logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
     first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
                         lay.P)
 
@@ -240,9 +250,13 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
         return jnp.where(jnp.arange(G + 1)[None, None, :] >= l, ids[None, :, None], a)
 
     anc1 = new_anc(anc_in, 1, first["parent"])
+    # a head's layer-1 nodes read their root's output feature (from the pending row of call 0)
+    d = drafting.feature_size(config)
+    feat1 = (jnp.zeros((B, C, 0), jnp.float32) if out0 is None else
+             jnp.take_along_axis(out0[:, Wc:], first["parent"][..., None], axis=1))
 
     def step(carry, l):
-        buffer, cur, cur_anc = carry                          # cur: layer l (1 .. G-1)
+        buffer, cur, cur_anc, cur_feat = carry                # cur: layer l (1 .. G-1)
         sid = jnp.where(jnp.arange(G + 1)[None, None, :] < l, cur_anc + Wc, 0)
         sok = jnp.broadcast_to(jnp.arange(G + 1)[None, None, :] < l, sid.shape)
         prev_id = cur_anc[:, :, :1]                           # scratch id of the root's prev
@@ -252,19 +266,22 @@ def build_forest(config, lay: Layout, draft_params, buffer: KVCache, base: jax.A
                                 visible(ids, ok, lay.Td),
                                 jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
         pos = jnp.broadcast_to((base + l)[:, None], (B, C))
-        logits, buffer = _draft_forward(config, draft_params, buffer, cur["token"], pos, mask,
-                                        off + 2 * Wc + (l - 1) * C, key_pos)
+        logits, buffer, out = _draft_forward(config, params, buffer, cur["token"],
+                                             cur_feat if d else None, pos, mask,
+                                             off + 2 * Wc + (l - 1) * C, key_pos)
         pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
         nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"],
                           cur["finished"], cur["valid"], lay.P)
         nxt_anc = new_anc(cur_anc, l + 1, nxt["parent"])
-        return (buffer, nxt, nxt_anc), (nxt, nxt_anc)
+        nxt_feat = (cur_feat if out is None else
+                    jnp.take_along_axis(out, nxt["parent"][..., None], axis=1))
+        return (buffer, nxt, nxt_anc, nxt_feat), (nxt, nxt_anc)
 
     layers = {k: v[:, None] for k, v in first.items()}                    # [B, 1, ...]
     anc = jnp.concatenate([anc_in, anc1], axis=1)
     if G > 1:
-        (buffer, _, _), (rest, rest_anc) = jax.lax.scan(step, (buffer, first, anc1),
-                                                        jnp.arange(1, G))
+        (buffer, _, _, _), (rest, rest_anc) = jax.lax.scan(step, (buffer, first, anc1, feat1),
+                                                           jnp.arange(1, G))
         layers = {k: jnp.concatenate([v, jnp.moveaxis(rest[k], 0, 1)], axis=1)
                   for k, v in layers.items()}                              # [B, G, ...]
         anc = jnp.concatenate([anc, jnp.moveaxis(rest_anc, 0, 1).reshape(B, (G - 1) * C, G + 1)],

@@ -40,6 +40,7 @@ import numpy as np
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import common
+from dsbd_jax.decoding import drafting
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
@@ -172,6 +173,8 @@ class DecodeState:
     iterations: jax.Array       # scalar
     target_calls: jax.Array     # scalar
     draft_calls: jax.Array      # scalar
+    feat_prev: jax.Array        # [B, d] draft-head feature read with prev (d = 0: a draft model)
+    feat_pend: jax.Array        # [B, d] draft-head feature read with pending
 
 
 def num_slots(config: DecodeConfig, prompt_len: int) -> int:
@@ -184,9 +187,13 @@ def init_state(config: DecodeConfig, params, prompt_ids, prompt_lengths, keys,
     """Prefill both models; the last prompt token becomes the pending token. ``keys``: ``[B]``."""
     B, P = prompt_ids.shape
     S = num_slots(config, P)
-    target_cache, _ = common.prefill(config.target, params["target"], prompt_ids, prompt_lengths, S)
-    draft_cache, _ = common.prefill(config.draft, params["draft"], prompt_ids, prompt_lengths,
-                                    S + draft_extra_slots)
+    target_cache, draft_cache, feats = drafting.prefill_pair(config, params, prompt_ids,
+                                                             prompt_lengths, S,
+                                                             S + draft_extra_slots)
+    if feats is None:
+        feat_prev = feat_pend = drafting.empty_features((B,))
+    else:
+        feat_prev, feat_pend = drafting.prompt_features(feats, prompt_lengths)
     rows = jnp.arange(B)
     zeros = jnp.zeros((B,), jnp.int32)
     return DecodeState(
@@ -197,14 +204,16 @@ def init_state(config: DecodeConfig, params, prompt_ids, prompt_lengths, keys,
         generated=zeros, done=jnp.zeros((B,), bool), row_iter=zeros,
         sequences=jnp.full((B, config.max_new_tokens), config.pad_id, jnp.int32),
         loglik=jnp.zeros((B,), jnp.float32), accepted=zeros, verified=zeros,
-        iterations=jnp.int32(0), target_calls=jnp.int32(0), draft_calls=jnp.int32(0))
+        iterations=jnp.int32(0), target_calls=jnp.int32(0), draft_calls=jnp.int32(0),
+        feat_prev=feat_prev, feat_pend=feat_pend)
 
 
-def draft_root_call(config: DecodeConfig, draft_params, state: DecodeState):
+def draft_root_call(config: DecodeConfig, params, state: DecodeState):
     """Draft forward over ``[prev, pending]`` at slots ``length - 1, length``; commits both.
 
-    Returns ``(logits [B, V] after pending, draft cache)``. A row with ``length == 0`` (one-token
-    prompt) has no ``prev``: that query is masked out and not written.
+    Returns ``(logits [B, V] after pending, draft cache, feature [B, d] after pending or None)``
+    (``params``: both models'; a head reads ``state.feat_prev`` / ``feat_pend``). A row with
+    ``length == 0`` (one-token prompt) has no ``prev``: that query is masked out and not written.
     """
     cache = state.draft_cache
     B = state.length.shape[0]
@@ -217,13 +226,44 @@ def draft_root_call(config: DecodeConfig, draft_params, state: DecodeState):
     new = jnp.stack([jnp.stack([jnp.ones((B,), bool), jnp.zeros((B,), bool)], 1),
                      jnp.stack([has_prev, jnp.ones((B,), bool)], 1)], axis=1)   # [B, 2, 2]
     mask = jnp.concatenate([jnp.broadcast_to(in_cache[:, None, :], (B, 2, S)), new], axis=-1)
-    logits, new_kv = forward(config.draft, draft_params, tokens, positions, mask, cache,
-                             logits_at=jnp.ones((B, 1), jnp.int32))
+    feats = jnp.stack([state.feat_prev, state.feat_pend], axis=1)
+    logits, new_kv, out_feats = drafting.draft_forward(config, params, tokens, feats, positions,
+                                                       mask, cache,
+                                                       logits_at=jnp.ones((B, 1), jnp.int32))
     select = jnp.where(has_prev[:, None], jnp.array([[0, 1]]), jnp.array([[1, 1]]))
     start = jnp.where(has_prev, length - 1, length)
     count = jnp.where(state.done, 0, jnp.where(has_prev, 2, 1))
     cache = kvc.write_selected(cache, new_kv, select, start, count)
-    return logits[:, 0], cache
+    return logits[:, 0], cache, None if out_feats is None else out_feats[:, 1]
+
+
+def draft_step(config: DecodeConfig, params, cache: kvc.KVCache, tokens, feats, lengths):
+    """One draft token per row at slot ``lengths`` (a head also reads ``feats [B, d]``).
+    Returns ``(logits [B, V], cache, feature [B, d] or None)``."""
+    if not drafting.uses_head(config):
+        logits, cache = common.decode_step(config.draft, params["draft"], cache, tokens, lengths)
+        return logits, cache, None
+    S = cache.num_slots
+    R = tokens.shape[0]
+    slot_ok = jnp.arange(S)[None, :] < lengths[:, None]
+    mask = jnp.concatenate([slot_ok, jnp.ones((R, 1), bool)], axis=-1)[:, None, :]
+    logits, new, out = drafting.draft_forward(config, params, tokens[:, None], feats[:, None],
+                                              lengths[:, None], mask, cache)
+    return logits[:, 0], kvc.write(cache, new, lengths), out[:, 0]
+
+
+def advance_features(state: DecodeState, feats, n: jax.Array) -> DecodeState:
+    """After a target pass over ``[pending, d_1 ..]`` with features ``feats [B, T, d]`` (None: a
+    draft model) and ``n`` accepted drafts: the features of the new ``prev`` and ``pending``
+    (the target's at the new pending's two positions before; the old pending's when ``n = 0``)."""
+    if feats is None:
+        return state
+    active = (~state.done)[:, None]
+    pend = jnp.take_along_axis(feats, n[:, None, None], axis=1)[:, 0]
+    prev = jnp.take_along_axis(feats, jnp.maximum(n - 1, 0)[:, None, None], axis=1)[:, 0]
+    prev = jnp.where((n >= 1)[:, None], prev, state.feat_pend)
+    return state.replace(feat_prev=jnp.where(active, prev, state.feat_prev),
+                         feat_pend=jnp.where(active, pend, state.feat_pend))
 
 
 def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, draft_cache,
@@ -322,19 +362,20 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
     num_verify = jnp.clip(remaining - 1, 0, gamma)
 
     # 1. draft: gamma tokens, the first from the [prev, pending] call, then one token per call.
-    root_logits, dcache = draft_root_call(config, params["draft"], state)
+    root_logits, dcache, f0 = draft_root_call(config, params, state)
     logq0 = warp(config, root_logits)                                           # [B, V]
     d0 = draw_token(jnp.exp(logq0), u_draft[:, 0])
+    f0 = drafting.empty_features((B,)) if f0 is None else f0
 
     def step(carry, i):
-        dcache, tok = carry
-        logits, dcache = common.decode_step(config.draft, params["draft"], dcache, tok,
-                                            state.length + i)
+        dcache, tok, feat = carry
+        logits, dcache, feat2 = draft_step(config, params, dcache, tok, feat, state.length + i)
         logq = warp(config, logits)
         tok = draw_token(jnp.exp(logq), u_draft[:, i])
-        return (dcache, tok), (logq, tok)
+        return (dcache, tok, feat if feat2 is None else feat2), (logq, tok)
 
-    (dcache, _), (logq_rest, d_rest) = jax.lax.scan(step, (dcache, d0), jnp.arange(1, gamma))
+    (dcache, _, _), (logq_rest, d_rest) = jax.lax.scan(step, (dcache, d0, f0),
+                                                       jnp.arange(1, gamma))
     logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logq_rest, 0, 1)], axis=1)  # [B, g, V]
     drafts = jnp.concatenate([d0[:, None], jnp.moveaxis(d_rest, 0, 1)], axis=1)     # [B, g]
 
@@ -343,8 +384,8 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
     positions = state.length[:, None] + jnp.arange(gamma + 1)[None, :]
     S = state.target_cache.num_slots
     mask = target_mask(state.length, S, jnp.tril(jnp.ones((gamma + 1, gamma + 1), bool)))
-    logits, new_kv = forward(config.target, params["target"], tokens, positions, mask,
-                             state.target_cache)
+    logits, new_kv, tfeats = drafting.target_forward(config, params, tokens, positions, mask,
+                                                     state.target_cache)
     p = jnp.exp(warp(config, logits))
 
     # 3. verify, then draw the next token.
@@ -359,6 +400,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
     tcache = kvc.write_selected(state.target_cache, new_kv,
                                 jnp.broadcast_to(jnp.arange(gamma + 1), (B, gamma + 1)),
                                 state.length, jnp.where(active, n + 1, 0))
+    state = advance_features(state, tfeats, n)
     return commit_iteration(config, state, tcache, dcache, emitted, n, num_verify, emitted_logp,
                             draft_calls=gamma)
 

@@ -38,10 +38,9 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import common, drafting
 from dsbd_jax.decoding import speculative as spec
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from
 from dsbd_jax.decoding.verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
 
@@ -206,7 +205,8 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
     anc = ancestor_mask(parents, gamma)                                   # [T, T]
 
     # 1. draft the tree level by level.
-    root_logits, dcache = spec.draft_root_call(config, params["draft"], state)
+    root_logits, dcache, feat = spec.draft_root_call(config, params, state)
+    feat = None if feat is None else feat[:, None]                       # [B, 1, d] per node
     S = dcache.num_slots - num_scratch
     # RoPE positions of the draft cache's slots (sliding-window models read them): slot s of
     # the main part holds position s, scratch slot S + j - 1 holds node j (depth depths_np[j])
@@ -220,6 +220,8 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
         node_tokens.append(kids)                                          # [B, n_l]
         if l == gamma:
             break
+        # a head's kids read their parent's feature (kids are parent-major, draw_children)
+        kid_feat = None if feat is None else jnp.repeat(feat, widths[l - 1], axis=1)
         lo, hi = offsets[l], offsets[l + 1]
         n_l = hi - lo
         main = jnp.arange(S)[None, None, :] <= state.length[:, None, None]         # [B, 1, S]
@@ -230,8 +232,8 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
                                 jnp.broadcast_to(jnp.eye(n_l, dtype=bool)[None], (B, n_l, n_l))],
                                axis=-1)
         positions = jnp.broadcast_to(state.length[:, None] + l, (B, n_l))
-        logits, new_kv = forward(config.draft, params["draft"], kids, positions, mask, dcache,
-                                 key_positions=key_pos)
+        logits, new_kv, feat = drafting.draft_forward(config, params, kids, kid_feat, positions,
+                                                      mask, dcache, key_positions=key_pos)
         dcache = kvc.write(dcache, new_kv, jnp.full((B,), S + lo - 1, jnp.int32))
         logq_levels.append(spec.warp(config, logits))
     tokens = jnp.concatenate(node_tokens, axis=1)                         # [B, T]
@@ -240,8 +242,9 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
     # 2. one target pass over the whole tree.
     positions = state.length[:, None] + jnp.asarray(depths_np)[None, :]
     Sx = state.target_cache.num_slots
-    logits, new_kv = forward(config.target, params["target"], tokens, positions,
-                             spec.target_mask(state.length, Sx, anc), state.target_cache)
+    logits, new_kv, tfeats = drafting.target_forward(config, params, tokens, positions,
+                                                     spec.target_mask(state.length, Sx, anc),
+                                                     state.target_cache)
     p_nodes = jnp.exp(spec.warp(config, logits))
 
     # 3. walk down the tree, then draw the next token.
@@ -265,6 +268,9 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
         dcache = kvc.write_selected(dcache, scratch_kv, jnp.clip(path - 1, 0, num_scratch - 1),
                                     state.length + 1,
                                     jnp.where(active, jnp.minimum(n, gamma - 1), 0))
+    if tfeats is not None:  # the features along the accepted path, node before each token
+        state = spec.advance_features(
+            state, jnp.take_along_axis(tfeats, select[:, :, None], axis=1), n)
     return spec.commit_iteration(config, state, tcache, dcache, emitted, n, num_verify,
                                  emitted_logp, draft_calls=gamma)
 

@@ -261,7 +261,7 @@ class LlamaForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens, positions, mask, cache: KVCache, logits_at=None,
-                 key_positions=None, head=None):
+                 key_positions=None, head=None, feature_layers=None):
         cfg = self.config
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
@@ -282,7 +282,11 @@ class LlamaForCausalLM(nn.Module):
         else:
             masks = (mask, mask)
         local = cfg.local_layers
+        taps = []  # the residual stream after the layers a draft head fuses (feature_layers)
         if self.layout == "stacked":
+            if feature_layers:
+                raise ValueError("feature_layers need the per-layer weight layout "
+                                 "(llama.convert_layout(params, 'per_layer'))")
             Stack = nn.scan(DecoderLayer, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.num_layers)
             h, (new_k, new_v) = Stack(cfg, name="layers")(
@@ -294,21 +298,33 @@ class LlamaForCausalLM(nn.Module):
                     h, (cache.k[i], cache.v[i], local[i]), rope, masks)
                 ks.append(k)
                 vs.append(v)
+                if feature_layers and i in feature_layers:
+                    taps.append(h)
             new_k, new_v = jnp.stack(ks), jnp.stack(vs)
         h = _norm(cfg, "final_norm")(h)
-        if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
-            h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
-        if head is not None:  # truncated head (dsbd_jax.models.vocab): N rows, the rest -inf
-            return truncated_logits(h, head, cfg.vocab_size), KVCache(new_k, new_v)
-        if cfg.tie_word_embeddings:
-            logits = tied_logits(h, embed.embedding.astype(dt))
-        else:
-            logits = _dense(cfg.vocab_size, False, dt, "lm_head")(h)
-        return softcap(logits.astype(jnp.float32), cfg.final_logit_softcap), KVCache(new_k, new_v)
+        if feature_layers is not None:  # features for a draft head (dsbd_jax.models.head)
+            feats = jnp.concatenate(taps, axis=-1) if feature_layers else h
+            return _vocab_logits(cfg, embed, h, logits_at, head), KVCache(new_k, new_v), feats
+        return _vocab_logits(cfg, embed, h, logits_at, head), KVCache(new_k, new_v)
+
+
+def _vocab_logits(cfg: ModelConfig, embed, h, logits_at, head):
+    """float32 logits of the final-normed ``h`` (the rows ``logits_at``, or all) through the
+    truncated ``head``, the tied embedding or ``lm_head`` (a submodule of the calling module)."""
+    dt = cfg.jnp_dtype
+    if logits_at is not None:  # [B, n] indices into T: only those rows go through the head
+        h = jnp.take_along_axis(h, logits_at[..., None], axis=1)
+    if head is not None:  # truncated head (dsbd_jax.models.vocab): N rows, the rest -inf
+        return truncated_logits(h, head, cfg.vocab_size)
+    if cfg.tie_word_embeddings:
+        logits = tied_logits(h, embed.embedding.astype(dt))
+    else:
+        logits = _dense(cfg.vocab_size, False, dt, "lm_head")(h)
+    return softcap(logits.astype(jnp.float32), cfg.final_logit_softcap)
 
 
 def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optional[KVCache] = None,
-            logits_at=None, key_positions=None) -> Tuple[jax.Array, KVCache]:
+            logits_at=None, key_positions=None, feature_layers=None):
     """Pure forward pass. See the module docstring for shapes.
 
     Args:
@@ -321,8 +337,13 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
         Decoders whose caches hold rows or scratch at other positions pass them.
       A ``params["vocab_head"]`` (:func:`dsbd_jax.models.vocab.truncate_head`) replaces the
       vocabulary projection by its ``N`` rows; the other ``V - N`` logits are ``-inf``.
+      feature_layers: ``None`` (the default), or the features a draft head reads
+      (:mod:`dsbd_jax.models.head`): ``()`` for the final-normed hidden state that the
+      vocabulary head reads, or a tuple of layer indices whose residual streams are concatenated
+      (per-layer layout only). Returned for all ``T`` tokens, whatever ``logits_at``.
     Returns:
-      ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``.
+      ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``, and with
+      ``feature_layers`` the features ``[B, T, F]`` (float32) as a third element.
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     B, T = tokens.shape
@@ -340,7 +361,8 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
     with jax.named_scope(forward_scope(config)):
         return LlamaForCausalLM(config, params_layout(params)).apply(
             {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at,
-            None if key_positions is None else jnp.asarray(key_positions, jnp.int32), head)
+            None if key_positions is None else jnp.asarray(key_positions, jnp.int32), head,
+            None if feature_layers is None else tuple(feature_layers))
 
 
 def forward_scope(config: ModelConfig) -> str:

@@ -102,6 +102,10 @@ LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
     ("attn", "q_norm", "weight"): ("norm",),
     ("attn", "k_norm", "weight"): ("norm",),
     ("final_norm", "weight"): ("norm",),
+    # a draft head's own projections (dsbd_jax.models.head), small: replicated
+    ("fc", "kernel"): ("embed", "embed"),
+    ("fc", "bias"): ("norm",),
+    ("fuse", "kernel"): ("embed", "embed"),
 }
 
 

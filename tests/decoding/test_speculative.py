@@ -89,11 +89,13 @@ def expected_loglik(seq, eos_ids, n):
     return total, length
 
 
-def run_exact(fn, cfg: DecodeConfig, draft: str, key=0, batch=BATCH):
+def run_exact(fn, cfg: DecodeConfig, draft, key=0, batch=BATCH):
     """Sample ``batch`` copies of PROMPT; check log-likelihoods, lengths, padding and stats;
-    return ``(ChiSquare against the exact distribution, output)``."""
+    return ``(ChiSquare against the exact distribution, output)``. ``draft``: a toy's name, or
+    the ``{"target", "draft"}`` parameters themselves (a draft head's)."""
     ids = np.tile(np.asarray(PROMPT, np.int32)[None], (batch, 1))
-    out = fn(params_with(draft), ids, jax.random.key(key), cfg)
+    params = draft if isinstance(draft, dict) else params_with(draft)
+    out = fn(params, ids, jax.random.key(key), cfg)
     seqs = np.asarray(out.sequences[:, 0])
     eos_ids = set(cfg.eos_token_id or ())
     exact = ref.exact_sample_dist(target_lp(), PROMPT, cfg.max_new_tokens, cfg.temperature,

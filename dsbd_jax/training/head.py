@@ -1,0 +1,504 @@
+"""Training a feature-level draft head (:mod:`dsbd_jax.models.head`) with optax.
+
+``dsbd train-head CONFIG`` (:func:`run_recipe`) reads a YAML recipe (``configs/head_qwen.yaml``)::
+
+    name: head_qwen
+    target: qwen2.5-coder-1.5b-instruct     # preset, HF directory, hub id or .gguf
+    dtype: float32
+    run_dir: runs/head_qwen                 # default runs/<name>; resumable
+    train_texts:   [{task: gsm8k, start: 40, stop: 440}, {task: humaneval, start: 40, stop: 130}]
+    heldout_texts: [{task: gsm8k, start: 1290, stop: 1319}]
+    head: {intermediate_size: 2048, feature_layers: [], init: target_last,
+           vocab_rows: 32768, vocab_table: qwen2.5-coder-0.5b-instruct}   # a truncated head
+    train: {steps: 300, batch_size: 4, ...}  # HeadTrainConfig fields
+
+**Data** (what the target scores, never an evaluation prompt): each text is a task's prompt
+(chat template, as the benchmarks send it) followed by the dataset's own answer (GSM8K's worked
+solution, HumanEval's canonical solution) as the assistant's turn. The target runs ONE pass over
+each text and stores, per position, its features (what the head reads) and its warped
+next-token distribution (temperature / top-k / top-p of the recipe: at most ``store_k``
+tokens; warped top-k 10 keeps 10). Stored once in ``RUN/data.npz``.
+
+**Loss** per position ``j`` (the head reads ``x_j`` and the feature of ``j - 1``):
+
+* ``kl``: ``KL(p_warped || q)``, the target's warped distribution against the head's
+  (the tokens outside a truncated head's rows are floored at ``log q = -30``);
+* ``feature``: smooth-L1 between the head's output and the target's feature at ``j``
+  (``feature_weight``; for the final-hidden-state head only);
+* ``unroll`` steps of "training-time test" (EAGLE-3): step ``k > 1`` reads the head's own
+  outputs of step ``k - 1`` as features, as the deeper draft layers do while decoding.
+
+**Held-out acceptance**: ``mean sum_v min(p_w(v), q_w(v))`` over held-out positions, both
+warped with the recipe's warping (the speculative acceptance of a first draft token; the second
+unrolled step's too), logged every ``eval_every`` steps with the losses to ``RUN/log.jsonl``,
+plotted to ``RUN/training.png``. Checkpoints (``RUN/checkpoint.msgpack``) every
+``checkpoint_every`` steps: a killed run resumes. The result is ``RUN/head`` (safetensors and a
+config next to it), registered as ``CACHE/heads/NAME`` (``save_as``, default the recipe's
+name): ``load_head(NAME)`` and ``dsbd generate --draft NAME`` find it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import yaml
+
+from dsbd_jax.models import head as mhead
+from dsbd_jax.models.llama import causal_mask, convert_layout, forward
+
+logger = logging.getLogger("dsbd_jax")
+
+KEYS = ("name", "target", "dtype", "run_dir", "train_texts", "heldout_texts", "head", "train",
+        "save_as", "max_tokens")
+HEAD_KEYS = ("intermediate_size", "feature_layers", "vocab_rows", "vocab_table", "init")
+INITS = ("random", "target_last")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTrainConfig:
+    """Optimisation settings (the recipe's ``train:`` block)."""
+
+    steps: int = 200
+    batch_size: int = 4
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+    end_lr_factor: float = 0.1
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0
+    feature_weight: float = 0.1
+    unroll: int = 2
+    temperature: float = 1.0
+    top_k: int = 10
+    top_p: float = 0.8
+    store_k: int = 16
+    eval_every: int = 25
+    checkpoint_every: int = 25
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "unroll", "store_k", "eval_every",
+                     "checkpoint_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"train.{name} must be a positive int, got {v!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"train.learning_rate must be positive, got {self.learning_rate!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# recipe
+def cache_dir_of_heads() -> Path:
+    from dsbd_jax.models.presets import cache_root
+    return cache_root() / "heads"
+
+
+def load_recipe(path) -> Dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no such head-training config: {path}")
+    r = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(r) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; allowed: {list(KEYS)}")
+    for k in ("target", "train_texts", "heldout_texts"):
+        if not r.get(k):
+            raise ValueError(f"{path}: '{k}' is required")
+    head = dict(r.get("head") or {})
+    bad = sorted(set(head) - set(HEAD_KEYS))
+    if bad:
+        raise ValueError(f"{path}: unknown head settings {bad}; allowed: {list(HEAD_KEYS)}")
+    if head.get("init", "target_last") not in INITS:
+        raise ValueError(f"{path}: head.init must be one of {INITS}, got {head['init']!r}")
+    r["head"] = head
+    fields = {f.name for f in dataclasses.fields(HeadTrainConfig)}
+    bad = sorted(set(r.get("train") or {}) - fields)
+    if bad:
+        raise ValueError(f"{path}: unknown train settings {bad}")
+    r["train"] = HeadTrainConfig(**(r.get("train") or {}))
+    r.setdefault("name", path.stem)
+    r.setdefault("run_dir", f"runs/{r['name']}")
+    r.setdefault("dtype", "float32")
+    r.setdefault("save_as", r["name"])
+    r.setdefault("max_tokens", 320)
+    if "/" in str(r["save_as"]) or not str(r["save_as"]).strip():
+        raise ValueError(f"{path}: save_as must be a plain name, got {r['save_as']!r}")
+    return r
+
+
+def texts_of(tokenizer, specs: List[Dict[str, Any]]) -> List[List[int]]:
+    """Token ids of ``prompt (chat template) + the dataset's answer`` for each spec slice."""
+    from dsbd_jax.eval.datasets import chat_prompt, load
+    out = []
+    for s in specs:
+        if "task" not in s:
+            raise ValueError(f"a text source is {{task, start, stop}}, got {s}")
+        task, start, stop = s["task"], int(s.get("start", 0)), s.get("stop")
+        field = {"gsm8k": "answer", "humaneval": "canonical_solution"}.get(task)
+        if field is None:
+            raise ValueError(f"head training texts come from gsm8k or humaneval, got {task!r}")
+        records = load(task, None if stop is None else int(stop))[start:]
+        for rec in records:
+            messages = [{"role": "user", "content": chat_prompt(task, rec)},
+                        {"role": "assistant", "content": rec[field]}]
+            if getattr(tokenizer, "chat_template", None):
+                ids = tokenizer.apply_chat_template(messages, tokenize=True)
+                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            else:
+                ids = tokenizer.encode(messages[0]["content"] + "\n" + messages[1]["content"])
+            out.append([int(t) for t in ids])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# data: one target pass per text
+def warped_topk(logits, cfg: HeadTrainConfig):
+    """The warped distribution's ``store_k`` largest entries: ``(ids, probs)`` ``[..., k]``."""
+    from dsbd_jax.decoding.warping import warp_logits
+    lw = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+    vals, ids = jax.lax.top_k(lw, cfg.store_k)
+    return ids.astype(jnp.int32), jnp.exp(vals)
+
+
+def prepare_data(target_config, target_params, texts: List[List[int]], feature_layers,
+                 cfg: HeadTrainConfig, max_tokens: int, progress: bool = True) -> Dict[str, np.ndarray]:
+    """``{"tokens" [n, T], "lengths" [n], "feats" [n, T, F], "ids"/"probs" [n, T, k]}`` (float32
+    features): the target's features and warped top-k at every position of every text."""
+    T = max(8, min(max_tokens, max(len(t) for t in texts)))
+    texts = [t[:T] for t in texts]
+    params = target_params if not feature_layers else convert_layout(target_params, "per_layer")
+
+    @jax.jit
+    def one(params, tokens, length):
+        tokens = tokens[None]
+        pos = jnp.arange(T, dtype=jnp.int32)[None]
+        logits, _, feats = forward(target_config, params, tokens, pos,
+                                   causal_mask(length[None], T), None,
+                                   feature_layers=tuple(feature_layers))
+        ids, probs = warped_topk(logits[0], cfg)
+        return feats[0], ids, probs
+
+    n = len(texts)
+    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32)}
+    t0 = time.perf_counter()
+    for i, t in enumerate(texts):
+        toks = np.zeros((T,), np.int32)
+        toks[:len(t)] = t
+        f, ids, probs = jax.device_get(one(params, jnp.asarray(toks), jnp.int32(len(t))))
+        if i == 0:
+            out["feats"] = np.zeros((n, T, f.shape[-1]), np.float32)
+            out["ids"] = np.zeros((n, T, cfg.store_k), np.int32)
+            out["probs"] = np.zeros((n, T, cfg.store_k), np.float32)
+        out["tokens"][i], out["lengths"][i] = toks, len(t)
+        out["feats"][i], out["ids"][i], out["probs"][i] = f, ids, probs
+        if progress and (i + 1) % max(1, n // 10) == 0:
+            print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# loss and metrics
+def _smooth_l1(x):
+    a = jnp.abs(x)
+    return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
+
+
+def head_losses(hc: mhead.HeadConfig, params, target_params, batch, cfg: HeadTrainConfig):
+    """``(total, metrics)`` over a batch (module doc). ``batch``: tokens, lengths, feats, ids,
+    probs (``[B, T, ...]``)."""
+    from dsbd_jax.decoding.warping import warp_logits
+    tokens = batch["tokens"]
+    B, T = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    mask = causal_mask(batch["lengths"], T)
+    # position j predicts token j + 1: valid where j + 1 < length
+    valid = (jnp.arange(T)[None] < batch["lengths"][:, None] - 1).astype(jnp.float32)
+    n = jnp.maximum(jnp.sum(valid), 1.0)
+    tfeat = mhead.target_features(hc, params, batch["feats"])             # [B, T, d]
+    feats = mhead.features_of_prompt(tfeat)
+    total = 0.0
+    metrics = {}
+    p = batch["probs"]
+    for k in range(cfg.unroll):
+        logits, _, out = mhead.forward(hc, params, target_params, tokens, feats, pos, mask)
+        logq = jax.nn.log_softmax(logits, axis=-1)
+        logq_t = jnp.maximum(jnp.take_along_axis(logq, batch["ids"], axis=-1), -30.0)
+        kl = jnp.sum(p * (jnp.log(jnp.maximum(p, 1e-30)) - logq_t), axis=-1)
+        kl = jnp.sum(kl * valid) / n
+        loss = kl
+        if not hc.feature_layers and cfg.feature_weight:
+            fl = jnp.sum(jnp.mean(_smooth_l1(out - tfeat), axis=-1) * valid) / n
+            loss = loss + cfg.feature_weight * fl
+            metrics[f"feature_{k + 1}"] = fl
+        lw = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+        qw = jnp.take_along_axis(jnp.exp(lw), batch["ids"], axis=-1)
+        acc = jnp.sum(jnp.sum(jnp.minimum(p, qw), axis=-1) * valid) / n
+        metrics[f"kl_{k + 1}"] = kl
+        metrics[f"acceptance_{k + 1}"] = acc
+        total = total + loss
+        feats = mhead.features_of_prompt(out)   # the next step reads the head's own outputs
+    metrics["loss"] = total
+    return total, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+def _optimizer(cfg: HeadTrainConfig):
+    sched = optax.warmup_cosine_decay_schedule(0.0, cfg.learning_rate, cfg.warmup_steps,
+                                               max(cfg.steps, cfg.warmup_steps + 1),
+                                               cfg.learning_rate * cfg.end_lr_factor)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                       optax.adamw(sched, weight_decay=cfg.weight_decay))
+
+
+def _batches(data, idx):
+    return {k: jnp.asarray(v[idx]) for k, v in data.items()}
+
+
+def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
+          cfg: HeadTrainConfig, run_dir, progress: bool = True, stop_after: Optional[int] = None):
+    """Train ``params`` (resuming from ``RUN/checkpoint.msgpack``); returns
+    ``{"params", "step", "log"}``. ``stop_after``: stop after that many steps of this call."""
+    from flax import serialization
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    opt = _optimizer(cfg)
+    trainable = {k: v for k, v in params.items() if k != mhead.VOCAB_HEAD}
+    frozen = {k: v for k, v in params.items() if k == mhead.VOCAB_HEAD}
+    state = {"params": trainable, "opt": opt.init(trainable), "step": 0}
+    ckpt = run_dir / "checkpoint.msgpack"
+    if ckpt.is_file():
+        state = serialization.from_bytes(state, ckpt.read_bytes())
+        state["step"] = int(state["step"])
+        print(f"train-head: resuming at step {state['step']} from {ckpt}", flush=True)
+    log_path = run_dir / "log.jsonl"
+
+    # the frozen weights (the target's embedding and head, a truncated head's rows) are
+    # arguments, not constants captured by the programs
+    def loss_fn(p, fixed, batch):
+        return head_losses(hc, {**p, **fixed["head"]}, fixed["target"], batch, cfg)
+
+    fixed = {"head": frozen, "target": target_params}
+
+    @jax.jit
+    def step_fn(p, o, fixed, batch):
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(p, fixed, batch)
+        updates, o = opt.update(g, o, p)
+        return optax.apply_updates(p, updates), o, m
+
+    @jax.jit
+    def eval_fn(p, fixed, batch):
+        return loss_fn(p, fixed, batch)[1]
+
+    def evaluate(p):
+        n = heldout_data["tokens"].shape[0]
+        ms = []
+        for i in range(0, n, cfg.batch_size):
+            idx = np.arange(i, min(i + cfg.batch_size, n))
+            idx = np.concatenate([idx, np.full(cfg.batch_size - len(idx), idx[-1])])
+            ms.append(jax.device_get(eval_fn(p, fixed, _batches(heldout_data, idx))))
+        return {f"heldout_{k}": float(np.mean([m[k] for m in ms])) for k in ms[0]}
+
+    rng = np.random.default_rng(cfg.seed)
+    n_train = train_data["tokens"].shape[0]
+    order = [rng.permutation(n_train) for _ in range(cfg.steps * cfg.batch_size // n_train + 2)]
+    order = np.concatenate(order)
+    p, o = state["params"], state["opt"]
+    done_here = 0
+    t0 = time.perf_counter()
+    if state["step"] == 0:
+        rec = {"step": 0, **evaluate(p)}
+        with log_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if progress:
+            print(f"train-head: step 0 held-out acceptance "
+                  f"{rec['heldout_acceptance_1']:.3f}", flush=True)
+    for s in range(state["step"], cfg.steps):
+        idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+        p, o, m = step_fn(p, o, fixed, _batches(train_data, idx))
+        s1 = s + 1
+        rec = None
+        if s1 % cfg.eval_every == 0 or s1 == cfg.steps:
+            rec = {"step": s1, "seconds": time.perf_counter() - t0,
+                   **{k: float(v) for k, v in jax.device_get(m).items()}, **evaluate(p)}
+            with log_path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+            if progress:
+                print(f"train-head: step {s1}/{cfg.steps} loss {rec['loss']:.3f} held-out "
+                      f"acceptance {rec['heldout_acceptance_1']:.3f} / "
+                      f"{rec.get('heldout_acceptance_2', float('nan')):.3f} "
+                      f"({rec['seconds']:.0f} s)", flush=True)
+        if s1 % cfg.checkpoint_every == 0 or s1 == cfg.steps:
+            ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
+        done_here += 1
+        if stop_after is not None and done_here >= stop_after:
+            return {"params": {**p, **frozen}, "step": s1, "log": read_log(run_dir)}
+    return {"params": {**p, **frozen}, "step": cfg.steps, "log": read_log(run_dir)}
+
+
+def read_log(run_dir) -> List[dict]:
+    path = Path(run_dir) / "log.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_log(run_dir) -> Optional[Path]:
+    """``RUN/training.png``: training loss and held-out acceptance by step."""
+    log = [r for r in read_log(run_dir) if "heldout_acceptance_1" in r]
+    if not log:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    steps = [r["step"] for r in log]
+    for key, lab in (("loss", "train loss"), ("heldout_loss", "held-out loss")):
+        pts = [(r["step"], r[key]) for r in log if key in r]
+        if pts:
+            a.plot(*zip(*pts), marker="o", label=lab)
+    a.set_xlabel("step")
+    a.set_ylabel("loss")
+    a.legend()
+    for k in (1, 2):
+        key = f"heldout_acceptance_{k}"
+        if key in log[0]:
+            b.plot(steps, [r[key] for r in log], marker="o", label=f"draft step {k}")
+    b.set_xlabel("step")
+    b.set_ylabel("held-out acceptance")
+    b.legend()
+    fig.tight_layout()
+    out = Path(run_dir) / "training.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+def load_head(source, target_config=None):
+    """``(HeadConfig, params, meta)`` from a head directory or a name registered by training
+    (``CACHE/heads/NAME``); bound to ``target_config`` when given."""
+    return mhead.load(head_path(source), target_config)
+
+
+def head_path(source) -> Path:
+    """The directory of a draft head given by path or registered name (``FileNotFoundError``)."""
+    path = Path(str(source)).expanduser()
+    if mhead.is_head_dir(path):
+        return path
+    named = cache_dir_of_heads() / str(source)
+    if mhead.is_head_dir(named):
+        return named
+    raise FileNotFoundError(f"no draft head {source!r}: neither a directory with "
+                            f"{mhead.CONFIG_FILE} nor a trained head's name under "
+                            f"{cache_dir_of_heads()}")
+
+
+def read_head_config(source, target_config) -> mhead.HeadConfig:
+    """A head's config (its JSON only, no weights), checked against and bound to the target's."""
+    d = json.loads((head_path(source) / mhead.CONFIG_FILE).read_text())
+    config = mhead.HeadConfig.from_dict(d)
+    for k in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "num_layers"):
+        if getattr(config.target, k) != getattr(target_config, k):
+            raise ValueError(f"the draft head {source!r} was made for a target with {k} = "
+                             f"{getattr(config.target, k)}, this target has "
+                             f"{getattr(target_config, k)}")
+    return dataclasses.replace(config, target=target_config)
+
+
+def is_head_source(source) -> bool:
+    """Whether ``source`` names a draft head (a head directory or a registered name)."""
+    path = Path(str(source)).expanduser()
+    return mhead.is_head_dir(path) or mhead.is_head_dir(cache_dir_of_heads() / str(source))
+
+
+def register(name: str, head_dir) -> Path:
+    link = cache_dir_of_heads() / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(head_dir).resolve(), target_is_directory=True)
+    return link
+
+
+def _vocab_rows(table_source, n: int, vocab_size: int) -> np.ndarray:
+    """The ``n`` most frequent token ids of a vocabulary frequency table (the truncated-draft
+    tables of :mod:`dsbd_jax.models.vocab`: a preset's name, a model or a table path)."""
+    from dsbd_jax.models import vocab as mv
+    src = Path(str(table_source)).expanduser()
+    table = src if src.suffix == ".npz" and src.is_file() else mv.find_table(table_source)
+    counts, _ = mv.load_table(table)
+    if counts.shape[0] != vocab_size:
+        raise ValueError(f"the vocabulary table {table} has {counts.shape[0]} tokens, the target "
+                         f"{vocab_size}")
+    return mv.top_rows(counts, n)
+
+
+def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) -> Dict[str, Any]:
+    """Load the target, score the texts once, train the head (resuming), save and register it."""
+    from dsbd_jax.models.loading import load_model
+    r = load_recipe(path)
+    cfg: HeadTrainConfig = r["train"]
+    run_dir = Path(r["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    target = load_model(r["target"], jnp.dtype(r["dtype"]), progress=progress)
+    if target.tokenizer is None:
+        raise ValueError(f"{path}: the target has no tokenizer; cannot encode the texts")
+    h = r["head"]
+    hc = mhead.HeadConfig(target.config, intermediate_size=h.get("intermediate_size"),
+                          feature_layers=tuple(h.get("feature_layers") or ()))
+    data_path = run_dir / "data.npz"
+    if data_path.is_file():
+        z = np.load(data_path)
+        train_data = {k[6:]: z[k] for k in z.files if k.startswith("train_")}
+        held_data = {k[5:]: z[k] for k in z.files if k.startswith("held_")}
+    else:
+        tok = target.tokenizer
+        train_texts = texts_of(tok, r["train_texts"])
+        held_texts = texts_of(tok, r["heldout_texts"])
+        if progress:
+            print(f"train-head: {len(train_texts)} training and {len(held_texts)} held-out texts; "
+                  f"one target pass each", flush=True)
+        train_data = prepare_data(target.config, target.params, train_texts, hc.feature_layers,
+                                  cfg, r["max_tokens"], progress)
+        held_data = prepare_data(target.config, target.params, held_texts, hc.feature_layers,
+                                 cfg, r["max_tokens"], progress)
+        np.savez(data_path, **{f"train_{k}": v for k, v in train_data.items()},
+                 **{f"held_{k}": v for k, v in held_data.items()})
+    key = jax.random.PRNGKey(cfg.seed)
+    init = h.get("init", "target_last")
+    params = mhead.init_params(hc, key, target.params if init == "target_last" else None)
+    if h.get("vocab_rows"):
+        rows = _vocab_rows(h.get("vocab_table", r["target"]), int(h["vocab_rows"]),
+                           target.config.vocab_size)
+        params = mhead.truncate(hc, params, target.params, rows)
+    # training reads only the target's embedding and vocabulary head: free its layers
+    shared = {k: v for k, v in target.params.items() if k in ("embed", "lm_head")}
+    del target
+    from dsbd_jax.models.loading import release_freed_memory
+    release_freed_memory()
+    res = train(hc, params, shared, train_data, held_data, cfg, run_dir, progress, stop_after)
+    out = {"step": res["step"], "run_dir": str(run_dir), "log": res["log"],
+           "num_params": mhead.num_params({k: v for k, v in res["params"].items()
+                                           if k != mhead.VOCAB_HEAD})}
+    if res["step"] == cfg.steps:
+        last = res["log"][-1] if res["log"] else {}
+        meta = {"recipe": r["name"], "target": str(r["target"]), "steps": cfg.steps,
+                "data": {"train_texts": r["train_texts"], "heldout_texts": r["heldout_texts"]},
+                "heldout_acceptance_1": last.get("heldout_acceptance_1"),
+                "heldout_acceptance_2": last.get("heldout_acceptance_2"),
+                "wall_s_this_run": time.perf_counter() - t_start}
+        head_dir = mhead.save(run_dir / "head", hc, res["params"], meta)
+        out["head_dir"] = str(head_dir)
+        out["link"] = str(register(str(r["save_as"]), head_dir))
+        out["plot"] = str(plot_log(run_dir))
+    return out

@@ -1,0 +1,118 @@
+"""Draft heads as a model kind (dsbd_jax/models/head.py): config, features, parameters, saving,
+loading, sharding."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.models import head as mh
+from dsbd_jax.models import llama
+from dsbd_jax.models.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CFG = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                  num_kv_heads=1, head_dim=8, max_position_embeddings=64)
+
+
+def _target():
+    return llama.init_params(CFG, jax.random.PRNGKey(0), "per_layer")
+
+
+def test_config_reads_as_a_one_layer_model_and_checks_its_fields():
+    hc = mh.HeadConfig(CFG, intermediate_size=8, feature_layers=(0, 1))
+    assert (hc.num_layers, hc.vocab_size, hc.intermediate_size, hc.feature_size) == (1, 32, 8, 32)
+    assert hc.replace(num_kv_heads=2).target.num_kv_heads == 2
+    assert mh.HeadConfig.from_dict(hc.to_dict()) == hc
+    with pytest.raises(ValueError, match="feature_layers"):
+        mh.HeadConfig(CFG, feature_layers=(2,))
+    with pytest.raises(ValueError, match="intermediate_size"):
+        mh.HeadConfig(CFG, intermediate_size=0)
+    other = CFG.replace(hidden_size=24)
+    with pytest.raises(ValueError, match="another target"):
+        DecodeConfig(target=other, draft=mh.HeadConfig(CFG))
+
+
+def test_target_returns_features_and_the_head_started_from_the_last_layer_reproduces_it():
+    """The final-normed features are what the vocabulary head reads (logits = head(features));
+    a head initialised from the target's last layer, read with the layer before's output as its
+    feature... is not the target, but its logits come through the target's own head."""
+    tp = _target()
+    B, T = 2, 5
+    toks = jax.random.randint(jax.random.PRNGKey(1), (B, T), 0, 32)
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    logits, kv = llama.forward(CFG, tp, toks, pos, mask)
+    logits2, kv2, feats = llama.forward(CFG, tp, toks, pos, mask, feature_layers=())
+    np.testing.assert_array_equal(logits, logits2)
+    np.testing.assert_allclose(logits, feats @ tp["embed"]["embedding"].T if CFG.tie_word_embeddings
+                               else feats @ tp["lm_head"]["kernel"], rtol=1e-5, atol=1e-5)
+    _, _, fused = llama.forward(CFG, tp, toks, pos, mask, feature_layers=(0, 1))
+    assert fused.shape == (B, T, 32)
+    hc = mh.HeadConfig(CFG)
+    hp = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
+    hl, hkv, hf = mh.forward(hc, hp, tp, toks, mh.features_of_prompt(feats), pos, mask)
+    assert hl.shape == (B, T, 32) and hkv.k.shape == (1, B, T, 1, 8) and hf.shape == feats.shape
+    np.testing.assert_allclose(hl, hf @ tp["lm_head"]["kernel"], rtol=1e-5, atol=1e-5)
+    # the copied block is the target's last layer
+    for leaf_t, leaf_h in zip(jax.tree.leaves(tp["layers_1"]), jax.tree.leaves(hp["layers_0"])):
+        np.testing.assert_array_equal(leaf_t, leaf_h)
+
+
+def test_truncated_head_save_load_and_bad_parameters(tmp_path):
+    tp = _target()
+    hc = mh.HeadConfig(CFG, intermediate_size=8)
+    hp = mh.truncate(hc, mh.init_params(hc, jax.random.PRNGKey(3)), tp, np.arange(0, 32, 2))
+    mh.save(tmp_path / "h", hc, hp, {"note": "x"})
+    hc2, hp2, meta = mh.load(tmp_path / "h", CFG.replace(dtype="bfloat16"))
+    assert meta == {"note": "x"} and hc2.target.dtype == "bfloat16"
+    flat = lambda t: {jax.tree_util.keystr(p): np.asarray(x, np.float32)  # noqa: E731
+                      for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
+    a, b = flat(hp), flat(hp2)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-2, atol=1e-2)
+    assert hp2["vocab_head"]["rows"].dtype == jnp.int32
+    with pytest.raises(ValueError, match="made for a target"):
+        mh.load(tmp_path / "h", CFG.replace(hidden_size=24, head_dim=12))
+    bad = dict(hp, fc={"kernel": jnp.zeros((3, 3)), "bias": hp["fc"]["bias"]})
+    with pytest.raises(ValueError, match="fc"):
+        mh.check_params(hc, bad)
+    with pytest.raises(FileNotFoundError):
+        mh.load(tmp_path / "nothing")
+
+
+def test_sharded_dsbd_with_a_head_equals_one_device():
+    """ShardedDecoder (data 2 x model 2 virtual CPU devices, in a fresh process) with a head as
+    the draft: the same tokens as one device."""
+    code = textwrap.dedent("""
+        import os, sys
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        sys.path[:0] = ["tests", "tests/decoding"]
+        import jax, numpy as np
+        import exact_reference as ref
+        from head_toys import toy_head
+        from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+        from dsbd_jax.parallel import ShardedDecoder, make_mesh
+        tc, tp = ref.toy_model(6, seed=1, layers=2, heads=4, kv_heads=2)
+        hc, hp = toy_head(tc)
+        cfg = DSBDConfig(target=tc, draft=hc, gamma=2, draft_width=2, threshold=0.9,
+                         max_new_tokens=5)
+        ids = np.tile(np.array([[1, 2, 3]], np.int32), (4, 1))
+        one = dsbd_generate({"target": tp, "draft": hp}, ids, jax.random.key(0), cfg)
+        sd = ShardedDecoder(dsbd_generate, cfg, make_mesh(data=2, model=2))
+        out = sd(sd.place({"target": tp, "draft": hp}), ids, jax.random.key(0))
+        assert np.array_equal(np.asarray(one.sequences), np.asarray(out.sequences))
+        print("SAME")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0 and "SAME" in r.stdout, r.stderr[-3000:]
