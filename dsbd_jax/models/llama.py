@@ -335,12 +335,14 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
       key_positions: ``[B, S]`` RoPE positions of the cached slots, read only by models with a
         sliding window (``config.sliding_window``); ``None``: slot ``s`` holds position ``s``.
         Decoders whose caches hold rows or scratch at other positions pass them.
-      A ``params["vocab_head"]`` (:func:`dsbd_jax.models.vocab.truncate_head`) replaces the
-      vocabulary projection by its ``N`` rows; the other ``V - N`` logits are ``-inf``.
       feature_layers: ``None`` (the default), or the features a draft head reads
-      (:mod:`dsbd_jax.models.head`): ``()`` for the final-normed hidden state that the
-      vocabulary head reads, or a tuple of layer indices whose residual streams are concatenated
-      (per-layer layout only). Returned for all ``T`` tokens, whatever ``logits_at``.
+        (:mod:`dsbd_jax.models.head`): ``()`` for the final-normed hidden state that the
+        vocabulary head reads, or a tuple of layer indices whose residual streams are
+        concatenated (per-layer layout only). Returned for all ``T`` tokens.
+
+    A ``params["vocab_head"]`` (:func:`dsbd_jax.models.vocab.truncate_head`) replaces the
+    vocabulary projection by its ``N`` rows; the other ``V - N`` logits are ``-inf``.
+
     Returns:
       ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``, and with
       ``feature_layers`` the features ``[B, T, F]`` (float32) as a third element.
