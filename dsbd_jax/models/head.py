@@ -198,13 +198,7 @@ def forward(config: HeadConfig, head_params, target_params, tokens, feats, posit
       ``(logits [B, T or n, V] float32, KVCache [1, B, T, K, D] of the new tokens,
       features [B, T, d])``.
     """
-    tokens = jnp.asarray(tokens, jnp.int32)
-    B, T = tokens.shape
-    if cache is None:
-        cache = empty_cache(config, B, 0)
-    expected = (B, T, cache.k.shape[2] + T)
-    if tuple(mask.shape) != expected:
-        raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
+    tokens, cache = llama.checked_inputs(config, tokens, mask, cache)
     tree, vocab_head = _tree(config, head_params, target_params)
     with jax.named_scope(f"draft_head_d{config.hidden_size}"):
         return _Head(config).apply({"params": tree}, tokens, feats,

@@ -347,13 +347,8 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
       ``(logits float32, KVCache of the new tokens [L, B, T, K, D])``, and with
       ``feature_layers`` the features ``[B, T, F]`` (float32) as a third element.
     """
-    tokens = jnp.asarray(tokens, jnp.int32)
+    tokens, cache = checked_inputs(config, tokens, mask, cache)
     B, T = tokens.shape
-    if cache is None:
-        cache = empty_cache(config, B, 0)
-    expected = (B, T, cache.k.shape[2] + T)
-    if tuple(mask.shape) != expected:
-        raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
     if tuple(positions.shape) != (B, T):
         raise ValueError(f"positions must have shape [B, T] = {(B, T)}, got {tuple(positions.shape)}")
     if key_positions is not None and tuple(key_positions.shape) != (B, cache.k.shape[2]):
@@ -365,6 +360,19 @@ def forward(config: ModelConfig, params, tokens, positions, mask, cache: Optiona
             {"params": params}, tokens, jnp.asarray(positions, jnp.int32), mask, cache, logits_at,
             None if key_positions is None else jnp.asarray(key_positions, jnp.int32), head,
             None if feature_layers is None else tuple(feature_layers))
+
+
+def checked_inputs(config, tokens, mask, cache: Optional[KVCache]):
+    """``(tokens int32, cache)`` for a forward pass (an empty cache for ``None``); ``ValueError``
+    unless ``mask`` is ``[B, T, S + T]``. Shared by this model and the draft head's."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    B, T = tokens.shape
+    if cache is None:
+        cache = empty_cache(config, B, 0)
+    expected = (B, T, cache.k.shape[2] + T)
+    if tuple(mask.shape) != expected:
+        raise ValueError(f"mask must have shape [B, T, S + T] = {expected}, got {tuple(mask.shape)}")
+    return tokens, cache
 
 
 def forward_scope(config: ModelConfig) -> str:
