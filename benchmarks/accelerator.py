@@ -18,6 +18,13 @@ weights:
    with the real pair (``--tokens-per-iteration``, default ``results/speed.json``: it depends on
    the models, not the hardware) / the cost per iteration measured here; and each method's
    ratio to beam sampling W=4.
+5. **a draft head** (``--head-rows``, default 32,768; 0: none): a random feature-level head of
+   the target (:mod:`dsbd_jax.models.head`: one block, a truncated vocabulary head of that many
+   rows) timed as a draft: its passes at the forward shapes beside the target's and the draft
+   model's (``head_vs_target``: its one-token pass over the target's), and speculative
+   sampling and DSBD drafting with it (methods ``..._head``), projected with the tokens per
+   iteration that ``benchmarks/draft_terms.py --head`` measured on the CPU with the trained
+   head (``--head-tokens-per-iteration``, default ``results/draft_terms_head.json``).
 
 Accelerator hygiene: decoders run with ``progress=False`` (no host callback in the loop), the
 whole decode is one ``lax.while_loop`` (no host round trip per iteration), float64 is off
@@ -52,6 +59,7 @@ import numpy as np  # noqa: E402
 from dsbd_jax.decoding import common, methods  # noqa: E402
 from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models import head as mhead  # noqa: E402
 from dsbd_jax.models import llama  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
@@ -86,6 +94,11 @@ METHODS = {  # name in results/speed.json: (method, settings)
     "tree_g2_w2": ("tree", dict(gamma=2, tree_widths=(2, 2))),
     "dsbd_g2_WS4_t0.7_Wmin2": ("dsbd", DSBD),
 }
+HEAD_METHODS = {f"speculative_g{GAMMA}_head": f"speculative_g{GAMMA}",  # -> the model's name
+                "dsbd_g2_WS4_t0.7_Wmin2_head": "dsbd_g2_WS4_t0.7_Wmin2"}
+# draft_terms.py's names of the same settings (its tokens per iteration feed the projection)
+DRAFT_TERMS_NAMES = {f"speculative_g{GAMMA}_head": f"speculative_g{GAMMA}",
+                     "dsbd_g2_WS4_t0.7_Wmin2_head": "dsbd_beamW4_point"}
 PROMPT_LEN = 64
 
 
@@ -147,6 +160,29 @@ class ForwardTimer:
         return self.done[B, T, slots]
 
 
+class HeadTimer(ForwardTimer):
+    """Times a draft head's forward (:func:`dsbd_jax.models.head.forward`) at (rows, tokens,
+    cache slots) with the target's parameters it reads (embedding, vocabulary head)."""
+
+    def __init__(self, hc, head_params, target_params, repeats):
+        self.cfg, self.repeats, self.done = hc, repeats, {}
+        self.params = {"head": head_params, "target": target_params}
+        self.fn = jax.jit(lambda p, t, q, m, c: mhead.forward(
+            hc, p["head"], p["target"], t, jnp.full(t.shape + (hc.hidden_size,), 0.1,
+                                                    llama.ACT), q, m, c),
+            compiler_options=compiler_options())
+
+
+def random_head(target_cfg, target_params, rows, key):
+    """``(HeadConfig, params)``: a random head of the target, its vocabulary head truncated to
+    ``rows`` rows (the cost of the trained head's shape; which rows does not matter)."""
+    hc = mhead.HeadConfig(target_cfg)
+    hp = mhead.init_params(hc, key)
+    if rows and rows < target_cfg.vocab_size:
+        hp = mhead.truncate(hc, hp, target_params, np.arange(rows))
+    return hc, hp
+
+
 def iteration_passes(method, settings, B, S):
     """The forward passes of one loop iteration: ``[(model, rows, tokens, slots), ...]``."""
     if method == "sample":
@@ -171,14 +207,16 @@ def decoder_costs(pair, params, timers, batch, new_tokens, repeats, budget, labe
     lengths = jnp.full((batch,), PROMPT_LEN, jnp.int32)
     prefill = {name: jax.jit(lambda p, i, n, cfg=cfg, S=None: common.prefill(cfg, p, i, n, S),
                              static_argnames=("S",), compiler_options=compiler_options())
-               for name, cfg in pair.items()}
+               for name, cfg in pair.items() if name != "head"}
     for speed_name in names:
-        method, settings = METHODS[speed_name]
+        head = speed_name in HEAD_METHODS  # drafting with the head: passes timed as "head"
+        method, settings = METHODS[HEAD_METHODS.get(speed_name, speed_name)]
         if not budget.ok(f"{label} decoder {speed_name} batch {batch}"):
             continue
-        dec = methods.build(method, pair["target"], pair["draft"], max_new_tokens=new_tokens,
+        draft = "head" if head else "draft"
+        dec = methods.build(method, pair["target"], pair[draft], max_new_tokens=new_tokens,
                             top_k=10, top_p=0.8, eos_token_id=(), progress=False, **settings)
-        p = methods.model_params(dec, params["target"], params["draft"])
+        p = methods.model_params(dec, params["target"], params[draft])
         t0 = time.perf_counter()
         compiled = dec.compiled(p, ids, key, lengths)  # the public call below runs this
         compile_s = time.perf_counter() - t0
@@ -188,13 +226,19 @@ def decoder_costs(pair, params, timers, batch, new_tokens, repeats, budget, labe
         S = (num_slots(dec.config, PROMPT_LEN) if method == "dsbd"
              else PROMPT_LEN + new_tokens + (GAMMA + 1 if method in ("spec", "tree") else 0))
         models = ("target", "draft") if method in methods.NEEDS_DRAFT else ("target",)
-        pre_s = sum(timed_min(lambda m=m: prefill[m](params[m], ids, lengths, S=S), repeats)
-                    for m in models)
+        if head:  # the target's prompt pass with features, then the head's: prefill_pair
+            from dsbd_jax.decoding.drafting import prefill_pair
+            pre = jax.jit(lambda pp, i, n, cfg=dec.config, S=S: prefill_pair(cfg, pp, i, n, S, S),
+                          compiler_options=compiler_options())
+            pre_s = timed_min(lambda: pre(p, ids, lengths), repeats)
+        else:
+            pre_s = sum(timed_min(lambda m=m: prefill[m](params[m], ids, lengths, S=S), repeats)
+                        for m in models)
         # the loop's cost is a difference; one at or below zero is under the timer's resolution
         # (tiny shapes, a busy host) and is recorded as None, never as a figure of 0
         per_iter = (run_s - pre_s) / max(iters, 1) if run_s > pre_s else None
-        fwd_ms = sum(timers[m](b, t, s)["ms"] for m, b, t, s in iteration_passes(
-            method, settings, batch, S))
+        fwd_ms = sum(timers[draft if m == "draft" else m](b, t, s)["ms"]
+                     for m, b, t, s in iteration_passes(method, settings, batch, S))
         mem = compiled.memory_analysis()
         out[speed_name] = {
             "compile_s": compile_s, "run_s": run_s, "prefill_s": pre_s, "iterations": iters,
@@ -202,7 +246,8 @@ def decoder_costs(pair, params, timers, batch, new_tokens, repeats, budget, labe
             "forward_ms_per_iteration": fwd_ms,
             "overhead_share": (1 - fwd_ms / (1e3 * per_iter)) if per_iter else None,
             "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
-            "kv_cache_bytes": _kv_bytes(pair, method, settings, batch, S)}
+            "kv_cache_bytes": _kv_bytes({**pair, "draft": pair[draft]}, method, settings,
+                                        batch, S)}
         loop = (f"{1e3 * per_iter:8.2f} ms/iteration, overhead "
                 f"{out[speed_name]['overhead_share']:.0%}" if per_iter
                 else "loop below the timer's resolution")
@@ -224,7 +269,17 @@ def _kv_bytes(pair, method, settings, B, S):
     return one(pair["target"], B, S) + draft
 
 
-def projection(decoders, speed_json):
+def head_tokens_per_iteration(draft_terms_json):
+    """``{method_head: tokens per iteration per row}`` of the trained head on the CPU
+    (``benchmarks/draft_terms.py --head``'s batch-1 runs), ``{}`` without that JSON."""
+    try:
+        runs = json.load(open(draft_terms_json))["batches"]["b1"]["drafts"]["head"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {m: runs[n]["tokens_per_iteration"] for m, n in DRAFT_TERMS_NAMES.items() if n in runs}
+
+
+def projection(decoders, speed_json, head_json=None):
     """tokens/s = tokens per iteration (CPU, real pair) / cost per iteration (here). A PROJECTION."""
     try:
         rows = json.load(open(speed_json))["rows"]
@@ -232,9 +287,13 @@ def projection(decoders, speed_json):
         return {"error": f"no tokens per iteration in {speed_json}"}
     tpi = {r["method"]: r["tokens_per_target_call"] for r in rows
            if r.get("impl") == "dsbd_jax" and "tokens_per_target_call" in r}
+    head_tpi = head_tokens_per_iteration(head_json) if head_json else {}
+    tpi.update(head_tpi)
     # the source as a path in the checkout where it is one (no path of the measuring machine)
     out = {"source": os.path.relpath(os.path.abspath(speed_json), _ROOT),
            "tokens_per_iteration": tpi, "note": "PROJECTION, not measured"}
+    if head_tpi:
+        out["head_source"] = os.path.relpath(os.path.abspath(head_json), _ROOT)
     for batch, costs in decoders.items():
         proj = {m: 1e3 * int(batch) * tpi[m] / c["ms_per_iteration"] for m, c in costs.items()
                 if m in tpi and c["ms_per_iteration"]}
@@ -262,6 +321,11 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--tokens-per-iteration", default=os.path.join(_ROOT, "results/speed.json"))
+    ap.add_argument("--head-rows", type=int, default=32768,
+                    help="a random draft head with this many vocabulary rows, timed as a draft "
+                         "(0: no head)")
+    ap.add_argument("--head-tokens-per-iteration",
+                    default=os.path.join(_ROOT, "results/draft_terms_head.json"))
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if jax.config.jax_enable_x64:
@@ -292,8 +356,17 @@ def main(argv=None):
         params = {m: llama.init_params(c, jax.random.PRNGKey(j), layout)
                   for j, (m, c) in enumerate(pair.items())}
         timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items()}
+        names = list(args.methods)
+        if args.head_rows:  # the head as a third model: its passes, and the decoders with it
+            pair["head"], params["head"] = random_head(
+                pair["target"], params["target"], min(args.head_rows, pair["target"].vocab_size),
+                jax.random.PRNGKey(7))
+            timers["head"] = HeadTimer(pair["head"], params["head"], params["target"], repeats)
+            names += [h for h, m in HEAD_METHODS.items() if m in args.methods]
         run = {"pair": pname, "dtype": dtype, "layout": layout,
                "param_bytes": {m: tree_bytes(p) for m, p in params.items()}, "forward": {}}
+        if args.head_rows:
+            run["head_rows"] = min(args.head_rows, pair["target"].vocab_size)
         for m in pair:
             for s in slots:
                 for name, (B, T) in FORWARD_SHAPES.items():
@@ -305,9 +378,16 @@ def main(argv=None):
         # decoders once per pair and dtype, in the first layout (their cost follows the forward's)
         if layout == args.layouts[0]:
             run["decoders"] = {str(b): decoder_costs(pair, params, timers, b, new_tokens, repeats,
-                                                     budget, label, args.methods)
+                                                     budget, label, names)
                                for b in batches}
-            run["projection"] = projection(run["decoders"], args.tokens_per_iteration)
+            run["projection"] = projection(run["decoders"], args.tokens_per_iteration,
+                                           args.head_tokens_per_iteration if pname == "qwen"
+                                           else None)
+        if "head" in pair:
+            one = {m: run["forward"].get(f"{m} 1 token @{slots[0]}") for m in pair}
+            if all(one.values()):
+                run["head_vs_target"] = {m: one[m]["ms"] / one["target"]["ms"]
+                                         for m in ("draft", "head")}
         run["peak_bytes"] = peak_bytes()
         runs.append(run)
         del params, timers

@@ -62,6 +62,30 @@ def pass_call(config, params, B, slots, prompt_len, T=1):
     return lambda: f(params, cache, tok)
 
 
+def head_pass_call(head_config, head_params, target_params, B, slots, T=1):
+    """A zero-argument call of a draft head's forward (:func:`dsbd_jax.models.head.forward`)
+    over ``[B, T]`` new tokens and their features, logits at every new token, over ``slots``
+    cached slots of its one-layer cache (``slots = 0``: the prompt pass, no cache, logits at
+    the first token only, as ``drafting.prefill_pair`` runs it); compiled as :func:`pass_call`."""
+    import jax.numpy as jnp
+    from dsbd_jax.models import head as mhead
+    from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.cpu_options import tuned_jit
+    from dsbd_jax.models.llama import ACT
+    positions = jnp.broadcast_to(slots + jnp.arange(T, dtype=jnp.int32), (B, T))
+    if slots:
+        mask, at = jnp.ones((B, T, slots + T), bool), None
+    else:
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+        at = jnp.zeros((B, 1), jnp.int32)
+    f = tuned_jit(lambda hp, tp, c, t, x: mhead.forward(head_config, hp, tp, t, x, positions,
+                                                        mask, c, logits_at=at)[0])
+    cache = empty_cache(head_config, B, slots) if slots else None
+    tok = jnp.ones((B, T), jnp.int32)
+    feats = jnp.full((B, T, head_config.hidden_size), 0.1, ACT)
+    return lambda: f(head_params, target_params, cache, tok, feats)
+
+
 def interleaved_medians(calls, repeats):
     """``{key: median ms}`` of zero-argument calls, one warm-up each, then timed round by round
     (every call once per round, so that drift on the host hits them alike)."""

@@ -159,6 +159,18 @@ def single_beam_setting(text: str):
     return g, w, t, m
 
 
+def small_or_trained_head(args, target):
+    """``(HeadConfig, params, meta)`` of the draft ``head``: ``--head`` loaded (bound to the
+    target), or with ``--small`` and no ``--head`` one made from the tiny target's last layer."""
+    if args.head:
+        from dsbd_jax.training.head import load_head
+        return load_head(args.head, target.config)
+    import jax
+    from dsbd_jax.models import head as mhead
+    hc = mhead.HeadConfig(target.config)
+    return hc, mhead.init_params(hc, jax.random.PRNGKey(0), target.params), {}
+
+
 def summarize(out):
     """Add each draft's ``targets`` (per batch) to a run's record: every target's ratio end to
     end, decode only, and with one term changed (:func:`what_if`, :func:`single_beam_what_if`);
@@ -259,6 +271,10 @@ def main(argv=None):
                     "dsbd_single_beam_g3w2t1m2)")
     ap.add_argument("--methods", nargs="+", default=None,
                     help="run only these drafted methods (default: all; the baselines always run)")
+    ap.add_argument("--head", default=None, metavar="NAME|DIR",
+                    help="also the draft 'head': a trained draft head (a name registered by "
+                         "dsbd train-head or its directory; --small: a head made from the tiny "
+                         "target's last layer)")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
@@ -281,7 +297,8 @@ def main(argv=None):
     if not args.out:
         ap.error("--out is required")
 
-    from benchmarks.draft_levers import build_drafts, interleaved_medians, pass_call, run_batched
+    from benchmarks.draft_levers import (build_drafts, head_pass_call, interleaved_medians,
+                                         pass_call, run_batched)
     from benchmarks.phase_profile import forward_shapes
     from dsbd_jax.decoding.beam import beam_sample
     from dsbd_jax.decoding.common import DecodeConfig, bucket_length
@@ -313,9 +330,12 @@ def main(argv=None):
     if args.small:  # the tiny draft's own directory stands in for a distilled draft
         args.distilled = args.draft
     drafts = build_drafts(draft, counts, [args.rows], args.rows, True, args.distilled)
+    head_config = None  # the draft "head": its own config; every other draft has the draft's
+    if args.head or (args.small and "head" in (args.drafts or [])):
+        head_config, drafts["head"], head_meta = small_or_trained_head(args, target)
     names = args.drafts or (["base", f"trunc_{args.rows}_prompt"]
                             + (["distilled", f"both_{args.rows}_prompt"]
-                               if args.distilled else []))
+                               if args.distilled else []) + (["head"] if args.head else []))
     at_batch = set(args.batch_drafts or ["base", names[-1]])
     unknown = sorted((set(names) | at_batch) - set(drafts))
     if unknown:
@@ -345,6 +365,13 @@ def main(argv=None):
            "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
                             for k, m in (("target", target), ("draft", draft))},
            "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}
+    if head_config is not None:
+        from dsbd_jax.models import head as mhead
+        out["head"] = {"source": args.head and portable_settings({"h": args.head}, _ROOT)["h"],
+                       "own_params": mhead.num_params(drafts["head"]),
+                       "feature_layers": list(head_config.feature_layers),
+                       "intermediate_size": head_config.intermediate_size,
+                       "meta": head_meta}
 
     def timed(fn, params, cfg, B):
         r = run_batched(fn, params, cfg, prompts, B, args.seed)
@@ -380,11 +407,24 @@ def main(argv=None):
                 + halves(r))
         rec["target_one_row_pass_ms"] = ref_ms["pass_sample"]
         rec["target_prefill_ms"] = ref_ms["prefill"]
+        # every draft's one-token pass beside the target's, in one interleaved round (the
+        # decoders' cache size of sampling): the head's cost target is this ratio
+        one = interleaved_medians(
+            {"target": pass_call(tc, target.params, B, P + N, prompt_len),
+             **{d: (head_pass_call(head_config, drafts[d], target.params, B, P + N)
+                    if d == "head" else pass_call(dc, drafts[d], B, P + N, prompt_len))
+                for d in names}}, args.repeats)
+        rec["one_token_pass_ms"] = one
+        rec["draft_pass_vs_target"] = {d: one[d] / one["target"] for d in names}
+        log(f"b{B} one-token passes (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in one.items()))
         for dname in names if bi == 0 else [n for n in names if n in at_batch]:
             dparams = drafts[dname]
             both = {"target": target.params, "draft": dparams}
+            is_head = dname == "head"
             drec = rec["drafts"][dname] = {}
             for mname, (fn, cfg, (kind, s)) in methods.items():
+                if is_head:
+                    cfg = dataclasses.replace(cfg, draft=head_config)
                 if kind == "spec":  # prefill and passes over the same cache
                     pre_slots = t_slots = d_slots = num_slots(cfg, P)
                 else:  # prefill per beam, then Wc beams (+ the draft's forest scratch) per row
@@ -392,14 +432,19 @@ def main(argv=None):
                     pre_slots, t_slots, d_slots = lay.S, lay.Wc * lay.S, lay.Wc * lay.S + lay.Td
                 calls = {"prefill_target": prefill_call(tc, target.params, B, P, pre_slots,
                                                         prompt_len),
-                         "prefill_draft": prefill_call(dc, dparams, B, P, pre_slots, prompt_len)}
+                         "prefill_draft": (
+                             head_pass_call(head_config, dparams, target.params, B, 0, P)
+                             if is_head else
+                             prefill_call(dc, dparams, B, P, pre_slots, prompt_len))}
                 owner = {}  # pass name -> the model it runs
                 for i, (model, rows, T, _) in enumerate(forward_shapes(kind, s, P, N)):
                     mc, mp, slots = ((dc, dparams, d_slots) if model == "draft"
                                      else (tc, target.params, t_slots))
                     k = f"pass{i}_{model}_{rows * B}x{T}"
                     owner[k] = model
-                    calls[k] = pass_call(mc, mp, B * rows, slots, prompt_len, T)
+                    calls[k] = (head_pass_call(head_config, dparams, target.params, B * rows,
+                                               slots, T) if is_head and model == "draft"
+                                else pass_call(mc, mp, B * rows, slots, prompt_len, T))
                 ms = interleaved_medians(calls, args.repeats)
                 passes = {m: sum(ms[k] for k, o in owner.items() if o == m)
                           for m in ("draft", "target")}

@@ -119,7 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     add = lambda name, **kw: sub.add_parser(name, formatter_class=HelpFormatter, **kw)  # noqa: E731
     demo = add("demo", help="DSBD vs beam sampling on the default offline model pair")
     demo.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
-    demo.add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
+    demo.add_argument("--draft", default=None,
+                      help=DRAFT_HELP + f"; default: a draft head trained for the target when one "
+                      f"is registered (dsbd train-head), else {DEFAULT_DRAFT}")
     demo.add_argument("--prompt", action="append", default=None,
                       help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
     _add_settings(demo)
@@ -489,10 +491,45 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
     return gen
 
 
+def demo_draft(target: str, draft: Optional[str]):
+    """The demo's draft and what to say about it: ``(draft, note, hint)``. ``--draft`` when
+    given; else the newest draft head registered for ``target`` (``note`` names it), else
+    :data:`DEFAULT_DRAFT` with a ``hint``: the command that trains a head for the target and its
+    recorded time (``results/<recipe>_training.json``), or None without a recipe."""
+    if draft is not None:
+        return draft, None, None
+    from dsbd_jax.training import head as th
+    heads = th.trained_heads(target)
+    if heads:
+        return str(heads[0]), (f"draft: the trained draft head {heads[0].name} "
+                               f"({heads[0]}); --draft {DEFAULT_DRAFT} drafts with the full "
+                               f"model"), None
+    recipes = th.recipes_for(target)
+    if not recipes:
+        return DEFAULT_DRAFT, None, None
+    recipe = recipes[0]
+    took = ""
+    record = recipe.parents[1] / "results" / f"{recipe.stem}_training.json"
+    if record.is_file():
+        import json
+        r = json.loads(record.read_text())
+        took = (f" (about {r['wall_s'] / 60:.0f} minutes and {r['peak_rss_kb'] / 2 ** 20:.1f} GB "
+                f"on a {r['machine'].get('cpu_count', '?')}-core CPU, "
+                f"{record.relative_to(recipe.parents[1]).as_posix()})")
+    rel = recipe.relative_to(recipe.parents[1]).as_posix()
+    return DEFAULT_DRAFT, None, (f"a draft head reads the target's own features and costs a "
+                                 f"fraction of the draft model's pass: `dsbd train-head {rel}` "
+                                 f"trains one{took}; the demo then drafts with it")
+
+
 def cmd_demo(args) -> int:
     from dsbd_jax.eval import datasets
     prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
                               datasets.chat_prompts("gsm8k", 1)[0]]
+    check_options(args, ("beam", "dsbd"), prompts)  # before anything is read (prepare: again)
+    args.draft, note, hint = demo_draft(args.target, args.draft)
+    if note:
+        print(note, flush=True)
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
     target, draft = load_models(args, configs)
     print(f"target {args.target} ({target.info['dtype']}: {target.info['dtype_why']}), "
@@ -523,6 +560,8 @@ def cmd_demo(args) -> int:
           f" -> {rd / rb:.2f}x; mean log-lik/token of the best beams: DSBD {lld:.3f}, "
           f"beam sampling {llb:.3f}")
     print(demo_verdict(rd / rb, lld - llb, od.stats, target.info["dtype"]))
+    if hint:
+        print(hint)
     return 0
 
 

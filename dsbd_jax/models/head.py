@@ -47,6 +47,7 @@ import numpy as np
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
+from dsbd_jax.models.kernels import PROJECTIONS, T_KEY, plain_shape, unblock_params
 from dsbd_jax.models.vocab import VOCAB_HEAD, split_head
 
 CONFIG_FILE = "head_config.json"
@@ -269,6 +270,11 @@ def check_params(config: HeadConfig, params) -> None:
                 for p, x in jax.tree_util.tree_flatten_with_path(own)[0]}
     except Exception:  # noqa: BLE001
         have = {}
+    for path in list(have):  # a block copied from a transposed or blocked target: plain shapes
+        key = path[path.rfind("['") + 2:-2]
+        if key in ("kernel", T_KEY) and any(f"['{p}']" in path for p in PROJECTIONS):
+            plain = path[:-len(f"['{key}']")] + "['kernel']"
+            have[plain] = plain_shape(key, have.pop(path), 2)
     for path, shape in want_leaves.items():
         if have.get(path) != shape:
             raise ValueError(f"draft head parameters do not match the HeadConfig: {path} should "
@@ -285,12 +291,13 @@ def num_params(params) -> int:
 # saving and loading: safetensors and a config next to it
 def save(path, config: HeadConfig, params, meta: Optional[dict] = None) -> Path:
     """Write ``head.safetensors`` and ``head_config.json`` (with ``meta``) into directory
-    ``path``."""
+    ``path``. The kernels are written in the plain ``[in, out]`` form whatever form they run
+    in (a block copied from a transposed target), so that the file loads on any host."""
     from safetensors.numpy import save_file
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     flat = {}
-    for p, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    for p, x in jax.tree_util.tree_flatten_with_path(unblock_params(params))[0]:
         name = ".".join(str(getattr(k, "key", k)) for k in p)
         a = np.asarray(jax.device_get(x))
         flat[name] = a.astype(np.float32) if a.dtype.name == "bfloat16" else a

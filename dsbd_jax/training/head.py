@@ -420,6 +420,44 @@ def is_head_source(source) -> bool:
     return mhead.is_head_dir(path) or mhead.is_head_dir(cache_dir_of_heads() / str(source))
 
 
+def trained_heads(target_source) -> List[Path]:
+    """The registered heads (``CACHE/heads/NAME``) trained for ``target_source`` (the recipe's
+    ``target``: a preset name or a path, compared as written and as a resolved path), newest
+    first."""
+    root = cache_dir_of_heads()
+    if not root.is_dir():
+        return []
+    want = {str(target_source), str(Path(str(target_source)).expanduser().resolve())}
+    found = []
+    for d in root.iterdir():
+        if not mhead.is_head_dir(d):
+            continue
+        try:
+            meta = json.loads((d / mhead.CONFIG_FILE).read_text()).get("meta") or {}
+        except (OSError, ValueError):
+            continue
+        t = meta.get("target")
+        if t is not None and (str(t) in want
+                              or str(Path(str(t)).expanduser().resolve()) in want):
+            found.append(d)
+    return sorted(found, key=lambda d: (d / mhead.WEIGHTS_FILE).stat().st_mtime, reverse=True)
+
+
+def recipes_for(target_source, configs_dir=None) -> List[Path]:
+    """The head-training recipes (``configs/head_*.yaml`` of the checkout) whose ``target`` is
+    ``target_source``."""
+    root = Path(configs_dir) if configs_dir else Path(__file__).resolve().parents[2] / "configs"
+    out = []
+    for p in sorted(root.glob("head_*.yaml")) if root.is_dir() else []:
+        try:
+            r = yaml.safe_load(p.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if str(r.get("target")) == str(target_source):
+            out.append(p)
+    return out
+
+
 def register(name: str, head_dir) -> Path:
     link = cache_dir_of_heads() / name
     link.parent.mkdir(parents=True, exist_ok=True)

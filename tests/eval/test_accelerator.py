@@ -22,7 +22,7 @@ def test_small_run_writes_every_section(tmp_path, monkeypatch):
     bench = load_script()
     out = tmp_path / "acc.json"
     names = ["sample", "beam_sample_W4", "dsbd_g2_WS4_t0.7_Wmin2"]
-    bench.main(["--small", "--methods", *names, "--out", str(out)])
+    bench.main(["--small", "--methods", *names, "--head-rows", "256", "--out", str(out)])
     cpu_options.choice.cache_clear()
     data = json.loads(out.read_text())
     assert data["machine"]["cpu_model"] and "xla_flags" in data["machine"]
@@ -32,11 +32,14 @@ def test_small_run_writes_every_section(tmp_path, monkeypatch):
                                                          ("float32", "stacked")]
     assert not data["skipped"]
     first = runs[0]
-    assert set(first["param_bytes"]) == {"target", "draft"}
-    assert len(first["forward"]) == 2 * len(bench.FORWARD_SHAPES)  # target and draft, one slot size
+    assert set(first["param_bytes"]) == {"target", "draft", "head"} and first["head_rows"] == 256
+    # target, draft and the head, one slot size
+    assert len(first["forward"]) == 3 * len(bench.FORWARD_SHAPES)
+    assert set(first["head_vs_target"]) == {"draft", "head"}
+    assert all(v > 0 for v in first["head_vs_target"].values())
     assert all(v["ms"] > 0 and v["compile_s"] > 0 for v in first["forward"].values())
     costs = first["decoders"]["1"]
-    assert set(costs) == set(names)
+    assert set(costs) == set(names) | {"dsbd_g2_WS4_t0.7_Wmin2_head"}  # + DSBD with the head
     for c in costs.values():
         assert c["iterations"] >= 1 and c["kv_cache_bytes"] > 0 and c["run_s"] > 0
         assert c["forward_ms_per_iteration"] > 0
@@ -75,3 +78,25 @@ def test_no_host_callback_in_the_loop_unless_progress():
     assert "callback" not in texts[False]
     assert "callback" in texts[True]
     assert "f64" not in texts[False]  # no float64 in the program
+
+
+def test_head_projection_reads_the_trained_heads_tokens_per_iteration(tmp_path):
+    """The head's decoders are projected with what ``draft_terms.py --head`` measured for the
+    trained head on the CPU (its batch-1 runs), under the accelerator's method names."""
+    bench = load_script()
+    terms = tmp_path / "terms.json"
+    terms.write_text(json.dumps({"batches": {"b1": {"drafts": {"head": {
+        "speculative_g4": {"tokens_per_iteration": 3.0},
+        "dsbd_beamW4_point": {"tokens_per_iteration": 2.5}}}}}}))
+    assert bench.head_tokens_per_iteration(terms) == {"speculative_g4_head": 3.0,
+                                                      "dsbd_g2_WS4_t0.7_Wmin2_head": 2.5}
+    assert bench.head_tokens_per_iteration(tmp_path / "missing.json") == {}
+    speed = tmp_path / "speed.json"
+    speed.write_text(json.dumps({"rows": [
+        {"impl": "dsbd_jax", "method": "beam_sample_W4", "tokens_per_target_call": 1.0}]}))
+    costs = {"1": {"beam_sample_W4": {"ms_per_iteration": 10.0},
+                   "dsbd_g2_WS4_t0.7_Wmin2_head": {"ms_per_iteration": 12.5}}}
+    proj = bench.projection(costs, str(speed), str(terms))
+    row = proj["batch 1"]["dsbd_g2_WS4_t0.7_Wmin2_head"]
+    assert row["projected_tokens_per_s"] == 200.0          # 2.5 tokens / 12.5 ms
+    assert row["projected_ratio_to_beam_W4"] == 2.0        # beam: 1 token / 10 ms

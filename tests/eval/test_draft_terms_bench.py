@@ -32,13 +32,19 @@ def test_small_run(tmp_path, monkeypatch):
     cpu_options.choice.cache_clear()
     bench = load_bench("draft_terms")
     out = tmp_path / "terms.json"
-    bench.main(["--small", "--drafts", "base", "--batches", "1", "--out", str(out)])
+    # the draft: a head made from the tiny target (the full draft model's passes are the
+    # references' code path; the head's are its own)
+    bench.main(["--small", "--drafts", "head", "--batches", "1", "--out", str(out)])
     data = json.loads(out.read_text())
     assert data["machine"]["cpu_model"] and set(data["batches"]) == {"b1"}
     b1 = data["batches"]["b1"]
     assert set(b1["references"]) == {"sample", "beam_sample_W4"}
     assert b1["target_one_row_pass_ms"] > 0 and b1["target_prefill_ms"] > 0
-    rec = b1["drafts"]["base"]
+    assert set(b1["one_token_pass_ms"]) == {"target", "head"}
+    assert b1["draft_pass_vs_target"]["head"] == pytest.approx(
+        b1["one_token_pass_ms"]["head"] / b1["one_token_pass_ms"]["target"])
+    assert data["head"]["own_params"] > 0 and data["head"]["feature_layers"] == []
+    rec = b1["drafts"]["head"]
     methods = {"speculative_g2", "dsbd_single_beam", "dsbd_beamW4_point"}
     assert methods <= set(rec) and rec["best_speculative"] == "speculative_g2"
     for m in methods:
@@ -61,7 +67,7 @@ def test_small_run(tmp_path, monkeypatch):
             "reached_by"} == set(t["dsbd_w4_vs_beam_w4"]["dsbd_beamW4_point"])
     assert {"decode", "end_to_end", "same_tokens", "same_target_pass", "same_draft", "same_rest",
             "reached_by"} == set(t["single_beam_vs_speculative"]["speculative_g2"])
-    assert "| base | speculative_g2 |" in bench.report(data)
+    assert "| head | speculative_g2 |" in bench.report(data)
     cpu_options.choice.cache_clear()
 
 

@@ -89,6 +89,35 @@ def test_truncated_head_save_load_and_bad_parameters(tmp_path):
         mh.load(tmp_path / "nothing")
 
 
+def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
+    """A block copied from a target in the transposed kernel form (what ``load_model`` gives on
+    hosts that pick it) keeps that form: it passes the check, gives the plain block's logits,
+    and is saved in the plain form, so that the file loads anywhere."""
+    from dsbd_jax.models import kernels
+    tp = _target()
+    tpt = kernels.transpose_params(tp, kernels.transposed_widths(CFG))
+    hc = mh.HeadConfig(CFG)
+    plain = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
+    trans = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tpt)
+    assert kernels.T_KEY in trans["layers_0"]["mlp"]["up_proj"]
+    mh.check_params(hc, trans)
+    B, T = 1, 4
+    toks = jnp.arange(T)[None] + 3
+    pos = jnp.arange(T)[None]
+    mask = jnp.tril(jnp.ones((T, T), bool))[None]
+    feats = jax.random.normal(jax.random.PRNGKey(4), (B, T, 16))
+    a = mh.forward(hc, plain, tp, toks, feats, pos, mask)[0]
+    b = mh.forward(hc, trans, tpt, toks, feats, pos, mask)[0]
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    mh.save(tmp_path / "h", hc, trans)
+    _, back, _ = mh.load(tmp_path / "h", CFG)
+    assert "kernel" in back["layers_0"]["mlp"]["up_proj"]
+    for (pa, x), (pb, y) in zip(jax.tree_util.tree_flatten_with_path(plain)[0],
+                                jax.tree_util.tree_flatten_with_path(back)[0]):
+        assert pa == pb
+        np.testing.assert_array_equal(x, y)
+
+
 def test_sharded_dsbd_with_a_head_equals_one_device():
     """ShardedDecoder (data 2 x model 2 virtual CPU devices, in a fresh process) with a head as
     the draft: the same tokens as one device."""

@@ -61,10 +61,34 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     cfg, params, meta = th.load_head("head_tiny")      # by the registered name
     assert meta["steps"] == 20 and meta["data"]["train_texts"][0]["task"] == "gsm8k"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
-    for method in ("dsbd", "spec"):
-        r = subprocess.run([sys.executable, "-m", "dsbd_jax", "generate", "--target",
-                            str(tiny / "target"), "--draft", "head_tiny", "--method", method,
-                            "--prompt", "hi", "--max-new-tokens", "6", "--no-progress"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert "best beam" in r.stdout and "draft_calls" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "dsbd_jax", "generate", "--target",
+                        str(tiny / "target"), "--draft", "head_tiny", "--method", "spec",
+                        "--prompt", "hi", "--max-new-tokens", "6", "--no-progress"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "best beam" in r.stdout and "draft_calls" in r.stdout, r.stdout
+    # the demo drafts with the head registered for its target, and says so
+    from dsbd_jax.cli import demo_draft
+    assert th.trained_heads(tiny / "target")[0].name == "head_tiny"
+    r = subprocess.run([sys.executable, "-m", "dsbd_jax", "demo", "--target", str(tiny / "target"),
+                        "--prompt", "hi", "--max-new-tokens", "6"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "draft: the trained draft head head_tiny" in r.stdout and "=== dsbd" in r.stdout, \
+        r.stdout
+    assert "dsbd train-head" not in r.stdout
+    assert demo_draft(str(tiny / "target"), "other")[0] == "other"   # --draft wins
+
+
+def test_demo_without_a_head_names_the_command_that_trains_one(tmp_path, monkeypatch):
+    from dsbd_jax.cli import DEFAULT_DRAFT, DEFAULT_TARGET, demo_draft
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "empty"))
+    assert th.trained_heads(DEFAULT_TARGET) == []
+    assert th.recipes_for(DEFAULT_TARGET) == [ROOT / "configs" / "head_qwen.yaml"]
+    draft, note, hint = demo_draft(DEFAULT_TARGET, None)
+    assert (draft, note) == (DEFAULT_DRAFT, None)
+    record = json.loads((ROOT / "results" / "head_qwen_training.json").read_text())
+    assert "`dsbd train-head configs/head_qwen.yaml`" in hint
+    assert f"about {record['wall_s'] / 60:.0f} minutes" in hint, hint
+    # a target without a recipe: the default draft, nothing to suggest
+    assert demo_draft(str(tmp_path / "elsewhere"), None) == (DEFAULT_DRAFT, None, None)
