@@ -21,35 +21,52 @@ done
 # The lanes (scripts/lanes.sh): each lane's lines stream to the terminal prefixed by the lane
 # ("[A] "), one line per finished test and per finished folder (result and seconds). The docs
 # build and its doctests are part of them (tests/test_docs.py).
-LOG_LANES=$(mktemp); LOG_SLOW=$(mktemp); LOG_NEWEST=$(mktemp)
-# The real-model tests (marked slow, up to 13 GB each) run after the lanes, alone, so that no
-# other lane's process holds its memory beside them: the lanes take -m "not slow", then lane S
-# takes -m slow. An explicit -m in the arguments keeps one pass with that selection.
+LOG_LANES=$(mktemp); LOG_SLOW=$(mktemp); LOG_NEWEST=$(mktemp); LOG_NEWEST_SETUP=$(mktemp)
+# The newest-JAX lane's environment (a venv, pip downloads: mostly waiting on the network) is
+# made in the background while the lanes run; its tests run beside the slow lane (below).
+NEWEST=0
+if [ "${DSBD_NEWEST_JAX:-1}" != 0 ]; then
+  NEWEST=1
+  bash scripts/newest_jax.sh --setup-only >"$LOG_NEWEST_SETUP" 2>&1 &
+  NEWEST_SETUP_PID=$!
+fi
+# The real-model tests (marked slow, up to 13 GB each) run after the lanes, so that no other
+# lane's process holds its memory beside them (only the newest-JAX lane's tiny models): the
+# lanes take -m "not slow", then lane S takes -m slow. An explicit -m in the arguments keeps one
+# pass with that selection.
 SPLIT=1
 for a in "$@"; do case "$a" in -m|-m*) SPLIT=0;; esac; done
 if [ "$SPLIT" = 1 ]; then
   PY="$PY" bash scripts/lanes.sh -m "not slow" "$@" 2>&1 | tee "$LOG_LANES"
   status=${PIPESTATUS[0]}
-  echo "== slow lane: the real-model tests, alone"
-  PY="$PY" DSBD_TEST_LANES="tests" DSBD_TEST_LANE_NAMES="S" bash scripts/lanes.sh -m slow "$@" \
-    2>&1 | tee "$LOG_SLOW"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
   PY="$PY" bash scripts/lanes.sh "$@" 2>&1 | tee "$LOG_LANES"
   status=${PIPESTATUS[0]}
 fi
 # Then the newest-JAX lane (scripts/newest_jax.sh: the decoders' exactness tests under the newest
-# jax on Python 3.12; skipped, and said so, where no 3.12 interpreter exists). DSBD_NEWEST_JAX=0
-# leaves it out.
-if [ "${DSBD_NEWEST_JAX:-1}" != 0 ]; then
-  echo "== newest-jax lane"
-  bash scripts/newest_jax.sh 2>&1 | sed -u 's/^/[N] /' | tee "$LOG_NEWEST"
+# jax on Python 3.12; skipped, and said so, where no 3.12 interpreter exists; DSBD_NEWEST_JAX=0
+# leaves it out) beside the slow lane: its tiny models need little memory next to the real ones.
+if [ "$NEWEST" = 1 ]; then
+  wait "$NEWEST_SETUP_PID"
+  sed -u 's/^/[N] /' "$LOG_NEWEST_SETUP"
+  echo "== newest-jax lane (beside the slow lane)"
+  (bash scripts/newest_jax.sh 2>&1 | sed -u 's/^/[N] /' | tee "$LOG_NEWEST"
+   exit "${PIPESTATUS[0]}") &
+  NEWEST_PID=$!
+fi
+if [ "$SPLIT" = 1 ]; then
+  echo "== slow lane: the real-model tests"
+  PY="$PY" DSBD_TEST_LANES="tests" DSBD_TEST_LANE_NAMES="S" bash scripts/lanes.sh -m slow "$@" \
+    2>&1 | tee "$LOG_SLOW"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$NEWEST" = 1 ]; then
+  wait "$NEWEST_PID" || status=1
 fi
 # The end of the output names every failed test again (pytest's "FAILED <id> - <reason>" lines
 # of every lane) and the host, so that the tail of a CI log says what failed and where; the
 # closing line sums the lanes', the slow lane's and the newest-JAX lane's lines: "N passed,
 # N failed, N skipped"
 "$PY" scripts/suite_summary.py "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST"
-rm -f "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST"
+rm -f "$LOG_LANES" "$LOG_SLOW" "$LOG_NEWEST" "$LOG_NEWEST_SETUP"
 exit $status
