@@ -1,0 +1,75 @@
+"""How soon the command line answers: option refusals, and a warm run's first token.
+
+Whole commands, timed from outside (wall seconds, the median of ``--repeats`` runs):
+
+* ``refusal_generate``: ``dsbd generate --prompt hi --threshold 1.5`` (refused: a bad setting);
+* ``refusal_bench``: ``dsbd bench configs/quick_cpu.yaml --max-new-tokens 0`` (refused);
+* ``first_token_warm``: the README's example, ``dsbd generate --prompt "Write quicksort in
+  Python." --method dsbd --beams 2 --max-new-tokens 1``, after one untimed run that fills the
+  caches (converted weights, compiled programs): the imports, loading, tracing the decoder and
+  reading its compiled program back, the prompt passes and the first iteration (one run: with
+  a progress bar, the default, ``generate`` runs once; ``--no-progress`` adds a warm-up run).
+  Skipped with ``--no-model``.
+
+    .venv/bin/python benchmarks/cli_latency.py --out results/cli_latency.json   # ~3 min, warm
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+COMMANDS = {
+    "refusal_generate": (["generate", "--prompt", "hi", "--threshold", "1.5"], 2),
+    "refusal_bench": (["bench", "configs/quick_cpu.yaml", "--max-new-tokens", "0"], 2),
+    "first_token_warm": (["generate", "--prompt", "Write quicksort in Python.", "--method",
+                          "dsbd", "--beams", "2", "--max-new-tokens", "1"], 0),
+}
+
+
+def run(args, expect_rc):
+    """Wall seconds of ``python -m dsbd_jax ARGS`` (``RuntimeError`` on another exit status)."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "dsbd_jax", *args], cwd=_ROOT,
+                       capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != expect_rc:
+        raise RuntimeError(f"dsbd {' '.join(args)}: exit {r.returncode}, expected {expect_rc}:\n"
+                           f"{r.stderr[-1500:]}")
+    return dt
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-model", action="store_true", help="only the refusals")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "seconds": {}, "commands": {}}
+    for name, (cmd, rc) in COMMANDS.items():
+        if args.no_model and name == "first_token_warm":
+            continue
+        if name == "first_token_warm":
+            run(cmd, rc)  # fills the caches; not timed
+        times = [run(cmd, rc) for _ in range(args.repeats)]
+        out["seconds"][name] = statistics.median(times)
+        out["commands"][name] = "dsbd " + " ".join(cmd)
+        print(f"{name}: {out['seconds'][name]:.2f} s (runs: "
+              f"{', '.join(f'{t:.2f}' for t in times)})", flush=True)
+    write_json(args.out, out)
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
