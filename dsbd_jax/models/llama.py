@@ -137,22 +137,32 @@ class Dense(nn.Module):
     @nn.compact
     def __call__(self, x):
         if self.has_variable("params", T_KEY):  # a transposed kernel [out / n, n, in]
-            kernel_t = self.get_variable("params", T_KEY).astype(self.dtype)
-            if kernel_t.ndim == 2:  # a head's [out, in] rows (kernels.transpose_head)
-                y = mixed_rows(x, kernel_t)
-            else:
-                y = project_t(_operand(x, self.dtype), kernel_t)
+            y = dense_product(x, {T_KEY: self.get_variable("params", T_KEY)}, self.dtype)
         else:
             if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
                 kernel = self.get_variable("params", "kernel")
             else:
                 kernel = self.param("kernel", nn.initializers.normal(0.02),
                                     (x.shape[-1], self.features), self.dtype)
-            y = project(_operand(x, self.dtype), kernel.astype(self.dtype))
+            y = dense_product(x, {"kernel": kernel}, self.dtype)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,),
                                self.dtype).astype(y.dtype)
         return y
+
+
+def dense_product(x, params, dtype) -> jax.Array:
+    """``x [..., in]`` times the kernel a :class:`Dense` stores in ``params`` (its parameter
+    dict: ``"kernel"`` plain or blocked, or ``T_KEY`` transposed, a head's ``[out, in]`` rows
+    when 2-D), without the bias: the product :class:`Dense` runs, in the same form, dtype
+    (``dtype``, the kernel's storage dtype) and precision. ``benchmarks/pass_floor.py`` chains
+    these products alone to time a forward pass's floor."""
+    if T_KEY in params:
+        kernel_t = params[T_KEY].astype(dtype)
+        if kernel_t.ndim == 2:  # a head's [out, in] rows (kernels.transpose_head)
+            return mixed_rows(x, kernel_t)
+        return project_t(_operand(x, dtype), kernel_t)
+    return project(_operand(x, dtype), params["kernel"].astype(dtype))
 
 
 def _operand(x, dtype):

@@ -1,0 +1,334 @@
+"""The products floor of a forward pass, and the pass on it: how far a pass is from its products.
+
+For each model (``--models``, default the offline pair's shapes: ``target`` Qwen2.5-Coder-1.5B,
+``draft`` Qwen2.5-Coder-0.5B with its tied head), dtype (``--dtypes float32 bfloat16``), kernel
+form (``--forms``, default ``host``: the form ``load_model`` picks on this host,
+``kernels.choose_form``; or ``plain`` / ``transposed``) and row count (``--rows 1 4 12 16 32 64``),
+with random weights (``llama.init_params``'s tree and laws, the per-layer layout of the CPU, kernels stored as
+``load_model`` stores them: transposed with ``kernels.transpose_params_``, a 16-bit model's head
+then as ``[V, d]`` rows), it times two programs, interleaved round by round (median of
+``--repeats``; compile excluded, each program runs once untimed first):
+
+* **floor**: the pass's matrix products alone, chained as the pass runs them: per layer the
+  q/k/v projections of the layer's input, o of the q product (waiting for k and v too, as
+  attention does), gate and up of the residual, down of their product; then the vocabulary head
+  (``lm_head``, or the tied embedding through ``vocab.tied_logits``). Every product is the
+  model's own (``llama.dense_product``, what ``llama.Dense`` runs: same kernel form, dtype,
+  float32 accumulation for 16-bit kernels, one row padded to two), compiled under the same
+  XLA:CPU options (``cpu_options.tuned_jit`` over the same parameter tree). The glue between
+  products is the pass's residual adds and two cheap joins (a row mean of k and v added to q;
+  gate times up); no bias, norm, RoPE, attention, softmax or cache;
+* **pass**: the whole forward (``llama.forward``) at the same shapes over a KV cache of
+  ``--slots`` slots (empty cache, all-ones mask: ``draft_levers.pass_call``, as the draft
+  benchmarks time a pass), logits at every new token.
+
+Rows: ``--shape auto`` (default) runs 1 and 4 as rows of one new token (``[n, 1]``: a decode
+step, beams) and more as one row of ``n`` tokens (``[1, n]``: a DSBD forest, a speculative
+chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry records its ``B``,
+``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
+(``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
+floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms`` and
+``pass_over_floor``; ``--hlo`` adds the instruction counts of each compiled program's entry
+computation. A Markdown table is printed at the end.
+
+    .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
+    .venv/bin/python benchmarks/pass_floor.py --models target --dtypes bfloat16 --rows 1 12 \\
+        --forms plain transposed --out /tmp/pass_floor.json
+    .venv/bin/python benchmarks/pass_floor.py --small --out /tmp/pass_floor_small.json  # tiny shapes, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import re
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+QWEN = dict(vocab_size=151936, num_kv_heads=2, rope_theta=1e6, attention_bias=True,
+            architecture="qwen2", max_position_embeddings=32768)
+MODELS = {  # benchmarks/accelerator.py PAIRS["qwen"]: the offline pair's shapes
+    "target": dict(QWEN, hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
+                   head_dim=128),
+    "draft": dict(QWEN, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                  head_dim=64, tie_word_embeddings=True),
+}
+SMALL = dict(vocab_size=512, num_kv_heads=2, attention_bias=True, architecture="qwen2",
+             max_position_embeddings=8192)
+SMALL_MODELS = {  # --small: the same two kinds of head (untied with biases; tied), tiny
+    "target": dict(SMALL, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   head_dim=16),
+    "draft": dict(SMALL, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                  head_dim=8, tie_word_embeddings=True),
+}
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+ROWS_UP_TO = 4  # --shape auto: counts up to this are rows of one token, more one row of tokens
+
+
+def shape_of(n: int, shape: str = "auto"):
+    """``(B, T, shape)`` of a pass with ``n`` new tokens: ``rows`` ``[n, 1]``, ``tokens``
+    ``[1, n]``; ``auto``: rows up to ``ROWS_UP_TO``, tokens above (one token is ``[1, 1]``)."""
+    if shape == "auto":
+        shape = "rows" if n <= ROWS_UP_TO else "tokens"
+    return (n, 1, shape) if shape == "rows" else (1, n, shape)
+
+
+def floor_products(config, params):
+    """``[(name, Dense parameters or the tied embedding)]``: the products of a forward pass in
+    the order it runs them (per layer q, k, v, o, gate, up, down; then the head). Per-layer
+    layout (``params["layers_{i}"]``)."""
+    out = []
+    for i in range(config.num_layers):
+        layer = params[f"layers_{i}"]
+        out += [(f"layers_{i}.attn.{p}", layer["attn"][p]) for p in ATTENTION]
+        out += [(f"layers_{i}.mlp.{p}", layer["mlp"][p]) for p in MLP]
+    if config.tie_word_embeddings:
+        out.append(("embed (tied head)", params["embed"]["embedding"]))
+    else:
+        out.append(("lm_head", params["lm_head"]))
+    return out
+
+
+def product_list(config, params):
+    """:func:`floor_products` as the JSON records it: name, stored key and stored shape."""
+    from dsbd_jax.models.products import T_KEY
+    out = []
+    for name, leaf in floor_products(config, params):
+        if isinstance(leaf, dict) or hasattr(leaf, "keys"):
+            key = T_KEY if T_KEY in leaf else "kernel"
+            arr = leaf[key]
+        else:
+            key, arr = "embedding", leaf
+        out.append({"name": name, "stored": key, "shape": list(arr.shape),
+                    "dtype": str(arr.dtype)})
+    return out
+
+
+def floor(config, params, x):
+    """The pass's products alone, chained as the pass runs them (module docstring):
+    ``x [B, T, d]`` float32 through every layer's seven products and the head; float32 logits
+    ``[B, T, V]``."""
+    from dsbd_jax.models.llama import dense_product
+    from dsbd_jax.models.vocab import tied_logits
+    import jax.numpy as jnp
+    dt = config.jnp_dtype
+    steps = floor_products(config, params)
+    for i in range(config.num_layers):
+        (_, q), (_, k), (_, v), (_, o), (_, g), (_, u), (_, d) = steps[7 * i: 7 * i + 7]
+        qx, kx, vx = (dense_product(x, w, dt) for w in (q, k, v))
+        # o waits for q, k and v, as after attention (a row mean: no work worth counting)
+        a = qx + (kx.mean(-1, keepdims=True) + vx.mean(-1, keepdims=True))
+        h = x + dense_product(a, o, dt)
+        x = h + dense_product(dense_product(h, g, dt) * dense_product(h, u, dt), d, dt)
+    _, head = steps[-1]
+    if config.tie_word_embeddings:
+        logits = tied_logits(x, head.astype(dt))
+    else:
+        logits = dense_product(x, head, dt)
+    return logits.astype(jnp.float32)
+
+
+def programs(config, params, B, T, slots, seed=0):
+    """``{"floor": (fn, args), "pass": (fn, args)}`` over ``[B, T]`` new tokens: :func:`floor`
+    of random float32 rows, and the whole forward over ``slots`` cached slots as
+    ``draft_levers.pass_call`` runs it (empty cache, all-ones mask, positions ``slots - T ..``,
+    logits at every new token). Each ``fn`` is the plain function; :func:`jitted` compiles it as
+    the decoders do."""
+    import jax
+    import jax.numpy as jnp
+    from dsbd_jax.models.cache import empty_cache
+    from dsbd_jax.models.llama import forward
+    x = jax.random.normal(jax.random.PRNGKey(seed), (B, T, config.hidden_size), jnp.float32)
+    positions = jnp.broadcast_to(slots - T + jnp.arange(T, dtype=jnp.int32), (B, T))
+    mask = jnp.ones((B, T, slots + T), bool)
+    return {"floor": (lambda p, x: floor(config, p, x), (params, x)),
+            "pass": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
+                     (params, empty_cache(config, B, slots), jnp.ones((B, T), jnp.int32)))}
+
+
+def jitted(fn):
+    """``fn`` under ``cpu_options.tuned_jit``: compiled under the host's XLA:CPU options for the
+    kernels among its arguments (both programs get the same, from the same parameter tree)."""
+    from dsbd_jax.models.cpu_options import tuned_jit
+    return tuned_jit(fn)
+
+
+def count_dots(fn, *args) -> int:
+    """The ``dot_general`` equations in ``fn``'s jaxpr, inner jaxprs (``jnp.einsum``'s jit)
+    included."""
+    import jax
+
+    def walk(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == "dot_general"
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (list, tuple)) else [v]):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        n += walk(inner)
+        return n
+    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][\w\-]*)\(")
+
+
+def hlo_ops(text: str) -> dict:
+    """``{opcode: count}`` of the entry computation of a compiled program's HLO text
+    (``.lower(...).compile().as_text()``): its top-level instructions, fusions counted as one."""
+    entry, ops = False, collections.Counter()
+    for line in text.splitlines():
+        if line.startswith("ENTRY"):
+            entry = True
+            continue
+        if entry:
+            if line.startswith("}"):
+                break
+            m = _OP.match(line)
+            if m:
+                ops[m.group(1)] += 1
+    return dict(sorted(ops.items()))
+
+
+def build_params(config, form: str, seed: int = 0):
+    """Random parameters of ``config`` (its dtype) in the per-layer layout with the projection
+    kernels in ``form``, as ``load_model`` stores them (transposed: a 16-bit head as rows).
+
+    The tree, shapes and dtypes are ``llama.init_params``'s (traced, not run) and so are the
+    values' laws: normal(0.02) kernels and embedding, zero biases, unit norms, drawn here with
+    numpy one leaf at a time (``init_params`` run on XLA:CPU compiles its random draws for
+    seconds, even at the tiny shapes of ``--small``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from dsbd_jax.models import kernels
+    from dsbd_jax.models.llama import init_params
+    shapes = jax.eval_shape(lambda key: init_params(config, key, "per_layer"),
+                            jax.random.PRNGKey(seed))
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        name = path[-1].key
+        if name == "bias":
+            x = np.zeros(leaf.shape, np.float32)
+        elif name == "weight":  # RMSNorm
+            x = np.ones(leaf.shape, np.float32)
+        else:
+            x = 0.02 * rng.standard_normal(leaf.shape, np.float32)
+        return jnp.asarray(x, leaf.dtype)
+    params = kernels._copy_dicts(jax.tree_util.tree_map_with_path(fill, shapes))
+    if form == "transposed":
+        params = kernels.transpose_params_(params, kernels.transposed_widths(config),
+                                           head=jnp.dtype(config.dtype).itemsize == 2)
+    return params
+
+
+def resolve_form(config, form: str) -> str:
+    """``form``, or for ``host`` the form ``load_model`` picks for ``config`` on this host."""
+    if form != "host":
+        return form
+    from dsbd_jax.models import kernels
+    return kernels.choose_form(config, config.dtype)
+
+
+def table(results) -> str:
+    """The Markdown table of a run's ``results``."""
+    lines = ["| model | dtype | form | new tokens | B x T | floor ms | pass ms | pass / floor |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, by_dtype in results.items():
+        for dtype, by_form in by_dtype.items():
+            for form, rec in by_form.items():
+                for n, r in rec["rows"].items():
+                    lines.append(f"| {model} | {dtype} | {form} | {n} | {r['B']} x {r['T']} "
+                                 f"| {r['floor_ms']:.2f} | {r['pass_ms']:.2f} "
+                                 f"| {r['pass_over_floor']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                    choices=["float32", "bfloat16"])
+    ap.add_argument("--forms", nargs="+", default=["host"], choices=["host", "plain", "transposed"],
+                    help="kernel forms: host = what load_model picks here (kernels.choose_form)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 12, 16, 32, 64],
+                    help="new tokens per pass")
+    ap.add_argument("--shape", default="auto", choices=["auto", "rows", "tokens"],
+                    help=f"auto: up to {ROWS_UP_TO} as rows of one token [n, 1], more as one "
+                         f"row of tokens [1, n]")
+    ap.add_argument("--slots", type=int, default=512, help="KV-cache slots of the pass")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--hlo", action="store_true",
+                    help="also record each compiled program's entry instruction counts")
+    ap.add_argument("--small", action="store_true",
+                    help="tiny shapes (hidden 64, 2 layers, vocabulary 512): checks the script")
+    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "pass_floor.json"))
+    args = ap.parse_args(argv)
+
+    import jax
+    from benchmarks.draft_levers import interleaved_medians
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    from dsbd_jax.models.config import ModelConfig
+    from dsbd_jax.models.cpu_options import options_of
+
+    shapes = SMALL_MODELS if args.small else MODELS
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "models": {m: shapes[m] for m in args.models}, "results": {}}
+    for model in args.models:
+        for dtype in args.dtypes:
+            config = ModelConfig(**shapes[model], dtype=dtype)
+            for asked in args.forms:
+                form = resolve_form(config, asked)
+                by_form = out["results"].setdefault(model, {}).setdefault(dtype, {})
+                if form in by_form:  # host picked a form also asked for by name
+                    continue
+                params = build_params(config, form)
+                B0, T0, _ = shape_of(args.rows[0], args.shape)
+                rec = {"asked": asked, "options": options_of(params),
+                       "products": product_list(config, params),
+                       "dots": {k: count_dots(fn, *a) for k, (fn, a) in
+                                programs(config, params, B0, T0, args.slots).items()},
+                       "rows": {}}
+                rec["num_products"] = len(rec["products"])
+                for n in args.rows:
+                    B, T, shape = shape_of(n, args.shape)
+                    progs = programs(config, params, B, T, args.slots)
+                    calls, first, hlo = {}, {}, {}
+                    for k, (fn, a) in progs.items():  # compile + one run, apart from the medians
+                        f = jitted(fn)
+                        calls[k] = functools.partial(f, *a)
+                        t0 = time.perf_counter()
+                        jax.block_until_ready(calls[k]())
+                        first[k] = time.perf_counter() - t0
+                        if args.hlo:
+                            hlo[k] = hlo_ops(f.lower(*a).compile().as_text())
+                    ms = interleaved_medians(calls, args.repeats)
+                    r = {"B": B, "T": T, "shape": shape, "floor_ms": ms["floor"],
+                         "pass_ms": ms["pass"], "pass_over_floor": ms["pass"] / ms["floor"],
+                         "pass_minus_floor_ms": ms["pass"] - ms["floor"],
+                         "first_call_s": first}
+                    if args.hlo:
+                        r["hlo_ops"] = hlo
+                    rec["rows"][str(n)] = r
+                    print(f"{model} {dtype} {form} {n} ({B}x{T}): floor {ms['floor']:.2f} ms, "
+                          f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x", flush=True)
+                    del progs, calls
+                by_form[form] = rec
+                del params
+    write_json(args.out, out)
+    print("\n" + table(out["results"]))
+    print(f"wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""``benchmarks/pass_floor.py``: a ``--small`` run of the products floor and the pass on it (both
+tiny models, bfloat16, the host's form and transposed kernels, 1 and 12 new tokens), its JSON's
+sections, and by hand that the floor runs the model's own projections, one product each, in
+the pass's order, plus the head."""
+
+import json
+
+from bench_setup import load_bench
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def test_shapes_of_a_row_count():
+    bench = load_bench("pass_floor")
+    assert bench.shape_of(1) == (1, 1, "rows") and bench.shape_of(4) == (4, 1, "rows")
+    assert bench.shape_of(12) == (1, 12, "tokens") and bench.shape_of(64) == (1, 64, "tokens")
+    assert bench.shape_of(4, "tokens") == (1, 4, "tokens")
+    assert bench.shape_of(16, "rows") == (16, 1, "rows")
+
+
+def _kernel_paths(tree, path=()):
+    """Every parameter dict of the tree that holds a projection kernel (``kernel`` or
+    ``kernel_t``), as a dotted path: the model's Dense layers, found by walking the tree."""
+    out = []
+    for k, v in tree.items():
+        if hasattr(v, "items"):
+            out += _kernel_paths(v, path + (k,))
+        elif k in ("kernel", "kernel_t"):
+            out.append(".".join(path))
+    return out
+
+
+def test_small_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
+    from dsbd_jax.models import cpu_options
+    from dsbd_jax.models.config import ModelConfig
+    cpu_options.choice.cache_clear()
+    bench = load_bench("pass_floor")
+    out = tmp_path / "floor.json"
+    try:
+        bench.main(["--small", "--dtypes", "bfloat16", "--forms", "host", "transposed",
+                    "--rows", "1", "12", "--repeats", "2", "--slots", "16", "--out", str(out)])
+    finally:
+        cpu_options.choice.cache_clear()
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and data["settings"]["small"] is True
+    assert set(data["models"]) == set(data["results"]) == {"target", "draft"}
+    for model, by_dtype in data["results"].items():
+        shapes = data["models"][model]
+        L, d, V = shapes["num_layers"], shapes["hidden_size"], shapes["vocab_size"]
+        tied = shapes.get("tie_word_embeddings", False)
+        head = "embed (tied head)" if tied else "lm_head"
+        assert set(by_dtype) == {"bfloat16"}
+        # the host's form of a tiny model is plain (under kernels.MIN_ELEMENTS)
+        assert set(by_dtype["bfloat16"]) == {"plain", "transposed"}
+        for form, rec in by_dtype["bfloat16"].items():
+            # per layer q, k, v, o, gate, up, down, then the head: layers * 7 + 1 products
+            names = [p["name"] for p in rec["products"]]
+            want = [f"layers_{i}.{blk}.{p}" for i in range(L)
+                    for blk, ps in (("attn", ATTENTION), ("mlp", MLP)) for p in ps] + [head]
+            assert names == want and rec["num_products"] == 7 * L + 1
+            # ... which are every projection kernel of the model's own tree, and its head
+            config = ModelConfig(**shapes, dtype="bfloat16")
+            params = bench.build_params(config, form)
+            assert sorted(_kernel_paths(params)) == sorted(n for n in names if n != head
+                                                           or not tied)
+            assert all(p["dtype"] == "bfloat16" for p in rec["products"])
+            stored = {p["stored"] for p in rec["products"][:-1]}
+            assert stored == ({"kernel_t"} if form == "transposed" else {"kernel"})
+            last = rec["products"][-1]
+            if tied:  # the embedding's [V, d] rows, in either form
+                assert last["stored"] == "embedding" and last["shape"] == [V, d]
+            elif form == "transposed":  # a 16-bit model's head as [V, d] rows (load_model)
+                assert last["stored"] == "kernel_t" and last["shape"] == [V, d]
+            else:
+                assert last["stored"] == "kernel" and last["shape"] == [d, V]
+            # one dot_general per product; the pass adds attention's two per layer
+            assert rec["dots"] == {"floor": 7 * L + 1, "pass": 9 * L + 1}
+            assert rec["options"] == "default"
+            assert set(rec["rows"]) == {"1", "12"}
+            assert (rec["rows"]["1"]["B"], rec["rows"]["1"]["T"]) == (1, 1)
+            assert (rec["rows"]["12"]["B"], rec["rows"]["12"]["T"]) == (1, 12)
+            assert rec["rows"]["12"]["shape"] == "tokens"
+            for r in rec["rows"].values():
+                assert r["floor_ms"] > 0 and r["pass_ms"] > 0
+                assert abs(r["pass_over_floor"] - r["pass_ms"] / r["floor_ms"]) < 1e-9
+                assert set(r["first_call_s"]) == {"floor", "pass"}
+    assert "| target | bfloat16 | transposed | 12 | 1 x 12 |" in bench.table(data["results"])
+
+
+def test_hlo_ops_reads_the_entry_computation():
+    bench = load_bench("pass_floor")
+    text = "\n".join([
+        "HloModule m",
+        "fused_computation {",
+        "  p = f32[2]{0} parameter(0)",
+        "  ROOT n = f32[2]{0} negate(p)",
+        "}",
+        "ENTRY main {",
+        "  %p0 = f32[2,3]{1,0} parameter(0)",
+        "  %p1 = bf16[3,4]{1,0} parameter(1)",
+        "  dot.1 = f32[2,4]{1,0} dot(f32[2,3]{1,0} %p0, bf16[3,4]{1,0} %p1), "
+        "lhs_contracting_dims={1}",
+        "  ROOT fusion.2 = f32[2,4]{1,0} fusion(f32[2,4]{1,0} dot.1), kind=kLoop, "
+        "calls=fused_computation",
+        "}",
+    ])
+    assert bench.hlo_ops(text) == {"dot": 1, "fusion": 1, "parameter": 2}
