@@ -4,10 +4,10 @@ For each model (``--models``, default the offline pair's shapes: ``target`` Qwen
 ``draft`` Qwen2.5-Coder-0.5B with its tied head), dtype (``--dtypes float32 bfloat16``), kernel
 form (``--forms``, default ``host``: the form ``load_model`` picks on this host,
 ``kernels.choose_form``; or ``plain`` / ``transposed``) and row count (``--rows 1 4 12 16 32 64``),
-with random weights (``llama.init_params``'s tree and laws, the per-layer layout of the CPU, kernels stored as
-``load_model`` stores them: transposed with ``kernels.transpose_params_``, a 16-bit model's head
-then as ``[V, d]`` rows), it times two programs, interleaved round by round (median of
-``--repeats``; compile excluded, each program runs once untimed first):
+with random weights (``llama.init_params``'s tree and laws, in the per-layer layout of the CPU;
+kernels stored as ``load_model`` stores them: transposed with ``kernels.transpose_params_``, a
+16-bit model's head then as ``[V, d]`` rows), it times two programs, interleaved round by round
+(median of ``--repeats``; compile excluded, each program runs once untimed first):
 
 * **floor**: the pass's matrix products alone, chained as the pass runs them: per layer the
   q/k/v projections of the layer's input, o of the q product (waiting for k and v too, as
@@ -19,8 +19,8 @@ then as ``[V, d]`` rows), it times two programs, interleaved round by round (med
   products is the pass's residual adds and two cheap joins (a row mean of k and v added to q;
   gate times up); no bias, norm, RoPE, attention, softmax or cache;
 * **pass**: the whole forward (``llama.forward``) at the same shapes over a KV cache of
-  ``--slots`` slots (empty cache, all-ones mask: ``draft_levers.pass_call``, as the draft
-  benchmarks time a pass), logits at every new token.
+  ``--slots`` slots, set up as ``draft_levers.pass_call`` sets up the draft benchmarks' passes
+  (empty cache, all-ones mask, ``cpu_options.tuned_jit``), logits at every new token.
 
 Rows: ``--shape auto`` (default) runs 1 and 4 as rows of one new token (``[n, 1]``: a decode
 step, beams) and more as one row of ``n`` tokens (``[1, n]``: a DSBD forest, a speculative
@@ -34,7 +34,7 @@ computation. A Markdown table is printed at the end.
     .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
     .venv/bin/python benchmarks/pass_floor.py --models target --dtypes bfloat16 --rows 1 12 \\
         --forms plain transposed --out /tmp/pass_floor.json
-    .venv/bin/python benchmarks/pass_floor.py --small --out /tmp/pass_floor_small.json  # tiny shapes, seconds
+    .venv/bin/python benchmarks/pass_floor.py --small --out /tmp/pass_floor_small.json  # seconds
 """
 
 from __future__ import annotations
@@ -178,12 +178,15 @@ def count_dots(fn, *args) -> int:
     return walk(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
+_KIND = re.compile(r"\bkind=(k\w+)")
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][\w\-]*)\(")
 
 
 def hlo_ops(text: str) -> dict:
     """``{opcode: count}`` of the entry computation of a compiled program's HLO text
-    (``.lower(...).compile().as_text()``): its top-level instructions, fusions counted as one."""
+    (``.lower(...).compile().as_text()``): its top-level instructions, a fusion counted once under
+its kind (``fusion kCustom``: on XLA:CPU a product handed to YNNPACK, a ``ynn_fusion``;
+``fusion kLoop``: elementwise work and reductions)."""
     entry, ops = False, collections.Counter()
     for line in text.splitlines():
         if line.startswith("ENTRY"):
@@ -194,7 +197,8 @@ def hlo_ops(text: str) -> dict:
                 break
             m = _OP.match(line)
             if m:
-                ops[m.group(1)] += 1
+                kind = _KIND.search(line) if m.group(1) == "fusion" else None
+                ops[m.group(1) + (f" {kind.group(1)}" if kind else "")] += 1
     return dict(sorted(ops.items()))
 
 

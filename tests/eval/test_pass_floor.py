@@ -106,4 +106,4 @@ def test_hlo_ops_reads_the_entry_computation():
         "calls=fused_computation",
         "}",
     ])
-    assert bench.hlo_ops(text) == {"dot": 1, "fusion": 1, "parameter": 2}
+    assert bench.hlo_ops(text) == {"dot": 1, "fusion kLoop": 1, "parameter": 2}
