@@ -7,9 +7,9 @@ Whole commands, timed from outside (wall seconds, the median of ``--repeats`` ru
 * ``first_token_warm``: the README's example, ``dsbd generate --prompt "Write quicksort in
   Python." --method dsbd --beams 2 --max-new-tokens 1``, after one untimed run that fills the
   caches (converted weights, compiled programs): the imports, loading, tracing the decoder and
-  reading its compiled program back, the prompt passes and the first iteration (one run: with
-  a progress bar, the default, ``generate`` runs once; ``--no-progress`` adds a warm-up run).
-  Skipped with ``--no-model``.
+  reading its compiled program back (the default progress, elapsed seconds, keeps the decoder
+  free of host callbacks, so JAX's compilation cache holds it), the prompt passes and the first
+  iteration; ``generate`` runs its decoder once. Skipped with ``--no-model``.
 
     .venv/bin/python benchmarks/cli_latency.py --out results/cli_latency.json   # ~3 min, warm
 """

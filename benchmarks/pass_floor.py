@@ -29,7 +29,8 @@ chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry reco
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
 floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms`` and
 ``pass_over_floor``; ``--hlo`` adds the instruction counts of each compiled program's entry
-computation. A Markdown table is printed at the end.
+computation. The JSON is written after every row count (a run cut off by a time limit keeps what it
+measured); a Markdown table is printed at the end.
 
     .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
     .venv/bin/python benchmarks/pass_floor.py --models target --dtypes bfloat16 --rows 1 12 \\
@@ -204,35 +205,9 @@ its kind (``fusion kCustom``: on XLA:CPU a product handed to YNNPACK, a ``ynn_fu
 
 def build_params(config, form: str, seed: int = 0):
     """Random parameters of ``config`` (its dtype) in the per-layer layout with the projection
-    kernels in ``form``, as ``load_model`` stores them (transposed: a 16-bit head as rows).
-
-    The tree, shapes and dtypes are ``llama.init_params``'s (traced, not run) and so are the
-    values' laws: normal(0.02) kernels and embedding, zero biases, unit norms, drawn here with
-    numpy one leaf at a time (``init_params`` run on XLA:CPU compiles its random draws for
-    seconds, even at the tiny shapes of ``--small``)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from dsbd_jax.models import kernels
-    from dsbd_jax.models.llama import init_params
-    shapes = jax.eval_shape(lambda key: init_params(config, key, "per_layer"),
-                            jax.random.PRNGKey(seed))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        name = path[-1].key
-        if name == "bias":
-            x = np.zeros(leaf.shape, np.float32)
-        elif name == "weight":  # RMSNorm
-            x = np.ones(leaf.shape, np.float32)
-        else:
-            x = 0.02 * rng.standard_normal(leaf.shape, np.float32)
-        return jnp.asarray(x, leaf.dtype)
-    params = kernels._copy_dicts(jax.tree_util.tree_map_with_path(fill, shapes))
-    if form == "transposed":
-        params = kernels.transpose_params_(params, kernels.transposed_widths(config),
-                                           head=jnp.dtype(config.dtype).itemsize == 2)
-    return params
+    kernels in ``form``, as ``load_model`` stores them (``pass_probe.random_params``)."""
+    from dsbd_jax.models.pass_probe import random_params
+    return random_params(config, form, seed)
 
 
 def resolve_form(config, form: str) -> str:
@@ -323,6 +298,8 @@ def main(argv=None):
                     if args.hlo:
                         r["hlo_ops"] = hlo
                     rec["rows"][str(n)] = r
+                    by_form[form] = rec
+                    write_json(args.out, out)  # after every row count: a cut-off run keeps them
                     print(f"{model} {dtype} {form} {n} ({B}x{T}): floor {ms['floor']:.2f} ms, "
                           f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x", flush=True)
                     del progs, calls

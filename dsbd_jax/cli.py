@@ -12,9 +12,11 @@
     dsbd train-head configs/head_qwen.yaml       # train a feature-level draft head (resumable)
     dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
 
-``generate`` shows a progress bar per decoder iteration (new tokens, elapsed time, iterations,
-target calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then
-prints the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
+``generate`` runs its decoder once, showing the elapsed seconds (``--progress time``, the
+default: the decoder carries no host callback, so the compilation cache keeps it) or a bar per
+decoder iteration (``--progress tokens``: new tokens, iterations, target calls and, for DSBD,
+the accepted draft candidates per verified layer; no rate; compiled on every run), then prints
+the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
 checked on their own before any model file is read, then against the models' configs before any
 weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
 (:mod:`dsbd_jax.models.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
@@ -132,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a user message (repeatable: one batch of prompts)")
     gen.add_argument("--method", choices=METHODS, default="dsbd", help="the decoding method")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen.add_argument("--progress", choices=PROGRESS_MODES, default="time",
+                     help="time (default): elapsed seconds while the decoder runs; its compiled "
+                          "program is kept in the compilation cache, so a later run reads it "
+                          "back. tokens: a bar over new tokens fed from inside the loop; a "
+                          "program with that host callback is never cached, so every run "
+                          "compiles it again. none: nothing")
+    gen.add_argument("--no-progress", action="store_true", help="the same as --progress none")
     gen.add_argument("--mesh", default=None, help=MESH_HELP)
     gen.add_argument("--draft-head-rows", type=int, default=None,
                      help="truncate the draft's vocabulary head to the N most frequent tokens "
@@ -248,6 +256,41 @@ def _status(msg: str) -> None:
 
 
 ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accept rate"}
+PROGRESS_MODES = ("time", "tokens", "none")
+
+
+def progress_mode(args) -> str:
+    """``"tokens"`` (a bar fed from inside the decoder's loop: the decoder is built with a host
+    callback), ``"time"`` (elapsed seconds from the host: the decoder has no callback, so its
+    compiled program can be cached) or ``"none"``. ``--no-progress`` wins; a command without
+    ``--progress`` (``demo``) shows tokens."""
+    if getattr(args, "no_progress", False):
+        return "none"
+    return getattr(args, "progress", "tokens")
+
+
+class ElapsedTicker:
+    """Elapsed seconds on stderr while a call runs, from a host thread: progress that needs
+    nothing from inside the compiled program (so the program stays cacheable)."""
+
+    def __init__(self, desc: str, every_s: float = 0.5):
+        import threading
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=None, desc=desc, leave=True, bar_format="{desc}: {elapsed}")
+        self._stop = threading.Event()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.bar.refresh()
+        self.bar.close()
 
 
 class ProgressBar:
@@ -314,8 +357,8 @@ def prepare(args, methods, prompts, raw: bool = False):
     first: the settings and prompts alone (:func:`check_options`), then against the model
     configs (the converted cache's ``config.json`` / a GGUF's header), the tokenizer and the
     prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
-    with ``configs = (target, draft or None)``; the decoders are built with ``progress``
-    unless ``--no-progress``."""
+    with ``configs = (target, draft or None)``; the decoders carry the progress callback only
+    when :func:`progress_mode` is ``"tokens"``."""
     check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
@@ -325,7 +368,7 @@ def prepare(args, methods, prompts, raw: bool = False):
     target_config = read_config(args.target, dtype)
     configs = (target_config, _draft_config(args.draft, target_config, dtype)
                if needs_draft else None)
-    progress = not getattr(args, "no_progress", False)
+    progress = progress_mode(args) == "tokens"
     decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
     tokenizer = load_tokenizer(args.target)
     if tokenizer is None:
@@ -395,12 +438,19 @@ def load_models(args, configs):
     return models[0], models[1]
 
 
-def _run_once(call, total: int, desc: str, method: str, progress: bool,
+def _run_once(call, total: int, desc: str, method: str, progress,
               rows: Optional[int] = None):
-    """``timed(call)``, with a progress bar when ``progress`` (counting the first ``rows``
-    prompts: a sharded batch may carry padding rows after them)."""
+    """``timed(call)``, with a token bar when ``progress`` is true or ``"tokens"`` (counting
+    the first ``rows`` prompts: a sharded batch may carry padding rows after them), elapsed
+    seconds when it is ``"time"``, nothing when false or ``"none"``."""
     from dsbd_jax.eval.timing import timed
-    if not progress:
+    if progress == "time":
+        ticker = ElapsedTicker(desc)
+        try:
+            return timed(call)
+        finally:
+            ticker.close()
+    if not progress or progress == "none":
         return timed(call)
     from dsbd_jax.decoding.common import progress_hook
     bar = ProgressBar(total, desc, method, rows=rows)
@@ -417,8 +467,9 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     ``mesh``: decode sharded over it (``parallel.ShardedDecoder``; weights placed once).
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
-    ``progress``: a progress bar for each run (the decoder must be built with progress); its
-    host callback costs about 0.15 ms per loop trip (measured with tiny models)."""
+    ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
+    with progress; its host callback costs about 0.15 ms per loop trip, measured with tiny
+    models); ``"time"``, elapsed seconds (no callback); ``False`` / ``"none"``, nothing."""
     import jax
     from dsbd_jax.eval.run import CompileClock
     from dsbd_jax.decoding.methods import model_params
@@ -594,9 +645,10 @@ def cmd_generate(args) -> int:
     mesh = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
     configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
     target, draft = load_models(args, configs)
+    # one run: its compile seconds (none when the program is read from the cache) are
+    # reported apart and left out of its tokens/s
     out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
-                                  progress=not args.no_progress, warmup=args.no_progress,
-                                  mesh=mesh)
+                                  progress=progress_mode(args), warmup=False, mesh=mesh)
     print(f"[{args.method}] compile {comp:.1f} s")
     _print_outputs(tokenizer, args.method, out, args.prompt, run_s)
     return 0

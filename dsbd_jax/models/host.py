@@ -10,9 +10,12 @@ shape and cached under ``$DSBD_JAX_CACHE`` (default ``~/.cache/dsbd_jax``):
   the logits stay float32, and so do warping, beam scores and verification. On hosts with fast
   16-bit products (AMX-BF16; accelerators) a 2-16-row product then costs about what one row
   does, at half the memory; on hosts without them it can be slower than float32. So ``"auto"``
-  times both on chained MLP product pairs of the model's shape at ``M`` = 1, 4, 16 rows
-  (:func:`measure_dtypes`) and takes bfloat16 only where it is ``GAIN`` faster in total and never
-  ``MARGIN`` slower at any ``M``; off the CPU (GPU, TPU) it is bfloat16; models whose MLP has
+  starts from the host's flags (:func:`prior_dtype`: bfloat16 where the CPU has AMX-BF16, else
+  float32) and times both dtypes on the passes the decoders run, at the model's shapes cut to
+  a few blocks (:func:`measure_dtypes`: one new token and a 12-node forest over a cache); the
+  other dtype wins only when it is ``DECISIVE`` faster over both passes together, a margin
+  that run-to-run noise does not cross, so the choice is the same on every run of a host. Off
+  the CPU (GPU, TPU) it is bfloat16; models whose MLP has
   under :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) stay
   float32 on the CPU. ``$DSBD_JAX_DTYPE``
   (``auto``, ``float32``, ``bfloat16``) forces one.
@@ -38,11 +41,10 @@ from typing import Dict, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from dsbd_jax.models import kernels
-from dsbd_jax.models.cpu_options import (choice, compiler_options, host_key, interleaved_min,
-                                         mlp_pairs, options_name, read_cache, write_cache)
+from dsbd_jax.models import kernels, pass_probe
+from dsbd_jax.models.cpu_options import (choice, cpu_flags, host_key, options_name, read_cache,
+                                         write_cache)
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -50,10 +52,10 @@ logger = logging.getLogger("dsbd_jax")
 ENV = "DSBD_JAX_DTYPE"
 AUTO = "auto"
 DTYPES = ("float32", "bfloat16")
-PROBE_ROWS = (1, 4, 16)
-PROBE_LAYERS, PROBE_REPEATS = 4, 5
-GAIN = 0.10    # bfloat16 must be 10% faster than float32 over PROBE_ROWS in total ...
-MARGIN = 0.05  # ... and never 5% slower at any M
+PROBE_ROWS = pass_probe.PROBE_ROWS        # new tokens per timed pass: a decode step, a forest
+PROBE_LAYERS = pass_probe.PROBE_LAYERS    # blocks of the cut model (its head cut alike)
+PROBE_REPEATS = 5
+DECISIVE = 0.20  # the dtype the flags do not suggest must be 20% faster over the passes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,62 +79,77 @@ def cache_file():
     return kernels.cache_file().with_name("host_dtype.json")
 
 
-def measure_dtypes(din: int, dout: int, rows=PROBE_ROWS, layers=PROBE_LAYERS,
+def prior_dtype(flags=None) -> tuple:
+    """``(dtype, why)`` the CPU's flags suggest (``cpu_options.cpu_flags``): bfloat16 with
+    AMX-BF16 (16-bit tile products: a forest costs about a token), else float32 (without AMX
+    the 16-bit products are no faster, and without AVX512-BF16 they are emulated)."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags:
+        return "bfloat16", "the CPU has AMX-BF16"
+    return "float32", "the CPU has no AMX-BF16"
+
+
+def measure_dtypes(config, rows=PROBE_ROWS, layers=PROBE_LAYERS,
                    repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
-    """``{dtype: {M: min seconds}}`` of ``layers`` chained MLP pairs ``[M, din] x [din, dout] x
-    [dout, din]`` (:func:`dsbd_jax.models.cpu_options.mlp_pairs`, the model's own products) in
-    float32 and in bfloat16, each in its own measured kernel form and compiled under that form's
+    """``{dtype: {tokens: min seconds}}`` of the forward passes of ``config`` cut to ``layers``
+    blocks (and its head cut alike; :func:`dsbd_jax.models.pass_probe.cut_config`) over
+    ``[1, tokens]`` new tokens for each of ``rows``, in float32 and in bfloat16, each dtype in
+    the kernel form ``load_model`` gives it on this host and compiled under that form's
     options, interleaved round by round."""
-    calls = {}
-    for dt in DTYPES:
-        form = kernels._choose_form(din, dout, dt)  # "plain" under MIN_ELEMENTS
-        chain, ups, downs = mlp_pairs(form, din, dout, layers, dt)
-        calls[dt] = (jax.jit(chain, compiler_options=compiler_options(form, dt)), ups, downs)
-    rng = np.random.default_rng(0)
-    best: Dict[str, Dict[int, float]] = {dt: {} for dt in calls}
-    for M in rows:
-        x = jnp.asarray(rng.standard_normal((M, din), np.float32))
-        t = interleaved_min({dt: functools.partial(f, x.astype(dt), us, ds)
-                             for dt, (f, us, ds) in calls.items()}, repeats)
-        for dt in calls:
-            best[dt][M] = t[dt]
-    return best
+    forms = {dt: kernels.choose_form(config.replace(dtype=dt), dt) for dt in DTYPES}
+    return pass_probe.time_passes(config, DTYPES, forms, rows=rows, layers=layers,
+                                  repeats=repeats)
 
 
-def pick_dtype(times: Mapping[str, Mapping[int, float]]) -> str:
-    """``"bfloat16"`` if its total over the probe rows is ``GAIN`` below float32's and it is
-    never ``MARGIN`` slower at any ``M``; else ``"float32"``."""
-    base, cand = times["float32"], times["bfloat16"]
-    total_ok = sum(cand.values()) < (1 - GAIN) * sum(base.values())
-    rows_ok = all(cand[m] <= (1 + MARGIN) * base[m] for m in base)
-    return "bfloat16" if total_ok and rows_ok else "float32"
+def pick_dtype(times: Mapping[str, Mapping[int, float]], prior: str) -> str:
+    """``prior``, unless the other dtype's passes take ``DECISIVE`` less time in total."""
+    other = "float32" if prior == "bfloat16" else "bfloat16"
+    total = {dt: sum(times[dt].values()) for dt in (prior, other)}
+    return other if total[other] < (1 - DECISIVE) * total[prior] else prior
 
 
-def dtype_key(din: int, dout: int) -> str:
-    """The cache key of a shape's dtype choice: the host, each form's options, the shape."""
-    return (f"dtype | {host_key()} | options plain {choice('plain')}, transposed "
-            f"{choice(TRANSPOSED)} | {din}x{dout}")
+def _shape(config) -> tuple:
+    return (config.hidden_size, config.intermediate_size, config.num_layers, config.num_heads,
+            config.num_kv_heads, config.head_dim, config.vocab_size,
+            bool(config.tie_word_embeddings))
+
+
+def dtype_key(config) -> str:
+    """The cache key of a model shape's dtype choice: the host (flags included), each form's
+    options, the shape."""
+    return (f"dtype by passes | {host_key()} | options plain {choice('plain')}, transposed "
+            f"{choice(TRANSPOSED)} | " + "x".join(str(int(v)) for v in _shape(config)))
+
+
+def _figures(times: Mapping, config) -> str:
+    n = pass_probe.cut_config(config).num_layers
+    ms = {d: " / ".join(f"{float(v):.2f}" for v in times[d].values()) for d in DTYPES}
+    return (f"passes of {n} of {config.num_layers} blocks over "
+            f"{' / '.join(str(t) for t in times['float32'])} new tokens: float32 "
+            f"{ms['float32']} ms, bfloat16 {ms['bfloat16']} ms; the other dtype must be "
+            f"{DECISIVE:.0%} faster")
 
 
 @functools.lru_cache(maxsize=None)
-def _choose_dtype(din: int, dout: int) -> tuple:
-    """``(dtype, how)`` for an MLP shape on this CPU host (cached; measured once)."""
-    key, cached = dtype_key(din, dout), read_cache(cache_file())
+def _choose_dtype(config) -> tuple:
+    """``(dtype, how)`` for a model shape on this CPU host (cached; measured once)."""
+    prior, why = prior_dtype()
+    key, cached = dtype_key(config), read_cache(cache_file())
     got = cached.get(key, {})
-    if got.get("choice") in DTYPES:
-        return got["choice"], f"cached in {cache_file()}"
-    times = measure_dtypes(din, dout)
-    dt = pick_dtype(times)
+    if got.get("choice") in DTYPES and set(got.get("min_ms", {})) == set(DTYPES):
+        return got["choice"], (f"{why}; {_figures(got['min_ms'], config)} "
+                                f"(cached in {cache_file()})")
+    times = measure_dtypes(config)
+    dt = pick_dtype(times, prior)
     error = write_cache(cache_file(), key, dt, times)
     where = f"written to {cache_file()}" if error is None else f"not cached ({error})"
-    ms = {d: "/".join(f"{1e3 * s:.2f}" for s in times[d].values()) for d in DTYPES}
-    return dt, (f"measured ({where}): MLP pairs at M={'/'.join(map(str, PROBE_ROWS))} take "
-                f"float32 {ms['float32']} ms, bfloat16 {ms['bfloat16']} ms")
+    ms = {d: {t: 1e3 * s for t, s in times[d].items()} for d in DTYPES}
+    return dt, f"{why}; {_figures(ms, config)} (measured, {where})"
 
 
 def choose_dtype(config) -> str:
     """``"float32"`` or ``"bfloat16"`` for ``config``'s shape on this host (module docstring).
-    Logged once per shape, with the figures when measured."""
+    Logged once per shape, with the figures."""
     return dtype_choice(config)[0]
 
 
@@ -147,18 +164,18 @@ def dtype_choice(config) -> tuple:
         return "bfloat16", f"{jax.default_backend()} backend"
     if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
         return "float32", "a small model (not bound by memory; exact float32 logits)"
-    return _logged(config.hidden_size, config.intermediate_size)
+    return _logged(config.replace(dtype="float32"))
 
 
 @functools.lru_cache(maxsize=None)
-def _logged(din: int, dout: int) -> tuple:
+def _logged(config) -> tuple:
     t0 = time.perf_counter()
-    dt, how = _choose_dtype(din, dout)
+    dt, how = _choose_dtype(config)
     note = "" if dt == "bfloat16" else (
-        "; bfloat16 products are not faster than float32 on this host, so models load in "
-        "float32 (dtype='bfloat16' or $DSBD_JAX_DTYPE=bfloat16 forces half the memory)")
-    logger.info("dtype for %dx%d models on this host: %s (%s, %.1f s)%s", din, dout, dt, how,
-                time.perf_counter() - t0, note)
+        "; models load in float32 (dtype='bfloat16' or $DSBD_JAX_DTYPE=bfloat16 forces half "
+        "the memory)")
+    logger.info("dtype for %dx%d models on this host: %s (%s, %.1f s)%s", config.hidden_size,
+                config.intermediate_size, dt, how, time.perf_counter() - t0, note)
     return dt, how
 
 

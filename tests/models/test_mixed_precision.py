@@ -110,13 +110,29 @@ def test_truncated_head_as_rows_with_prompt_rows():
 
 # ---------------------------------------------------------------------------------------------
 # the per-host dtype choice
-def test_pick_dtype():
-    f32 = {1: 1.0, 4: 1.0, 16: 1.0}
-    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.8, 4: 0.8, 16: 0.8}}) == "bfloat16"
-    # faster in total but 10% slower at one M: float32
-    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.5, 4: 0.5, 16: 1.1}}) == "float32"
-    # within the margin everywhere but not GAIN faster: float32
-    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.95, 4: 0.95, 16: 0.95}}) == "float32"
+def test_pick_dtype_keeps_the_flags_choice_unless_decisively_slower():
+    f32 = {1: 1.0, 12: 1.0}
+    # bfloat16 must be DECISIVE faster over both passes to displace a float32 prior ...
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.7, 12: 0.7}}, "float32") == "bfloat16"
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 0.85, 12: 0.85}}, "float32") == "float32"
+    # ... and float32 DECISIVE faster to displace a bfloat16 prior (an AMX host whose one-token
+    # pass is slower in bfloat16 but whose forest is much faster keeps bfloat16)
+    assert host.pick_dtype({"float32": {1: 193, 12: 453}, "bfloat16": {1: 265, 12: 237}},
+                           "bfloat16") == "bfloat16"
+    assert host.pick_dtype({"float32": f32, "bfloat16": {1: 1.5, 12: 1.5}}, "bfloat16") == "float32"
+    assert host.prior_dtype(("avx512f", "amx_tile", "amx_bf16"))[0] == "bfloat16"
+    assert host.prior_dtype(("avx512f", "avx512_bf16"))[0] == "float32"
+    assert host.prior_dtype(())[0] == "float32"
+
+
+def test_the_probe_cuts_layers_and_head_alike():
+    from dsbd_jax.models import pass_probe
+    config, _ = ref.toy_model(vocab=12)
+    big = config.replace(num_layers=28, vocab_size=151936, max_position_embeddings=64)
+    cut = pass_probe.cut_config(big, 4)
+    assert cut.num_layers == 4 and cut.vocab_size == round(151936 * 4 / 28)
+    assert cut.max_position_embeddings >= pass_probe.PROBE_SLOTS + max(pass_probe.PROBE_ROWS)
+    assert pass_probe.cut_config(config.replace(num_layers=2), 4).num_layers == 2
 
 
 def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
@@ -130,31 +146,50 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
     monkeypatch.delenv(host.ENV)
     assert host.choose_dtype(config) == "float32"  # a tiny model: not measured
     assert not host.cache_file().exists()
-    # a model past MIN_ELEMENTS is measured once, then read from the cache
+    # a model past MIN_ELEMENTS is measured once (its passes, both dtypes), then read back
     monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
     host._choose_dtype.cache_clear()
     host._logged.cache_clear()
     calls = []
     real = host.measure_dtypes
 
-    def counted(din, dout, **kw):
-        calls.append((din, dout))
-        return real(din, dout, rows=(1, 4), layers=1, repeats=1)
+    def counted(cfg, **kw):
+        calls.append(cfg.hidden_size)
+        return real(cfg, rows=(1, 3), layers=1, repeats=1)
     monkeypatch.setattr(host, "measure_dtypes", counted)
     mid = config.replace(hidden_size=128, intermediate_size=256)
-    first = host.choose_dtype(mid)
-    assert first in host.DTYPES and calls == [(128, 256)]
+    first, how = host.dtype_choice(mid)
+    assert first in host.DTYPES and calls == [128]
+    assert first == host.pick_dtype(
+        {d: {int(t): v for t, v in e.items()}
+         for d, e in json.loads(host.cache_file().read_text()).popitem()[1]["min_ms"].items()},
+        host.prior_dtype()[0])
+    assert "float32" in how and "bfloat16" in how and "measured" in how
     stored = json.loads(host.cache_file().read_text())
     (entry,) = stored.values()
     assert entry["choice"] == first and set(entry["min_ms"]) == {"float32", "bfloat16"}
     host._choose_dtype.cache_clear()
     host._logged.cache_clear()
-    assert host.choose_dtype(mid) == first and len(calls) == 1  # read back, not measured
+    again, how = host.dtype_choice(mid)
+    assert again == first and len(calls) == 1 and "cached" in how  # read back, with its figures
+    assert "bfloat16" in how
     plan = host.plan(mid, "bfloat16", form="transposed")
     assert plan.dtype == "bfloat16" and plan.head_transposed
     assert not host.plan(mid, "float32", form="transposed").head_transposed
     host._choose_dtype.cache_clear()
     host._logged.cache_clear()
+
+
+def test_another_host_never_reads_the_choice(monkeypatch, tmp_path):
+    """The dtype cache is keyed by the CPU's flags: the same entry does not answer for a host
+    whose flags differ (its prior differs too)."""
+    from dsbd_jax.models import cpu_options
+    config, _ = ref.toy_model(vocab=12)
+    mid = config.replace(hidden_size=128, intermediate_size=256)
+    monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f",))
+    a = host.dtype_key(mid)
+    monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f", "amx_tile", "amx_bf16"))
+    assert host.dtype_key(mid) != a
 
 
 def test_load_model_auto_dtype(tmp_path):

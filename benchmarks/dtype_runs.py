@@ -1,0 +1,90 @@
+"""Is ``dtype="auto"`` the same on every fresh run of a host? ``dsbd host`` N times, each with an
+empty cache folder (``DSBD_JAX_CACHE`` a new temporary folder: the kernel forms, the compiler
+options and the dtype are all measured again), for each model; records every run's choice and
+the figures it printed (``host.dtype_choice``'s pass timings).
+
+    .venv/bin/python benchmarks/dtype_runs.py --runs 5 --out results/dtype_runs.json  # ~10 min
+    .venv/bin/python benchmarks/dtype_runs.py --small --runs 2 --out /tmp/dtype_runs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+) \((?P<why>.*)\); kernels")
+
+
+def one_run(models, env_extra=None):
+    """``{model: (dtype, why)}`` and the wall seconds of one ``dsbd host`` with an empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "DSBD_JAX_CACHE": cache, "DSBD_JAX_COMPILATION_CACHE": "0",
+               **(env_extra or {})}
+        env.pop("DSBD_JAX_DTYPE", None)
+        args = [sys.executable, "-m", "dsbd_jax", "host"]
+        for m in models:
+            args += ["--model", m]
+        t0 = time.perf_counter()
+        r = subprocess.run(args, cwd=_ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"dsbd host: exit {r.returncode}\n{r.stderr[-2000:]}")
+    got = {}
+    for line in r.stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            got[m["model"]] = {"dtype": m["dtype"],
+                               "why": m["why"].replace(cache, "<fresh cache>")}
+    return got, wall
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--small", action="store_true",
+                    help="a tiny Hugging Face model made here (a check of the script: a model "
+                         "this small is float32 without a measurement)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    models, env = list(args.models), None
+    tmp = None
+    if args.small:
+        from dsbd_jax.testing import make_tiny_pair
+        tmp = tempfile.TemporaryDirectory()
+        t, _ = make_tiny_pair(tmp.name, seed=0)
+        models = [str(t)]
+    runs = []
+    for i in range(args.runs):
+        got, wall = one_run(models, env)
+        runs.append({"choices": got, "wall_s": round(wall, 1)})
+        print(f"run {i + 1}: " + ", ".join(f"{m} {c['dtype']}" for m, c in got.items())
+              + f" ({wall:.0f} s)", flush=True)
+    stable = {m: len({r["choices"][m]["dtype"] for r in runs}) == 1 for m in models}
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "models": [os.path.basename(m) if args.small else m for m in models],
+           "runs": runs, "same_on_every_run": stable}
+    if args.small:
+        for r in runs:
+            r["choices"] = {os.path.basename(k): v for k, v in r["choices"].items()}
+        out["same_on_every_run"] = {os.path.basename(k): v for k, v in stable.items()}
+    write_json(args.out, out)
+    print(f"same on every run: {out['same_on_every_run']}; wrote {args.out}")
+    if tmp is not None:
+        tmp.cleanup()
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""``dsbd generate`` keeps its decoder in JAX's compilation cache: with the default progress
+(elapsed seconds from the host) a second process reads every program back and writes nothing
+new; ``--progress tokens`` (a host callback inside the loop) compiles its decoder again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# runs `dsbd ARGS` with every program kept (MIN_COMPILE_S 0); reports jax's own count of cache
+# hits (its monitoring events) and the cache's entries after the run
+CHILD = r"""
+import json, sys
+from jax._src import monitoring
+hits = []
+monitoring.register_event_listener(
+    lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
+from dsbd_jax.models import compilation_cache
+compilation_cache.MIN_COMPILE_S = 0.0
+from dsbd_jax.cli import main
+rc = main(sys.argv[1:])
+import jax
+from pathlib import Path
+folder = Path(jax.config.jax_compilation_cache_dir)
+entries = sorted(p.name for p in folder.iterdir()) if folder and folder.exists() else []
+print(json.dumps({"rc": rc, "hits": len(hits), "entries": entries}))
+"""
+
+
+def generate(cache, pair, *extra):
+    t, d = pair
+    env = {**os.environ, "DSBD_JAX_CACHE": str(cache), "DSBD_JAX_COMPILATION_CACHE": "1",
+           "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    args = ["generate", "--target", str(t), "--draft", str(d), "--prompt", "hi", "--raw",
+            "--method", "spec", "--max-new-tokens", "3", *extra]
+    out = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["rc"] == 0, out.stderr[-3000:]
+    res["stderr"] = out.stderr
+    return res
+
+
+def test_a_second_generate_reads_its_decoder_back(bench_pair, tmp_path):
+    pair = bench_pair[:2]
+    first = generate(tmp_path, pair)
+    assert first["entries"], first                       # the programs were written
+    assert "spec: " in first["stderr"]                  # the elapsed-seconds line
+    second = generate(tmp_path, pair)
+    assert second["hits"] >= 1 and second["entries"] == first["entries"], second
+    tokens = generate(tmp_path, pair, "--progress", "tokens")
+    # the decoder with the in-loop callback is compiled, not read, and never written
+    assert tokens["hits"] < second["hits"], (tokens["hits"], second["hits"])
+    assert tokens["entries"] == first["entries"]
+    none = generate(tmp_path, pair, "--no-progress")     # the same program as the default
+    assert none["hits"] == second["hits"] and none["entries"] == first["entries"]
