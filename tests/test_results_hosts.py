@@ -78,7 +78,6 @@ LEGACY_WITHOUT_HOST = {
     "quality_cpu/summary.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "quick_cpu/records.jsonl": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "quick_cpu/summary.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "sharding/cpu8.json": "no machine block",
     "single_beam_fixed_width.json": "no cpu_flags",
     "single_beam_sweep.json": "no cpu_flags",
     "single_beam_sweep_8prompts.json": "no cpu_flags",
