@@ -81,7 +81,6 @@ LEGACY_WITHOUT_HOST = {
     "single_beam_fixed_width.json": "no cpu_flags",
     "single_beam_sweep.json": "no cpu_flags",
     "single_beam_sweep_8prompts.json": "no cpu_flags",
-    "soak/cpu_2core.json": "no cpu_flags",
     "speed.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed_bf16.json": "no cpu_flags",
     "split_products.json": "no cpu_flags",
