@@ -27,7 +27,6 @@ ABSOLUTE = re.compile(r"/(?:work|root|home|tmp)/")
 # records everything) or deleted; this list only shrinks. Reason per file: test_legacy_reasons.
 LEGACY_WITHOUT_HOST = {
     "aot_warmup.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "baselines.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "cpu_options.json": "no cpu_flags",
     "draft_levers_fkl.json": "no cpu_flags",
     "draft_terms.json": "no cpu_flags",
@@ -54,7 +53,6 @@ LEGACY_WITHOUT_HOST = {
     "matmul_quiet_cpu2.json": "no cpu_flags",
     "profile.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "profile_batch4.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "profile_dsbd.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "quality_cpu/records.jsonl": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "quality_cpu/report.json": "no machine block at the top",
     "quality_cpu/summary.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
@@ -66,7 +64,6 @@ LEGACY_WITHOUT_HOST = {
     "split_products_transposed.json": "no cpu_flags",
     "tied_head.json": "no cpu_flags",
     "tied_head_jax0112.json": "no cpu_flags",
-    "warp.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
 }
 
 # benchmarks that write JSON without calling machine_info() themselves: each copies the block
