@@ -26,7 +26,6 @@ ABSOLUTE = re.compile(r"/(?:work|root|home|tmp)/")
 # with a path of the measuring machine in them). Each is to be re-measured (its writer now
 # records everything) or deleted; this list only shrinks. Reason per file: test_legacy_reasons.
 LEGACY_WITHOUT_HOST = {
-    "aot_warmup.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "cpu_options.json": "no cpu_flags",
     "draft_levers_fkl.json": "no cpu_flags",
     "draft_terms.json": "no cpu_flags",
@@ -39,11 +38,8 @@ LEGACY_WITHOUT_HOST = {
     "forward_options.json": "no cpu_flags",
     "forward_transposed.json": "no cpu_flags",
     "forward_transposed_options.json": "no cpu_flags",
-    "gpu/NVIDIA_H100_80GB_HBM3.json": "no cpu_flags",
-    "gpu/NVIDIA_H100_80GB_HBM3_llama.json": "no cpu_flags",
     "host_dtype.json": "no machine block (a per-host dtype cache keyed by host)",
     "jax_side_by_side.json": "no machine block at the top (one per side)",
-    "jax_versions_cpu.json": "no machine block at the top (one per environment)",
     "jax_versions_cpu_after.json": "no machine block at the top (one per environment)",
     "kernel_transposed.json": "no cpu_flags",
     "kernel_transposed_options.json": "no cpu_flags",
@@ -52,12 +48,6 @@ LEGACY_WITHOUT_HOST = {
     "matmul_provisional.json": "no cpu_flags",
     "matmul_quiet_cpu2.json": "no cpu_flags",
     "profile.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "profile_batch4.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "quality_cpu/records.jsonl": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "quality_cpu/report.json": "no machine block at the top",
-    "quality_cpu/summary.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "quick_cpu/records.jsonl": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "quick_cpu/summary.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed_bf16.json": "no cpu_flags",
     "split_products.json": "no cpu_flags",
