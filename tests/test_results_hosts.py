@@ -26,34 +26,15 @@ ABSOLUTE = re.compile(r"/(?:work|root|home|tmp)/")
 # with a path of the measuring machine in them). Each is to be re-measured (its writer now
 # records everything) or deleted; this list only shrinks. Reason per file: test_legacy_reasons.
 LEGACY_WITHOUT_HOST = {
-    "cpu_options.json": "no cpu_flags",
     "draft_levers_fkl.json": "no cpu_flags",
     "draft_terms.json": "no cpu_flags",
     "forward.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "forward_bf16.json": "no cpu_flags",
-    "forward_blocks128.json": "no cpu_flags",
-    "forward_blocks64.json": "no cpu_flags",
-    "forward_blocks_auto.json": "no cpu_flags",
-    "forward_halves.json": "no cpu_flags",
-    "forward_options.json": "no cpu_flags",
-    "forward_transposed.json": "no cpu_flags",
-    "forward_transposed_options.json": "no cpu_flags",
     "host_dtype.json": "no machine block (a per-host dtype cache keyed by host)",
-    "jax_side_by_side.json": "no machine block at the top (one per side)",
-    "jax_versions_cpu_after.json": "no machine block at the top (one per environment)",
-    "kernel_transposed.json": "no cpu_flags",
-    "kernel_transposed_options.json": "no cpu_flags",
-    "matmul.json": "no cpu_flags",
     "matmul_bf16.json": "no cpu_flags",
-    "matmul_provisional.json": "no cpu_flags",
-    "matmul_quiet_cpu2.json": "no cpu_flags",
     "profile.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed_bf16.json": "no cpu_flags",
-    "split_products.json": "no cpu_flags",
-    "split_products_transposed.json": "no cpu_flags",
-    "tied_head.json": "no cpu_flags",
-    "tied_head_jax0112.json": "no cpu_flags",
 }
 
 # benchmarks that write JSON without calling machine_info() themselves: each copies the block
