@@ -26,9 +26,6 @@ ABSOLUTE = re.compile(r"/(?:work|root|home|tmp)/")
 # with a path of the measuring machine in them). Each is to be re-measured (its writer now
 # records everything) or deleted; this list only shrinks. Reason per file: test_legacy_reasons.
 LEGACY_WITHOUT_HOST = {
-    "forward_bf16.json": "no cpu_flags",
-    "host_dtype.json": "no machine block (a per-host dtype cache keyed by host)",
-    "matmul_bf16.json": "no cpu_flags",
     "speed.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
     "speed_bf16.json": "no cpu_flags",
 }
