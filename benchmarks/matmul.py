@@ -22,11 +22,9 @@ bfloat16, float32 accumulation and result, one row padded to two: what a bfloat1
 ``jax out_in bf16 one-row`` (the same without the padding), ``jax in_out bf16 bf16-out`` (a
 bfloat16 result, Flax ``Dense``'s product) and ``torch bf16`` (weights and input in bfloat16).
 
-**Caveat (measured):** the ``--layers`` products of one call are independent, and XLA:CPU runs
+**Caveat:** the ``--layers`` products of one call are independent, and XLA:CPU runs
 independent products side by side. That flatters variants whose products are single-threaded
-(the blocked ones: width 64 looked 1.7x faster than ``[in, out]`` at M = 4 for 28 independent
-8960x1536 products, while a whole forward pass with the same blocks was 1.18x slower at 4 rows,
-``results/forward_blocks64.json``). ``benchmarks/forward.py`` is the arbiter;
+(the blocked ones: a gain here need not survive a whole forward pass with the same blocks). ``benchmarks/forward.py`` is the arbiter;
 ``dsbd_jax.models.kernels.measure`` chains its products for that reason.
 
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the

@@ -1,7 +1,7 @@
 """Markdown tables of a quality run (``dsbd bench configs/quality_cpu.yaml``) for ``docs/results/quality.md``,
 finished or not.
 
-    python benchmarks/quality_report.py results/quality_cpu [--out results/quality_cpu/report.md]
+    python benchmarks/quality_report.py runs/quality_cpu [--out runs/quality_cpu/report.md]
 
 From the records alone (``dsbd_jax.eval.summary.summary_of``), it writes:
 

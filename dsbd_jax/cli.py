@@ -2,9 +2,9 @@
 
     dsbd demo                                    # DSBD vs beam sampling on the default offline pair
     dsbd generate --prompt "..." [--method dsbd|beam|sample|spec|tree|beam_search] [settings]
-    dsbd bench configs/quick_cpu.yaml --out results/quick_cpu
-    dsbd plot results/quick_cpu/records.jsonl
-    dsbd summary results/quick_cpu               # the summary of a run, finished or not
+    dsbd bench configs/quick_cpu.yaml --out runs/quick_cpu
+    dsbd plot runs/quick_cpu/records.jsonl
+    dsbd summary runs/quick_cpu               # the summary of a run, finished or not
     dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
     dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
     dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k

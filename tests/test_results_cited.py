@@ -3,7 +3,7 @@ the documentation cites exists.
 
 The documentation is README.md, docs/**/*.md and benchmarks/README.md. A file counts as cited
 when its path appears, when a cited pattern with ``*`` matches it (``results/forward*.json``),
-or when its run directory is cited (``results/quality_cpu/``: the directory ``dsbd bench``
+or when its run directory is cited (``results/<run>/``: a directory ``dsbd bench``
 writes). A figure without its JSON, or a JSON nobody can find from the docs, fails here."""
 
 import fnmatch

@@ -5,8 +5,8 @@ The harness (``dsbd bench CONFIG``: methods x settings x prompts from one config
 :func:`prompt_keys`), :mod:`.run` (:func:`.run.run_bench`), :mod:`.records` (the JSON lines and
 resuming) and :mod:`.summary` (rows, comparisons, paired differences).
 
-    dsbd bench configs/quick_cpu.yaml --out results/quick_cpu      # or python -m dsbd_jax bench
-    dsbd plot results/quick_cpu/records.jsonl
+    dsbd bench configs/quick_cpu.yaml --out runs/quick_cpu      # or python -m dsbd_jax bench
+    dsbd plot runs/quick_cpu/records.jsonl
 
 Config file (YAML; see ``configs/quick_cpu.yaml``)::
 

@@ -1,7 +1,7 @@
 """Figures of a benchmark run (``records.jsonl`` of :func:`.run.run_bench`), as in the paper's
 Figure 4: one marker per method setting, and the Pareto fronts of DSBD and of beam sampling.
 
-    plot_results("results/quick_cpu/records.jsonl")   # CLI: dsbd plot results/quick_cpu
+    plot_results("runs/quick_cpu/records.jsonl")   # CLI: dsbd plot runs/quick_cpu
 
 writes ``speed_vs_quality``, ``energy_vs_quality`` and ``width_vs_speed`` (PNG and SVG) next to the
 records (a figure with nothing to draw, e.g. energy without counters, is not written: ``log``

@@ -69,7 +69,7 @@ SAME_BITS = ("default", "single_thread_eigen")
 # every weight to a float32 copy, and a program with a decode loop keeps those copies as
 # temporaries, 1.5x the parameters' bytes) and a vocabulary head stored as [V, d] rows, e.g. a
 # tied head (2-5 rows take 25x, 8-16 rows 3x the time of XLA's own product:
-# results/tied_head.json)
+# benchmarks/tied_head.py)
 EIGEN_PRODUCTS = ("eigen_dot",)
 # the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
 # [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
@@ -78,7 +78,7 @@ PROBE_IN, PROBE_OUT, PROBE_LAYERS, PROBE_REPEATS = 1536, 8960, 4, 7
 MARGIN = 0.05  # a candidate replaces "default" only if >= 5% faster in total, never 5% slower
 # the stored forms of projection kernels (dsbd_jax.models.products): each form has its own
 # choice, measured on its own products (on the 2-core host, plain kernels run fastest on Eigen,
-# transposed kernels on XLA's default YNNPACK: results/forward_transposed_options.json)
+# transposed kernels on XLA's default YNNPACK: benchmarks/forward.py --options)
 PLAIN = "plain"
 FORMS = (PLAIN, TRANSPOSED)
 

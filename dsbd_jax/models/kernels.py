@@ -40,9 +40,8 @@ sums run in another order).
   its own options, on a model's MLP shape (chained pairs at ``M = 1, 4, 16``; transposed only
   if ``GAIN`` faster in total and never ``MARGIN`` slower), cached per host and shape;
   ``load_model(..., kernel_blocks="measured")``, the default, applies it. On the 2-core host
-  it picks transposed: the 1.5B forward takes 0.64-0.82x the plain kernels' time at 1-16 rows
-  and every decoder runs faster (``results/forward_transposed_options.json``,
-  ``results/kernel_transposed_options.json``).
+  it picks transposed (``benchmarks/forward.py`` and ``benchmarks/kernel_blocks.py`` measure the
+  forward passes and the decoders in both forms).
 
 **Blocked kernels are opt-in.** ``load_model(..., kernel_blocks="auto")`` applies
 :func:`choose_blocks` on the CPU; on the one host measured so far (2-core AVX-512) blocks made
@@ -78,7 +77,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 # two blocks of half the output columns each (the width depends on the shape): a forced choice
 # only (DSBD_JAX_KERNEL_BLOCKS=halves, load_model(kernel_blocks="halves")); its products are
 # faster chained at M = 1..16 but the whole 1.5B forward got 1.22x slower at one token and no
-# faster elsewhere (results/forward_halves.json), so the measurement does not offer it
+# faster elsewhere (benchmarks/forward.py --blocks halves), so the measurement does not offer it
 HALVES = "halves"
 CANDIDATES = (0, 32, 64, 128)
 PROBE_ROWS = (1, 4, 16)

@@ -22,11 +22,9 @@ Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
   ``params["layers"]`` and run with ``nn.scan``; compile time does not grow with depth. The
   default on TPU (not measured there).
 * ``"per_layer"``: block ``i`` has its own arrays under ``params["layers_{i}"]`` and the layer loop
-  is unrolled. A stacked layer's weight slice is copied before its matmul, on XLA:CPU (the
-  forward streams weights at about a third of the bandwidth) and on an H100 alike (a
-  Llama-3.1-8B-shaped one-token pass in bfloat16: 16.7 ms stacked, 7.3 ms per layer; compile
-  2.3 s and 3.5 s; ``results/gpu/NVIDIA_H100_80GB_HBM3_llama.json``), so this is the default on
-  CPU and GPU.
+  is unrolled. A stacked layer's weight slice is copied before its matmul, on XLA:CPU and on
+  an H100 alike (``benchmarks/forward.py`` and ``benchmarks/accelerator.py`` measure both
+  layouts), so this is the default on CPU and GPU.
 
 :func:`default_layout` picks by backend; :func:`convert_layout` converts a tree between them
 (the logits are the same, see ``tests/models/test_model_parity.py``).

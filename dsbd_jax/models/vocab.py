@@ -77,7 +77,7 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
     One row (``h`` holds one vector: a one-token step at batch 1) is computed with the
     embedding as the left operand, ``E h^T``. XLA:CPU runs ``h E^T`` for one row 1.1x (jaxlib
     0.10.2) to 5.0x (0.11.2) slower than ``E h^T`` at the 0.5B draft's 151,936 x 896 head
-    (``benchmarks/tied_head.py``, ``results/tied_head.json``). Both orders give the same
+    (``benchmarks/tied_head.py``). Both orders give the same
     product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
     full tied head and by a truncated tied head (:func:`truncated_logits`), so a truncated
     head with every row reproduces the full logits bit for bit.
