@@ -15,7 +15,7 @@ weights:
 3. **memory**: parameter bytes, KV-cache bytes of each decoder, the compiled program's temporary
    bytes (``memory_analysis``) and the device's peak (``memory_stats``, where the backend has it).
 4. **projection** (labelled so everywhere): tokens/s = tokens per iteration measured on the CPU
-   with the real pair (``--tokens-per-iteration``, default ``results/speed.json``: it depends on
+   with the real pair (``--tokens-per-iteration``, default ``results/speed_float32_host.json``: it depends on
    the models, not the hardware) / the cost per iteration measured here; and each method's
    ratio to beam sampling W=4.
 5. **a draft head** (``--head-rows``, default 32,768; 0: none): a random feature-level head of
@@ -87,7 +87,7 @@ FORWARD_SHAPES = {"1 token": (1, 1), "4 rows": (4, 1), "16 rows": (16, 1), "fore
                   "forest 16": (1, 16)}
 GAMMA, WIDTH = 4, 4
 DSBD = dict(gamma=2, draft_width=4, threshold=0.7, min_width=2, max_width=4)
-METHODS = {  # name in results/speed.json: (method, settings)
+METHODS = {  # name in a speed.py JSON: (method, settings)
     "sample": ("sample", {}),
     "beam_sample_W4": ("beam", dict(num_beams=WIDTH)),
     f"speculative_g{GAMMA}": ("spec", dict(gamma=GAMMA)),
@@ -320,7 +320,7 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=420.0)
-    ap.add_argument("--tokens-per-iteration", default=os.path.join(_ROOT, "results/speed.json"))
+    ap.add_argument("--tokens-per-iteration", default=os.path.join(_ROOT, "results/speed_float32_host.json"))
     ap.add_argument("--head-rows", type=int, default=32768,
                     help="a random draft head with this many vocabulary rows, timed as a draft "
                          "(0: no head)")

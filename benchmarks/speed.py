@@ -5,7 +5,8 @@ Ours: sample, beam sampling W = 2 and 4, speculative sampling (gamma 4) and DSBD
 W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
 (``do_sample=True, num_beams=W``) on the same weights, prompts and warping (top-k 10, top-p 0.8).
 
-    .venv/bin/python benchmarks/speed.py --prompts 2 --max-new-tokens 128 --out results/speed.json
+    .venv/bin/python benchmarks/speed.py --prompts 4 --max-new-tokens 64 --dsbd 2,4,0.7,2 \
+        3,2,0.9,1,sb --widths 4 --dtypes float32 --out results/speed_float32_host.json
 
 ``--dtypes float32 bfloat16`` runs the whole table once per dtype, ours (``load_model(dtype=)``:
 bfloat16 weights and cache, mixed-precision products) and transformers (the model in that torch

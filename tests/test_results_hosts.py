@@ -25,10 +25,7 @@ ABSOLUTE = re.compile(r"/(?:work|root|home|tmp)/")
 # Results written before their writers recorded the whole host (or, for a few, any host, or
 # with a path of the measuring machine in them). Each is to be re-measured (its writer now
 # records everything) or deleted; this list only shrinks. Reason per file: test_legacy_reasons.
-LEGACY_WITHOUT_HOST = {
-    "speed.json": "no cpu_model, cpu_flags, jaxlib, xla_flags",
-    "speed_bf16.json": "no cpu_flags",
-}
+LEGACY_WITHOUT_HOST = {}  # empty: every committed result records its whole host
 
 # benchmarks that write JSON without calling machine_info() themselves: each copies the block
 # that the processes it ran (or the records it reports on) wrote, by this expression
