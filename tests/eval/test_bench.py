@@ -244,10 +244,11 @@ def run_cli(capsys, *argv):
 def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     t, d = str(pair[0]), str(pair[1])
     code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
-                             "--max-new-tokens", "5", "--no-eos", "--beams", "2")
+                             "--max-new-tokens", "5", "--no-eos", "--beams", "2",
+                             "--progress", "tokens")
     assert code == 0, err
     assert "best beam" in out and "log-lik" in out and "tokens/s" in out
-    assert "accepted/layer" in err and "5/5" in err  # the progress bar (stderr)
+    assert "accepted/layer" in err and "5/5" in err  # the token bar (stderr)
     # one tokens/s figure per run (README): in the summary line only, not in the bar
     assert out.count("tokens/s") == 1 and "tok/s" not in err and "tokens/s" not in err
     assert "loading target" in err and "loaded draft" in err  # status lines with timing
