@@ -645,8 +645,8 @@ def cmd_generate(args) -> int:
     mesh = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
     configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
     target, draft = load_models(args, configs)
-    # one run: its compile seconds (none when the program is read from the cache) are
-    # reported apart and left out of its tokens/s
+    # one run: its compile seconds (tracing and lowering, then compiling the program or reading
+    # it back from the cache) are reported apart and left out of its tokens/s
     out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
                                   progress=progress_mode(args), warmup=False, mesh=mesh)
     print(f"[{args.method}] compile {comp:.1f} s")

@@ -3,8 +3,8 @@
 The probe behind ``dtype="auto"`` (:func:`dsbd_jax.models.host.dtype_choice`): a model cut to a
 few of its blocks, with its vocabulary head cut by the same fraction (so the head keeps its
 share of a pass), timed on the passes every drafted decoder runs: one new token (a decode step)
-and a forest of new tokens (a DSBD forest, a speculative chain), over a cache. ``benchmarks/
-pass_floor.py`` builds its weights with :func:`random_params` too.
+and a forest of new tokens (a DSBD forest, a speculative chain), over a cache.
+``benchmarks/pass_floor.py`` builds its weights with :func:`random_params` too.
 """
 
 from __future__ import annotations
