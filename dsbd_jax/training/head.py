@@ -6,18 +6,28 @@
     target: qwen2.5-coder-1.5b-instruct     # preset, HF directory, hub id or .gguf
     dtype: float32
     run_dir: runs/head_qwen                 # default runs/<name>; resumable
-    train_texts:   [{task: gsm8k, start: 40, stop: 440}, {task: humaneval, start: 40, stop: 130}]
-    heldout_texts: [{task: gsm8k, start: 1290, stop: 1319}]
+    train_rollouts:   [{task: gsm8k, start: 40, stop: 120}, {task: humaneval, start: 40, stop: 100}]
+    heldout_rollouts: [{task: gsm8k, start: 1300, stop: 1310}]
+    rollout_tokens: 96                      # the target's continuation of each prompt
+    max_prompt_tokens: 192                  # drop longer prompts (after the chat template)
     head: {intermediate_size: 2048, feature_layers: [], init: target_last,
            vocab_rows: 32768, vocab_table: qwen2.5-coder-0.5b-instruct}   # a truncated head
     train: {steps: 300, batch_size: 4, ...}  # HeadTrainConfig fields
 
-**Data** (what the target scores, never an evaluation prompt): each text is a task's prompt
-(chat template, as the benchmarks send it) followed by the dataset's own answer (GSM8K's worked
-solution, HumanEval's canonical solution) as the assistant's turn. The target runs ONE pass over
-each text and stores, per position, its features (what the head reads) and its warped
-next-token distribution (temperature / top-k / top-p of the recipe: at most ``store_k``
-tokens; warped top-k 10 keeps 10). Stored once in ``RUN/data.npz``.
+**Data** (what the target writes or scores, never an evaluation prompt), from two sources, each
+for training and held out:
+
+* ``*_rollouts``: the target's own continuations (``rollout_tokens`` sampled with the recipe's
+  warping, ``rollout_batch`` prompts at a time) of a task's prompts, sent as the benchmarks send
+  them (chat template). The loss and the acceptance count over the continuation only: the text
+  the head drafts while decoding.
+* ``*_texts``: a task's prompt followed by the dataset's own answer (GSM8K's worked solution,
+  HumanEval's canonical solution) as the assistant's turn; every position counts.
+
+The target then runs ONE pass over each text and stores, per position, its features (what the
+head reads) and, where the loss counts, its warped next-token distribution (temperature / top-k /
+top-p of the recipe: at most ``store_k`` tokens; warped top-k 10 keeps 10). Stored once in
+``RUN/data.npz``; texts are cut to ``max_tokens``.
 
 **Loss** per position ``j`` (the head reads ``x_j`` and the feature of ``j - 1``):
 
@@ -57,8 +67,9 @@ from dsbd_jax.models.llama import causal_mask, convert_layout, forward
 
 logger = logging.getLogger("dsbd_jax")
 
-KEYS = ("name", "target", "dtype", "run_dir", "train_texts", "heldout_texts", "head", "train",
-        "save_as", "max_tokens")
+KEYS = ("name", "target", "dtype", "run_dir", "train_texts", "heldout_texts", "train_rollouts",
+        "heldout_rollouts", "rollout_tokens", "rollout_batch", "max_prompt_tokens", "head",
+        "train", "save_as", "max_tokens")
 HEAD_KEYS = ("intermediate_size", "feature_layers", "vocab_rows", "vocab_table", "init")
 INITS = ("random", "target_last")
 
@@ -109,9 +120,15 @@ def load_recipe(path) -> Dict[str, Any]:
     unknown = sorted(set(r) - set(KEYS))
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; allowed: {list(KEYS)}")
-    for k in ("target", "train_texts", "heldout_texts"):
-        if not r.get(k):
-            raise ValueError(f"{path}: '{k}' is required")
+    if not r.get("target"):
+        raise ValueError(f"{path}: 'target' is required")
+    for part in ("train", "heldout"):
+        if not (r.get(f"{part}_texts") or r.get(f"{part}_rollouts")):
+            raise ValueError(f"{path}: '{part}_texts' or '{part}_rollouts' is required")
+    for k, default in (("rollout_tokens", 96), ("rollout_batch", 4), ("max_prompt_tokens", None)):
+        v = r.setdefault(k, default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{path}: {k} must be a positive integer, got {v!r}")
     head = dict(r.get("head") or {})
     bad = sorted(set(head) - set(HEAD_KEYS))
     if bad:
@@ -168,12 +185,57 @@ def warped_topk(logits, cfg: HeadTrainConfig):
     return ids.astype(jnp.int32), jnp.exp(vals)
 
 
+def rollouts_of(target_config, target_params, tokenizer, specs, cfg: HeadTrainConfig,
+                new_tokens: int, batch: int, max_prompt_tokens: Optional[int], key,
+                progress: bool = True):
+    """The target's own continuations: each prompt of ``specs`` (task slices, sent as the
+    benchmarks send them) continued by the target for ``new_tokens`` tokens, sampled with the
+    recipe's warping, ``batch`` prompts at a time. Returns ``(token lists, loss_from)``: prompt
+    plus continuation, and the index of the position that predicts the first continuation token
+    (the loss and the acceptance count from there). Prompts longer than ``max_prompt_tokens``
+    are dropped."""
+    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.eval.datasets import encode_chat
+    from dsbd_jax.training.recipe import cap_prompts, prompt_texts
+    prompts = cap_prompts(encode_chat(tokenizer, prompt_texts(specs)), max_prompt_tokens)
+    if not prompts:
+        raise ValueError(f"no prompt of {specs} is at most max_prompt_tokens="
+                         f"{max_prompt_tokens} tokens long")
+    dc = DecodeConfig(target=target_config, max_new_tokens=new_tokens,
+                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                      eos_token_id=target_config.eos_token_id)
+    P = bucket_length(max(len(p) for p in prompts))
+    texts, loss_from = [], []
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        chunk = list(prompts[i:i + batch])
+        n = len(chunk)
+        chunk += [chunk[-1]] * (batch - n)      # one program for every batch
+        ids, lens = pad_prompts(chunk, length=P)
+        res = sample(target_params, ids, jax.random.fold_in(key, i), dc, prompt_lengths=lens)
+        seqs, clen = np.asarray(res.sequences[:, 0]), np.asarray(res.lengths[:, 0])
+        for r in range(n):
+            texts.append([int(t) for t in chunk[r]] + [int(t) for t in seqs[r, :clen[r]]])
+            loss_from.append(len(chunk[r]) - 1)
+        if progress:
+            print(f"train-head: target rollouts {min(i + batch, len(prompts))}/{len(prompts)} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return texts, loss_from
+
+
 def prepare_data(target_config, target_params, texts: List[List[int]], feature_layers,
-                 cfg: HeadTrainConfig, max_tokens: int, progress: bool = True) -> Dict[str, np.ndarray]:
-    """``{"tokens" [n, T], "lengths" [n], "feats" [n, T, F], "ids"/"probs" [n, T, k]}`` (float32
-    features): the target's features and warped top-k at every position of every text."""
+                 cfg: HeadTrainConfig, max_tokens: int, progress: bool = True,
+                 loss_from: Optional[List[int]] = None) -> Dict[str, np.ndarray]:
+    """The target's features and warped top-k for every text, from one pass each (float32
+    features): ``tokens [n, T]``, ``lengths [n]``, ``feats [n, T, F]``; and at the ``N``
+    positions whose predictions count (from ``loss_from[i]``, default 0, to the text's end):
+    ``pos [n, N]`` (indices into ``T``), ``mask [n, N]`` and the target's ``ids`` / ``probs
+    [n, N, k]``. Texts are cut to ``max_tokens``."""
     T = max(8, min(max_tokens, max(len(t) for t in texts)))
     texts = [t[:T] for t in texts]
+    loss_from = [0] * len(texts) if loss_from is None else [min(int(f), T - 1) for f in loss_from]
+    N = max(1, max(len(t) - 1 - f for t, f in zip(texts, loss_from)))
     params = target_params if not feature_layers else convert_layout(target_params, "per_layer")
 
     @jax.jit
@@ -187,18 +249,24 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
         return feats[0], ids, probs
 
     n = len(texts)
-    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32)}
+    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32),
+           "pos": np.zeros((n, N), np.int32), "mask": np.zeros((n, N), bool)}
     t0 = time.perf_counter()
-    for i, t in enumerate(texts):
+    for i, (t, f0) in enumerate(zip(texts, loss_from)):
         toks = np.zeros((T,), np.int32)
         toks[:len(t)] = t
         f, ids, probs = jax.device_get(one(params, jnp.asarray(toks), jnp.int32(len(t))))
         if i == 0:
             out["feats"] = np.zeros((n, T, f.shape[-1]), np.float32)
-            out["ids"] = np.zeros((n, T, cfg.store_k), np.int32)
-            out["probs"] = np.zeros((n, T, cfg.store_k), np.float32)
+            out["ids"] = np.zeros((n, N, cfg.store_k), np.int32)
+            out["probs"] = np.zeros((n, N, cfg.store_k), np.float32)
+        j = f0 + np.arange(N)
+        # position j predicts token j + 1: it counts where j + 1 < length
+        out["mask"][i] = j < len(t) - 1
+        out["pos"][i] = np.minimum(j, T - 1)
         out["tokens"][i], out["lengths"][i] = toks, len(t)
-        out["feats"][i], out["ids"][i], out["probs"][i] = f, ids, probs
+        out["feats"][i] = f
+        out["ids"][i], out["probs"][i] = ids[out["pos"][i]], probs[out["pos"][i]]
         if progress and (i + 1) % max(1, n // 10) == 0:
             print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
@@ -220,23 +288,26 @@ def head_losses(hc: mhead.HeadConfig, params, target_params, batch, cfg: HeadTra
     B, T = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = causal_mask(batch["lengths"], T)
-    # position j predicts token j + 1: valid where j + 1 < length
-    valid = (jnp.arange(T)[None] < batch["lengths"][:, None] - 1).astype(jnp.float32)
+    at = batch["pos"]                                  # [B, N]: the positions that count
+    valid = batch["mask"].astype(jnp.float32)
     n = jnp.maximum(jnp.sum(valid), 1.0)
     tfeat = mhead.target_features(hc, params, batch["feats"])             # [B, T, d]
     feats = mhead.features_of_prompt(tfeat)
+    tfeat_at = jnp.take_along_axis(tfeat, at[..., None], axis=1)
     total = 0.0
     metrics = {}
     p = batch["probs"]
     for k in range(cfg.unroll):
-        logits, _, out = mhead.forward(hc, params, target_params, tokens, feats, pos, mask)
+        logits, _, out = mhead.forward(hc, params, target_params, tokens, feats, pos, mask,
+                                       logits_at=at)
         logq = jax.nn.log_softmax(logits, axis=-1)
         logq_t = jnp.maximum(jnp.take_along_axis(logq, batch["ids"], axis=-1), -30.0)
         kl = jnp.sum(p * (jnp.log(jnp.maximum(p, 1e-30)) - logq_t), axis=-1)
         kl = jnp.sum(kl * valid) / n
         loss = kl
         if not hc.feature_layers and cfg.feature_weight:
-            fl = jnp.sum(jnp.mean(_smooth_l1(out - tfeat), axis=-1) * valid) / n
+            out_at = jnp.take_along_axis(out, at[..., None], axis=1)
+            fl = jnp.sum(jnp.mean(_smooth_l1(out_at - tfeat_at), axis=-1) * valid) / n
             loss = loss + cfg.feature_weight * fl
             metrics[f"feature_{k + 1}"] = fl
         lw = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
@@ -499,17 +570,30 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
         z = np.load(data_path)
         train_data = {k[6:]: z[k] for k in z.files if k.startswith("train_")}
         held_data = {k[5:]: z[k] for k in z.files if k.startswith("held_")}
+        if "pos" not in train_data:
+            raise ValueError(f"{data_path} was written by an older dsbd-jax (no 'pos'): delete "
+                             f"it, and {run_dir / 'checkpoint.msgpack'}, to score the data again")
     else:
         tok = target.tokenizer
-        train_texts = texts_of(tok, r["train_texts"])
-        held_texts = texts_of(tok, r["heldout_texts"])
+        splits = {}
+        for part in ("train", "heldout"):
+            texts = texts_of(tok, r.get(f"{part}_texts") or [])
+            loss_from = [0] * len(texts)
+            if r.get(f"{part}_rollouts"):
+                ro, lf = rollouts_of(target.config, target.params, tok, r[f"{part}_rollouts"], cfg,
+                                     r["rollout_tokens"], r["rollout_batch"],
+                                     r["max_prompt_tokens"],
+                                     jax.random.PRNGKey(cfg.seed + (part == "heldout")),
+                                     progress)
+                texts, loss_from = texts + ro, loss_from + lf
+            splits[part] = (texts, loss_from)
         if progress:
-            print(f"train-head: {len(train_texts)} training and {len(held_texts)} held-out texts; "
-                  f"one target pass each", flush=True)
-        train_data = prepare_data(target.config, target.params, train_texts, hc.feature_layers,
-                                  cfg, r["max_tokens"], progress)
-        held_data = prepare_data(target.config, target.params, held_texts, hc.feature_layers,
-                                 cfg, r["max_tokens"], progress)
+            print(f"train-head: {len(splits['train'][0])} training and "
+                  f"{len(splits['heldout'][0])} held-out texts; one target pass each", flush=True)
+        train_data, held_data = (
+            prepare_data(target.config, target.params, texts, hc.feature_layers, cfg,
+                         r["max_tokens"], progress, loss_from)
+            for texts, loss_from in (splits["train"], splits["heldout"]))
         np.savez(data_path, **{f"train_{k}": v for k, v in train_data.items()},
                  **{f"held_{k}": v for k, v in held_data.items()})
     key = jax.random.PRNGKey(cfg.seed)
@@ -531,7 +615,9 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
     if res["step"] == cfg.steps:
         last = res["log"][-1] if res["log"] else {}
         meta = {"recipe": r["name"], "target": str(r["target"]), "steps": cfg.steps,
-                "data": {"train_texts": r["train_texts"], "heldout_texts": r["heldout_texts"]},
+                "data": {k: r.get(k) for k in ("train_texts", "heldout_texts", "train_rollouts",
+                                               "heldout_rollouts", "rollout_tokens")
+                         if r.get(k) is not None},
                 "heldout_acceptance_1": last.get("heldout_acceptance_1"),
                 "heldout_acceptance_2": last.get("heldout_acceptance_2"),
                 "wall_s_this_run": time.perf_counter() - t_start}
