@@ -63,7 +63,11 @@ import optax
 import yaml
 
 from dsbd_jax.models import head as mhead
-from dsbd_jax.models.llama import causal_mask, convert_layout, forward
+from dsbd_jax.models.llama import causal_mask
+from dsbd_jax.training.head_registry import (  # noqa: F401
+    cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, recipes_for,
+    register, trained_heads)
+from dsbd_jax.training.head_data import prepare_data, rollouts_of, texts_of, warped_topk  # noqa: F401
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -107,11 +111,6 @@ class HeadTrainConfig:
 
 # ---------------------------------------------------------------------------------------------
 # recipe
-def cache_dir_of_heads() -> Path:
-    from dsbd_jax.models.presets import cache_root
-    return cache_root() / "heads"
-
-
 def load_recipe(path) -> Dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -149,128 +148,6 @@ def load_recipe(path) -> Dict[str, Any]:
     if "/" in str(r["save_as"]) or not str(r["save_as"]).strip():
         raise ValueError(f"{path}: save_as must be a plain name, got {r['save_as']!r}")
     return r
-
-
-def texts_of(tokenizer, specs: List[Dict[str, Any]]) -> List[List[int]]:
-    """Token ids of ``prompt (chat template) + the dataset's answer`` for each spec slice."""
-    from dsbd_jax.eval.datasets import chat_prompt, load
-    out = []
-    for s in specs:
-        if "task" not in s:
-            raise ValueError(f"a text source is {{task, start, stop}}, got {s}")
-        task, start, stop = s["task"], int(s.get("start", 0)), s.get("stop")
-        field = {"gsm8k": "answer", "humaneval": "canonical_solution"}.get(task)
-        if field is None:
-            raise ValueError(f"head training texts come from gsm8k or humaneval, got {task!r}")
-        records = load(task, None if stop is None else int(stop))[start:]
-        for rec in records:
-            messages = [{"role": "user", "content": chat_prompt(task, rec)},
-                        {"role": "assistant", "content": rec[field]}]
-            if getattr(tokenizer, "chat_template", None):
-                ids = tokenizer.apply_chat_template(messages, tokenize=True)
-                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-            else:
-                ids = tokenizer.encode(messages[0]["content"] + "\n" + messages[1]["content"])
-            out.append([int(t) for t in ids])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# data: one target pass per text
-def warped_topk(logits, cfg: HeadTrainConfig):
-    """The warped distribution's ``store_k`` largest entries: ``(ids, probs)`` ``[..., k]``."""
-    from dsbd_jax.decoding.warping import warp_logits
-    lw = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-    vals, ids = jax.lax.top_k(lw, cfg.store_k)
-    return ids.astype(jnp.int32), jnp.exp(vals)
-
-
-def rollouts_of(target_config, target_params, tokenizer, specs, cfg: HeadTrainConfig,
-                new_tokens: int, batch: int, max_prompt_tokens: Optional[int], key,
-                progress: bool = True):
-    """The target's own continuations: each prompt of ``specs`` (task slices, sent as the
-    benchmarks send them) continued by the target for ``new_tokens`` tokens, sampled with the
-    recipe's warping, ``batch`` prompts at a time. Returns ``(token lists, loss_from)``: prompt
-    plus continuation, and the index of the position that predicts the first continuation token
-    (the loss and the acceptance count from there). Prompts longer than ``max_prompt_tokens``
-    are dropped."""
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
-    from dsbd_jax.decoding.sampling import sample
-    from dsbd_jax.eval.datasets import encode_chat
-    from dsbd_jax.training.recipe import cap_prompts, prompt_texts
-    prompts = cap_prompts(encode_chat(tokenizer, prompt_texts(specs)), max_prompt_tokens)
-    if not prompts:
-        raise ValueError(f"no prompt of {specs} is at most max_prompt_tokens="
-                         f"{max_prompt_tokens} tokens long")
-    dc = DecodeConfig(target=target_config, max_new_tokens=new_tokens,
-                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                      eos_token_id=target_config.eos_token_id)
-    P = bucket_length(max(len(p) for p in prompts))
-    texts, loss_from = [], []
-    t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk = list(prompts[i:i + batch])
-        n = len(chunk)
-        chunk += [chunk[-1]] * (batch - n)      # one program for every batch
-        ids, lens = pad_prompts(chunk, length=P)
-        res = sample(target_params, ids, jax.random.fold_in(key, i), dc, prompt_lengths=lens)
-        seqs, clen = np.asarray(res.sequences[:, 0]), np.asarray(res.lengths[:, 0])
-        for r in range(n):
-            texts.append([int(t) for t in chunk[r]] + [int(t) for t in seqs[r, :clen[r]]])
-            loss_from.append(len(chunk[r]) - 1)
-        if progress:
-            print(f"train-head: target rollouts {min(i + batch, len(prompts))}/{len(prompts)} "
-                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    return texts, loss_from
-
-
-def prepare_data(target_config, target_params, texts: List[List[int]], feature_layers,
-                 cfg: HeadTrainConfig, max_tokens: int, progress: bool = True,
-                 loss_from: Optional[List[int]] = None) -> Dict[str, np.ndarray]:
-    """The target's features and warped top-k for every text, from one pass each (float32
-    features): ``tokens [n, T]``, ``lengths [n]``, ``feats [n, T, F]``; and at the ``N``
-    positions whose predictions count (from ``loss_from[i]``, default 0, to the text's end):
-    ``pos [n, N]`` (indices into ``T``), ``mask [n, N]`` and the target's ``ids`` / ``probs
-    [n, N, k]``. Texts are cut to ``max_tokens``."""
-    T = max(8, min(max_tokens, max(len(t) for t in texts)))
-    texts = [t[:T] for t in texts]
-    loss_from = [0] * len(texts) if loss_from is None else [min(int(f), T - 1) for f in loss_from]
-    N = max(1, max(len(t) - 1 - f for t, f in zip(texts, loss_from)))
-    params = target_params if not feature_layers else convert_layout(target_params, "per_layer")
-
-    @jax.jit
-    def one(params, tokens, length):
-        tokens = tokens[None]
-        pos = jnp.arange(T, dtype=jnp.int32)[None]
-        logits, _, feats = forward(target_config, params, tokens, pos,
-                                   causal_mask(length[None], T), None,
-                                   feature_layers=tuple(feature_layers))
-        ids, probs = warped_topk(logits[0], cfg)
-        return feats[0], ids, probs
-
-    n = len(texts)
-    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32),
-           "pos": np.zeros((n, N), np.int32), "mask": np.zeros((n, N), bool)}
-    t0 = time.perf_counter()
-    for i, (t, f0) in enumerate(zip(texts, loss_from)):
-        toks = np.zeros((T,), np.int32)
-        toks[:len(t)] = t
-        f, ids, probs = jax.device_get(one(params, jnp.asarray(toks), jnp.int32(len(t))))
-        if i == 0:
-            out["feats"] = np.zeros((n, T, f.shape[-1]), np.float32)
-            out["ids"] = np.zeros((n, N, cfg.store_k), np.int32)
-            out["probs"] = np.zeros((n, N, cfg.store_k), np.float32)
-        j = f0 + np.arange(N)
-        # position j predicts token j + 1: it counts where j + 1 < length
-        out["mask"][i] = j < len(t) - 1
-        out["pos"][i] = np.minimum(j, T - 1)
-        out["tokens"][i], out["lengths"][i] = toks, len(t)
-        out["feats"][i] = f
-        out["ids"][i], out["probs"][i] = ids[out["pos"][i]], probs[out["pos"][i]]
-        if progress and (i + 1) % max(1, n // 10) == 0:
-            print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
-                  flush=True)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,91 +328,6 @@ def plot_log(run_dir) -> Optional[Path]:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-def load_head(source, target_config=None):
-    """``(HeadConfig, params, meta)`` from a head directory or a name registered by training
-    (``CACHE/heads/NAME``); bound to ``target_config`` when given."""
-    return mhead.load(head_path(source), target_config)
-
-
-def head_path(source) -> Path:
-    """The directory of a draft head given by path or registered name (``FileNotFoundError``)."""
-    path = Path(str(source)).expanduser()
-    if mhead.is_head_dir(path):
-        return path
-    named = cache_dir_of_heads() / str(source)
-    if mhead.is_head_dir(named):
-        return named
-    raise FileNotFoundError(f"no draft head {source!r}: neither a directory with "
-                            f"{mhead.CONFIG_FILE} nor a trained head's name under "
-                            f"{cache_dir_of_heads()}")
-
-
-def read_head_config(source, target_config) -> mhead.HeadConfig:
-    """A head's config (its JSON only, no weights), checked against and bound to the target's."""
-    d = json.loads((head_path(source) / mhead.CONFIG_FILE).read_text())
-    config = mhead.HeadConfig.from_dict(d)
-    for k in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "num_layers"):
-        if getattr(config.target, k) != getattr(target_config, k):
-            raise ValueError(f"the draft head {source!r} was made for a target with {k} = "
-                             f"{getattr(config.target, k)}, this target has "
-                             f"{getattr(target_config, k)}")
-    return dataclasses.replace(config, target=target_config)
-
-
-def is_head_source(source) -> bool:
-    """Whether ``source`` names a draft head (a head directory or a registered name)."""
-    path = Path(str(source)).expanduser()
-    return mhead.is_head_dir(path) or mhead.is_head_dir(cache_dir_of_heads() / str(source))
-
-
-def trained_heads(target_source) -> List[Path]:
-    """The registered heads (``CACHE/heads/NAME``) trained for ``target_source`` (the recipe's
-    ``target``: a preset name or a path, compared as written and as a resolved path), newest
-    first."""
-    root = cache_dir_of_heads()
-    if not root.is_dir():
-        return []
-    want = {str(target_source), str(Path(str(target_source)).expanduser().resolve())}
-    found = []
-    for d in root.iterdir():
-        if not mhead.is_head_dir(d):
-            continue
-        try:
-            meta = json.loads((d / mhead.CONFIG_FILE).read_text()).get("meta") or {}
-        except (OSError, ValueError):
-            continue
-        t = meta.get("target")
-        if t is not None and (str(t) in want
-                              or str(Path(str(t)).expanduser().resolve()) in want):
-            found.append(d)
-    return sorted(found, key=lambda d: (d / mhead.WEIGHTS_FILE).stat().st_mtime, reverse=True)
-
-
-def recipes_for(target_source, configs_dir=None) -> List[Path]:
-    """The head-training recipes (``configs/head_*.yaml`` of the checkout) whose ``target`` is
-    ``target_source``."""
-    root = Path(configs_dir) if configs_dir else Path(__file__).resolve().parents[2] / "configs"
-    out = []
-    for p in sorted(root.glob("head_*.yaml")) if root.is_dir() else []:
-        try:
-            r = yaml.safe_load(p.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if str(r.get("target")) == str(target_source):
-            out.append(p)
-    return out
-
-
-def register(name: str, head_dir) -> Path:
-    link = cache_dir_of_heads() / name
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(Path(head_dir).resolve(), target_is_directory=True)
-    return link
 
 
 def _vocab_rows(table_source, n: int, vocab_size: int) -> np.ndarray:

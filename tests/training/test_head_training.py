@@ -92,3 +92,56 @@ def test_demo_without_a_head_names_the_command_that_trains_one(tmp_path, monkeyp
     assert f"about {record['wall_s'] / 60:.0f} minutes" in hint, hint
     # a target without a recipe: the default draft, nothing to suggest
     assert demo_draft(str(tmp_path / "elsewhere"), None) == (DEFAULT_DRAFT, None, None)
+
+
+def test_rollout_data_counts_the_target_continuation_only(tiny):
+    """The target's rollouts: prompt + the target's own continuation, the loss positions from
+    the one that predicts the first continuation token, and the stored distribution at each of
+    them equal to the target's warped distribution at that position of a fresh pass."""
+    import jax
+    import jax.numpy as jnp
+    from dsbd_jax.decoding.warping import warp_logits
+    from dsbd_jax.eval.datasets import chat_prompts, encode_chat
+    from dsbd_jax.models.llama import causal_mask, forward
+    from dsbd_jax.models.loading import load_model
+    target = load_model(str(tiny / "target"), progress=False)
+    cfg = th.HeadTrainConfig(store_k=4, top_k=4, top_p=1.0)
+    specs = [{"task": "gsm8k", "start": 44, "stop": 47}]
+    texts, loss_from = th.rollouts_of(target.config, target.params, target.tokenizer, specs, cfg,
+                                      6, 2, None, jax.random.PRNGKey(0), progress=False)
+    prompts = encode_chat(target.tokenizer, chat_prompts("gsm8k", 47)[44:])
+    assert len(texts) == 3
+    for t, f, p in zip(texts, loss_from, prompts):
+        assert t[:len(p)] == p and f == len(p) - 1 and 1 <= len(t) - len(p) <= 6
+    data = th.prepare_data(target.config, target.params, texts, (), cfg, 4096, False, loss_from)
+    for i, (t, f) in enumerate(zip(texts, loss_from)):
+        n = len(t) - 1 - f
+        assert data["mask"][i].sum() == n and not data["mask"][i, n:].any()
+        assert list(data["pos"][i, :n]) == list(range(f, f + n))
+    i, (t, f) = 0, (texts[0], loss_from[0])
+    T = len(t)
+    logits, _ = forward(target.config, target.params, jnp.asarray([t]),
+                        jnp.arange(T, dtype=jnp.int32)[None], causal_mask(jnp.asarray([T]), T))
+    p = np.asarray(jnp.exp(warp_logits(logits[0], 1.0, 4, 1.0)))
+    n = T - 1 - f
+    for j in range(n):
+        want = p[f + j][data["ids"][0, j]]
+        np.testing.assert_allclose(data["probs"][0, j], want, atol=1e-5)
+        assert abs(data["probs"][0, j].sum() - 1.0) < 1e-4
+
+
+def test_recipe_needs_texts_or_rollouts(tmp_path, tiny):
+    p = _recipe(tmp_path, tiny)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(p.read_text().replace("heldout_texts:", "other_texts:"))
+    with pytest.raises(ValueError, match="unknown keys"):
+        th.load_recipe(bad)
+    text = "\n".join(line for line in p.read_text().splitlines()
+                     if not line.startswith("heldout_texts"))
+    bad.write_text(text)
+    with pytest.raises(ValueError, match="'heldout_texts' or 'heldout_rollouts' is required"):
+        th.load_recipe(bad)
+    bad.write_text(text + "\nheldout_rollouts: [{task: gsm8k, start: 1310, stop: 1312}]\n"
+                   "rollout_tokens: 0\n")
+    with pytest.raises(ValueError, match="rollout_tokens must be a positive integer"):
+        th.load_recipe(bad)
