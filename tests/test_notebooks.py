@@ -39,6 +39,9 @@ def test_quickstart_notebook(torch):
     # the distillation section: held-out acceptance rises from step 0 to the last step
     acc = [float(a) for a in re.findall(r"held-out acceptance sum min\(p, q\) = ([0-9.]+)", text)]
     assert len(acc) >= 2 and acc[-1] > acc[0] + 0.05, acc
+    # the draft-head section: trained, saved, read back, drafting for speculative and DSBD
+    assert "trained 60 steps" in text and "speculative, trained head" in text
+    assert "DSBD with the trained head: tokens per iteration" in text
 
 
 def test_benchmark_notebook(torch):

@@ -67,7 +67,8 @@ from dsbd_jax.models.llama import causal_mask
 from dsbd_jax.training.head_registry import (  # noqa: F401
     cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, recipes_for,
     register, trained_heads)
-from dsbd_jax.training.head_data import prepare_data, rollouts_of, texts_of, warped_topk  # noqa: F401
+from dsbd_jax.training.head_data import (  # noqa: F401
+    prepare_data, rollouts_of, target_rollouts, texts_of, warped_topk)
 
 logger = logging.getLogger("dsbd_jax")
 

@@ -48,23 +48,29 @@ def warped_topk(logits, cfg):
     return ids.astype(jnp.int32), jnp.exp(vals)
 
 
-def rollouts_of(target_config, target_params, tokenizer, specs, cfg,
-                new_tokens: int, batch: int, max_prompt_tokens: Optional[int], key,
-                progress: bool = True):
-    """The target's own continuations: each prompt of ``specs`` (task slices, sent as the
-    benchmarks send them) continued by the target for ``new_tokens`` tokens, sampled with the
-    recipe's warping, ``batch`` prompts at a time. Returns ``(token lists, loss_from)``: prompt
-    plus continuation, and the index of the position that predicts the first continuation token
-    (the loss and the acceptance count from there). Prompts longer than ``max_prompt_tokens``
-    are dropped."""
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
-    from dsbd_jax.decoding.sampling import sample
+def rollouts_of(target_config, target_params, tokenizer, specs, cfg, new_tokens: int,
+                batch: int, max_prompt_tokens: Optional[int], key, progress: bool = True):
+    """:func:`target_rollouts` of the prompts of ``specs`` (task slices, sent as the benchmarks
+    send them: chat template), dropping those longer than ``max_prompt_tokens``."""
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.training.recipe import cap_prompts, prompt_texts
     prompts = cap_prompts(encode_chat(tokenizer, prompt_texts(specs)), max_prompt_tokens)
     if not prompts:
         raise ValueError(f"no prompt of {specs} is at most max_prompt_tokens="
                          f"{max_prompt_tokens} tokens long")
+    return target_rollouts(target_config, target_params, prompts, cfg, new_tokens, batch, key,
+                           progress)
+
+
+def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int, batch: int,
+                    key, progress: bool = True):
+    """The target's own continuations of ``prompts`` (token lists): ``new_tokens`` tokens
+    sampled with the warping of ``cfg`` (a :class:`~dsbd_jax.training.head.HeadTrainConfig`),
+    ``batch`` prompts at a time (one compiled program). Returns ``(texts, loss_from)``: prompt
+    plus continuation, and the index of the position that predicts the first continuation token
+    (the loss and the acceptance count from there)."""
+    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
+    from dsbd_jax.decoding.sampling import sample
     dc = DecodeConfig(target=target_config, max_new_tokens=new_tokens,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       eos_token_id=target_config.eos_token_id)
@@ -72,7 +78,7 @@ def rollouts_of(target_config, target_params, tokenizer, specs, cfg,
     texts, loss_from = [], []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
-        chunk = list(prompts[i:i + batch])
+        chunk = [list(p) for p in prompts[i:i + batch]]
         n = len(chunk)
         chunk += [chunk[-1]] * (batch - n)      # one program for every batch
         ids, lens = pad_prompts(chunk, length=P)
