@@ -362,11 +362,12 @@ def prepare(args, methods, prompts, raw: bool = False):
     check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
+    from dsbd_jax.models.head_registry import read_draft_config
     from dsbd_jax.models.loading import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     dtype = getattr(args, "dtype", "auto")
     target_config = read_config(args.target, dtype)
-    configs = (target_config, _draft_config(args.draft, target_config, dtype)
+    configs = (target_config, read_draft_config(args.draft, target_config, dtype)
                if needs_draft else None)
     progress = progress_mode(args) == "tokens"
     decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
@@ -376,27 +377,6 @@ def prepare(args, methods, prompts, raw: bool = False):
     cap = min(max_prompt_length(d.config) for d in decoders.values())
     ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
     return configs, decoders, tokenizer, ids, lens
-
-
-def _draft_config(source, target_config, dtype):
-    """The draft's config: a draft head's (``--draft`` names a head directory or a trained
-    head, :mod:`dsbd_jax.training.head`), else the draft model's."""
-    from dsbd_jax.training import head as th
-    if th.is_head_source(source):
-        return th.read_head_config(source, target_config)
-    from dsbd_jax.models.loading import read_config
-    return read_config(source, dtype)
-
-
-class _LoadedHead:
-    """A loaded draft head, as ``load_models`` returns a model (``config``, ``params``,
-    ``info``)."""
-
-    def __init__(self, source, target_config):
-        from dsbd_jax.training.head import load_head
-        self.config, self.params, meta = load_head(source, target_config)
-        self.info = {"dtype": target_config.dtype, "draft_head": meta}
-        self.tokenizer = None
 
 
 def load_models(args, configs):
@@ -419,11 +399,12 @@ def load_models(args, configs):
                                   or getattr(args, "draft_prompt_rows", False)):
             raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
         from dsbd_jax.models.head import is_head
+        from dsbd_jax.models.head_registry import LoadedHead
         if role == "draft" and is_head(config):
             if head:
                 raise CLIError("--draft-head-rows truncates a draft model; a draft head keeps "
                                "the vocabulary rows it was trained with")
-            m = _LoadedHead(source, models[0].config)
+            m = LoadedHead(source, models[0].config)
         else:
             m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
         if head:

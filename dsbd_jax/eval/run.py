@@ -67,8 +67,10 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
                        for x in jax.tree.leaves(tree)))
 
     def params_of(mc):
+        from dsbd_jax.models import head as mhead
         from dsbd_jax.models.llama import init_params
-        return jax.eval_shape(lambda: init_params(mc, jax.random.key(0)))
+        init = mhead.init_params if mhead.is_head(mc) else init_params
+        return jax.eval_shape(lambda: init(mc, jax.random.key(0)))
 
     if decoder.method == "dsbd":
         from dsbd_jax.decoding.dsbd import init_state
@@ -159,6 +161,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     import jax
     import jax.numpy as jnp
     from dsbd_jax.decoding import common
+    from dsbd_jax.models.head import is_head
+    from dsbd_jax.models.head_registry import LoadedHead, read_draft_config
     from dsbd_jax.models.loading import load_model, read_config
     from dsbd_jax.decoding.methods import build, label, model_params
     from dsbd_jax.eval.tasks import metric_name, score
@@ -182,13 +186,18 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     if models is None:
         dtype = cfg["dtype"] if cfg["dtype"] == "auto" else jnp.dtype(cfg["dtype"])
         # every method setting is checked against the model configs before the slow load
-        configs = (read_config(cfg["target"], dtype),
-                   read_config(cfg["draft"], dtype) if cfg.get("draft") else None)
+        # the draft: a draft model, or a draft head (a head directory or a trained head's name)
+        tc = read_config(cfg["target"], dtype)
+        configs = (tc, read_draft_config(cfg["draft"], tc, dtype) if cfg.get("draft") else None)
         for method, setting in cfg["runs"]:
             build(method, *configs, **base, **setting)
         target = load_model(cfg["target"], dtype, tokenizer=True, progress=progress)
-        draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress) \
-            if cfg.get("draft") else None
+        if not cfg.get("draft"):
+            draft = None
+        elif is_head(configs[1]):
+            draft = LoadedHead(cfg["draft"], target.config)
+        else:
+            draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress)
     else:
         target, draft = models
     if target.tokenizer is None:
@@ -224,6 +233,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                   # the dtype the figures were measured in (the load's choice where "auto")
                   "dtype": {name: (m.info or {}).get("dtype") for name, m in
                             (("target", target), ("draft", draft)) if m is not None},
+                  "draft_kind": None if draft is None else
+                  ("head" if is_head(draft.config) else "model"),
                   "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},
                   # paths relative to the working directory, or names (no absolute path)
                   "config": portable_settings({k: v for k, v in cfg.items() if k != "runs"}),
@@ -296,6 +307,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                 for name, m in (("target", target), ("draft", draft)):
                     if name == "draft" and not dec.needs_draft:
                         continue
+                    if name == "draft" and is_head(m.config):
+                        continue  # a head's prompt pass reads the target's: inside the decoder
                     if mesh is None and (name, P) not in prefill_s:
                         prefill_s[(name, P)] = prefill_seconds(m, P, pid, plen)
                     pre += prefill_s.get((name, P), float("nan"))

@@ -64,9 +64,9 @@ import yaml
 
 from dsbd_jax.models import head as mhead
 from dsbd_jax.models.llama import causal_mask
-from dsbd_jax.training.head_registry import (  # noqa: F401
-    cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, recipes_for,
-    register, trained_heads)
+from dsbd_jax.models.head_registry import (  # noqa: F401
+    cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, register,
+    trained_heads)
 from dsbd_jax.training.head_data import (  # noqa: F401
     prepare_data, rollouts_of, target_rollouts, texts_of, warped_topk)
 
@@ -328,6 +328,21 @@ def plot_log(run_dir) -> Optional[Path]:
     out = Path(run_dir) / "training.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
+    return out
+
+
+def recipes_for(target_source, configs_dir=None) -> List[Path]:
+    """The head-training recipes (``configs/head_*.yaml`` of the checkout) whose ``target`` is
+    ``target_source``."""
+    root = Path(configs_dir) if configs_dir else Path(__file__).resolve().parents[2] / "configs"
+    out = []
+    for p in sorted(root.glob("head_*.yaml")) if root.is_dir() else []:
+        try:
+            r = yaml.safe_load(p.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        if str(r.get("target")) == str(target_source):
+            out.append(p)
     return out
 
 

@@ -69,6 +69,8 @@ def test_shipped_configs_load():
     for f in ("llama31_8b_1b", "llama2_13b_68m"):
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
+    head = load_config("configs/quick_cpu.yaml", models="models/qwen_head.yaml")
+    assert head["draft"] == "head_qwen"        # a trained head's name (dsbd train-head)
     from dsbd_jax.models.hub import is_hub_id
     for f in ("qwen3_8b_0.6b", "gemma3_1b_270m"):  # by hub id
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
@@ -152,6 +154,32 @@ def test_bench_records_summary_and_plot(tmp_path, pair, gsm_file):
     from dsbd_jax.eval.plot import plot_results
     paths = plot_results(tmp_path / "out" / "records.jsonl")
     assert {p.name for p in paths} >= {"speed_vs_quality.png", "speed_vs_quality.svg"}
+
+
+def test_bench_drafts_with_a_draft_head(tmp_path, pair, gsm_file):
+    """``draft:`` may name a draft head (a directory, or a trained head's name): the harness
+    reads its config before loading, loads it beside the target, and every drafted method runs
+    with it; its KV cache is one layer."""
+    from dsbd_jax.models import head as mhead
+    _, _, T, _ = pair
+    hc = mhead.HeadConfig(T.config, intermediate_size=32)
+    head_dir = mhead.save(tmp_path / "head", hc,
+                          mhead.init_params(hc, jax.random.PRNGKey(0), target_params=T.params))
+    methods = [{"method": "spec", "gamma": 2},
+               {"method": "dsbd", "gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1}]
+    cfg = load_config(write_bench_config(tmp_path / "cfg.yaml", pair[0], str(head_dir), gsm_file,
+                                         methods, limit=2, max_new_tokens=6,
+                                         warping={"top_k": 10, "top_p": 0.8}))
+    summary = run_bench(cfg, tmp_path / "out", progress=False, log=lambda s: None)
+    recs = read_records(tmp_path / "out" / "records.jsonl")
+    assert recs[0]["draft_kind"] == "head" and recs[0]["config"]["draft"].endswith("head")
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert rows["spec g=2"]["draft_calls_per_token"] > 0
+    assert rows["dsbd g=2 WS=2 t=0.9 Wmin=1"]["mean_accepted_width"] is not None
+    per_slot = 2 * T.config.num_kv_heads * T.config.head_dim * 4
+    S = 16 + 6 + 2 + 1
+    spec = build("spec", T.config, hc, max_new_tokens=6, gamma=2)
+    assert kv_cache_bytes(spec, 16) == S * per_slot * (T.config.num_layers + 1)
 
 
 def test_comparisons_pick_the_matched_beam():

@@ -1,6 +1,7 @@
 """Where trained draft heads live and how a name finds one: ``CACHE/heads/NAME`` links made by
-``dsbd train-head`` (:mod:`dsbd_jax.training.head`), the recipes of the checkout, and loading a
-head by name or path."""
+``dsbd train-head`` (:mod:`dsbd_jax.training.head`), loading a head by name or path, and a
+draft source read as a head or a draft model (what the command line and ``dsbd bench`` take as
+``draft``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import json
 from pathlib import Path
 from typing import List
 
-import yaml
-
 from dsbd_jax.models import head as mhead
+from dsbd_jax.models.presets import cache_root
 
 
 def cache_dir_of_heads() -> Path:
-    from dsbd_jax.models.presets import cache_root
     return cache_root() / "heads"
 
 
@@ -79,21 +78,6 @@ def trained_heads(target_source) -> List[Path]:
     return sorted(found, key=lambda d: (d / mhead.WEIGHTS_FILE).stat().st_mtime, reverse=True)
 
 
-def recipes_for(target_source, configs_dir=None) -> List[Path]:
-    """The head-training recipes (``configs/head_*.yaml`` of the checkout) whose ``target`` is
-    ``target_source``."""
-    root = Path(configs_dir) if configs_dir else Path(__file__).resolve().parents[2] / "configs"
-    out = []
-    for p in sorted(root.glob("head_*.yaml")) if root.is_dir() else []:
-        try:
-            r = yaml.safe_load(p.read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        if str(r.get("target")) == str(target_source):
-            out.append(p)
-    return out
-
-
 def register(name: str, head_dir) -> Path:
     link = cache_dir_of_heads() / name
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -101,3 +85,32 @@ def register(name: str, head_dir) -> Path:
         link.unlink()
     link.symlink_to(Path(head_dir).resolve(), target_is_directory=True)
     return link
+
+
+def read_draft_config(source, target_config, dtype="auto"):
+    """A draft's config before any weight is read: a draft head's (``source`` names a head
+    directory or a trained head), bound to ``target_config``; else the draft model's
+    (:func:`dsbd_jax.models.loading.read_config`)."""
+    if is_head_source(source):
+        return read_head_config(source, target_config)
+    from dsbd_jax.models.loading import read_config
+    try:
+        return read_config(source, dtype)
+    except ValueError as e:
+        if "unknown model source" not in str(e):
+            raise
+        raise ValueError(f"{e}; nor a draft head: no {mhead.CONFIG_FILE} in {source}, and no "
+                         f"trained head of that name under {cache_dir_of_heads()} (`dsbd "
+                         f"train-head RECIPE` trains and registers one)") from None
+
+
+class LoadedHead:
+    """A loaded draft head, shaped as :func:`~dsbd_jax.models.loading.load_model`'s result is
+    (``config``, ``params``, ``info``, ``tokenizer`` None): the head's weights in the target's
+    dtype, ``info["draft_head"]`` the metadata saved with it."""
+
+    def __init__(self, source, target_config):
+        self.config, self.params, meta = load_head(source, target_config)
+        self.info = {"dtype": target_config.dtype, "draft_head": meta,
+                     "source": str(head_path(source))}
+        self.tokenizer = None
