@@ -1,0 +1,340 @@
+"""The ``dsbd`` subcommands (``cmd_*``) and ``main``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, PresetError, _mesh,
+                                  build_parser)
+from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
+                                  progress_mode, run_method, tokens_per_second)
+
+def demo_draft(target: str, draft: Optional[str]):
+    """The demo's draft and what to say about it: ``(draft, note, hint)``. ``--draft`` when
+    given; else the newest draft head registered for ``target`` (``note`` names it), else
+    :data:`DEFAULT_DRAFT` with a ``hint``: the command that trains a head for the target and its
+    recorded time (``results/<recipe>_training.json``), or None without a recipe."""
+    if draft is not None:
+        return draft, None, None
+    from dsbd_jax.training import head as th
+    heads = th.trained_heads(target)
+    if heads:
+        return str(heads[0]), (f"draft: the trained draft head {heads[0].name} "
+                               f"({heads[0]}); --draft {DEFAULT_DRAFT} drafts with the full "
+                               f"model"), None
+    recipes = th.recipes_for(target)
+    if not recipes:
+        return DEFAULT_DRAFT, None, None
+    recipe = recipes[0]
+    took = ""
+    record = recipe.parents[1] / "results" / f"{recipe.stem}_training.json"
+    if record.is_file():
+        import json
+        r = json.loads(record.read_text())
+        took = (f" (about {r['wall_s'] / 60:.0f} minutes and {r['peak_rss_kb'] / 2 ** 20:.1f} GB "
+                f"on a {r['machine'].get('cpu_count', '?')}-core CPU, "
+                f"{record.relative_to(recipe.parents[1]).as_posix()})")
+    rel = recipe.relative_to(recipe.parents[1]).as_posix()
+    return DEFAULT_DRAFT, None, (f"a draft head reads the target's own features and costs a "
+                                 f"fraction of the draft model's pass: `dsbd train-head {rel}` "
+                                 f"trains one{took}; the demo then drafts with it")
+
+
+def cmd_demo(args) -> int:
+    from dsbd_jax.eval import datasets
+    prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
+                              datasets.chat_prompts("gsm8k", 1)[0]]
+    check_options(args, ("beam", "dsbd"), prompts)  # before anything is read (prepare: again)
+    args.draft, note, hint = demo_draft(args.target, args.draft)
+    if note:
+        print(note, flush=True)
+    configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
+    target, draft = load_models(args, configs)
+    print(f"target {args.target} ({target.info['dtype']}: {target.info['dtype_why']}), "
+          f"draft {args.draft} ({draft.info['dtype']}); {len(prompts)} prompt(s), "
+          f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
+          f"timed)", flush=True)
+    print(f"DSBD: {args.beams} beams in the extra layer (the output: {args.min_width} to "
+          f"{max(args.beams, args.draft_width)}, the width of the layer a run ends on), draft look-ahead gamma={args.gamma}, draft beam "
+          f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
+          f"{args.min_width}..{max(args.beams, args.draft_width)}"
+          f"{', single-beam' if args.single_beam else ''}; beam sampling: W={args.beams} "
+          f"; both with temperature {args.temperature}, "
+          f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
+    results = {}
+    for name, dec in decoders.items():
+        out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed, progress=True)
+        print(f"[{name}] compile {comp:.1f} s")
+        results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
+    import numpy as np
+    (_, tb, ob), (_, td, od) = results["beam"], results["dsbd"]
+    def ll_per_tok(o):
+        b = np.asarray(o.best)
+        i = np.arange(len(b))
+        return float(np.mean(np.asarray(o.log_likelihoods)[i, b] / np.maximum(np.asarray(o.lengths)[i, b], 1)))
+    rd, rb = tokens_per_second(od, td)[1], tokens_per_second(ob, tb)[1]
+    lld, llb = ll_per_tok(od), ll_per_tok(ob)
+    print(f"\nspeed: DSBD {rd:.2f} tokens/s vs beam sampling (W={args.beams}) {rb:.2f} tokens/s"
+          f" -> {rd / rb:.2f}x; mean log-lik/token of the best beams: DSBD {lld:.3f}, "
+          f"beam sampling {llb:.3f}")
+    print(demo_verdict(rd / rb, lld - llb, od.stats, target.info["dtype"]))
+    if hint:
+        print(hint)
+    return 0
+
+
+def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
+                 backend: Optional[str] = None) -> str:
+    """One line on what the demo showed: DSBD faster at equal or better log-likelihood, or what
+    held it back (tokens per target pass; on a CPU backend, the forest pass's cost). The two
+    prompts' log-likelihoods vary by about 0.05 per token from seed to seed, so a gap under 0.05
+    counts as equal. ``backend``: jax's default backend when left out."""
+    if backend is None:
+        import jax
+        backend = jax.default_backend()
+    import numpy as np
+    per_call = float(np.sum(np.asarray(stats["generated_tokens"]))) / max(
+        float(np.sum(np.asarray(stats["target_calls"]))), 1.0)
+    quality = "equal or better" if ll_gain > -0.05 else "lower"
+    if speedup >= 1.0:
+        return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
+                f"({per_call:.2f} new tokens per target pass, all prompts together)")
+    why = ""
+    if backend == "cpu":
+        why = (f"; on this CPU the target's pass over a forest costs more than a one-token pass "
+               f"({dtype}: about twice on the 2-core hosts measured, docs/results/precision.md), "
+               f"so verifying a forest in one pass does not pay for itself")
+    return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
+            f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
+
+
+def cmd_generate(args) -> int:
+    mesh = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
+    configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
+    target, draft = load_models(args, configs)
+    # one run: its compile seconds (tracing and lowering, then compiling the program or reading
+    # it back from the cache) are reported apart and left out of its tokens/s
+    out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
+                                  progress=progress_mode(args), warmup=False, mesh=mesh)
+    print(f"[{args.method}] compile {comp:.1f} s")
+    _print_outputs(tokenizer, args.method, out, args.prompt, run_s)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from dsbd_jax.eval.plan import load_config
+    from dsbd_jax.eval.run import run_bench
+    from dsbd_jax.eval.summary import format_summary
+    mesh = _mesh(args.mesh)
+    cfg = load_config(args.config, models=args.models, max_new_tokens=args.max_new_tokens,
+                      target=args.target, draft=args.draft, batch_size=args.batch_size)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise CLIError("--limit must be >= 1")
+        cfg["datasets"] = [{**d, "limit": min(d.get("limit", args.limit), args.limit)}
+                           for d in cfg["datasets"]]
+    out = Path(args.out or Path("results") / cfg["name"])
+    summary = run_bench(cfg, out, progress=not args.no_progress, mesh=mesh)
+    if summary is None:       # not process 0 of many: it writes and prints
+        return 0
+    print(format_summary(summary))
+    print(f"wrote {out / 'records.jsonl'} and {out / 'summary.json'}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from dsbd_jax.eval.plot import plot_results
+    path = Path(args.records)
+    if path.is_dir():
+        path = path / "records.jsonl"
+    for p in plot_results(path, args.out, quality=args.quality, log=print):
+        print(f"wrote {p}")
+    return 0
+
+
+def cmd_summary(args) -> int:
+    import json
+    from dsbd_jax.eval.summary import format_summary, summary_of
+    path = Path(args.records)
+    if path.is_dir():
+        path = path / "records.jsonl"
+    summary = summary_of(path)
+    with open(path.parent / "summary.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    print(format_summary(summary, markdown=args.markdown))
+    print(f"wrote {path.parent / 'summary.json'}")
+    return 0
+
+
+def cmd_make_tiny_pair(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CLIError("make-tiny-pair needs torch (it builds the models with transformers): "
+                       "pip install torch, or pip install 'dsbd-jax[test]'") from None
+    from dsbd_jax.testing import make_tiny_pair
+    target, draft = make_tiny_pair(args.directory)
+    print(f"wrote {target} and {draft}")
+    print(f"try: dsbd generate --target {target} --draft {draft} --prompt hi --max-new-tokens 8")
+    return 0
+
+
+def cmd_vocab(args) -> int:
+    import numpy as np
+
+    from dsbd_jax.models import vocab as mv
+    if args.vocab_command == "show":
+        counts, meta = mv.load_table(args.table)
+        total = int(counts.sum())
+        print(f"{args.table}: V = {counts.shape[0]}, {total} tokens counted, "
+              f"{int((counts > 0).sum())} distinct; sources: {meta.get('sources', '?')}")
+        ordered = np.sort(counts)[::-1]
+        for n in args.n or (16384, 32768, 65536):
+            n = min(n, counts.shape[0])
+            share = ordered[:n].sum() / max(total, 1)
+            print(f"  N = {n:6d}: {100 * share:.2f}% of the counted tokens")
+        return 0
+    from dsbd_jax.eval import vocab as ev
+    from dsbd_jax.eval.datasets import chat_prompts, encode_chat
+    from dsbd_jax.models.loading import load_tokenizer, read_config
+    if not (args.text or args.task or args.rollouts or args.generate_with):
+        raise CLIError("vocab build needs a source: --text, --task, --rollouts or "
+                       "--generate-with")
+    if args.generate_with and not (args.prompts or args.prompt_task):
+        raise CLIError("--generate-with needs prompts: --prompts FILE or --prompt-task SLICE")
+    for spec in args.task + args.prompt_task:
+        ev.parse_slice(spec)
+    config = read_config(args.model)
+    V = config.vocab_size
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise CLIError(f"{args.model} has no tokenizer")
+    counts = np.zeros(V, np.float64)
+    sources = []
+    for path in args.text:
+        counts += ev.text_counts(tokenizer, ev.file_texts(path), V)
+        sources.append(f"text:{path}")
+    for spec in args.task:
+        counts += ev.text_counts(tokenizer, ev.task_texts(spec), V)
+        sources.append(f"task:{spec}")
+    for path in args.rollouts:
+        counts += mv.rollout_counts(path, V)
+        sources.append(f"rollouts:{path}")
+    if args.generate_with:
+        gen_config = read_config(args.generate_with)
+        if gen_config.vocab_size != V:
+            raise CLIError(f"{args.generate_with} has {gen_config.vocab_size} tokens, "
+                           f"{args.model} has {V}")
+        texts = []
+        if args.prompts:
+            texts += [t for t in Path(args.prompts).read_text(encoding="utf-8").splitlines()
+                      if t.strip()]
+        for spec in args.prompt_task:
+            name, start, stop = ev.parse_slice(spec)
+            texts += chat_prompts(name, None if stop == -1 else stop)[start:]
+        from dsbd_jax.models.loading import load_model
+        _status(f"loading {args.generate_with} ...")
+        model = load_model(args.generate_with, tokenizer=False)
+        counts += ev.generation_counts(model.config, model.params, encode_chat(tokenizer, texts),
+                                       V, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                       eos_token_id=model.config.eos_token_id)
+        sources.append(f"generations:{args.generate_with}:{len(texts)} prompts")
+    out = Path(args.out) if args.out else mv.table_path(args.model)
+    mv.save_table(out, counts, {"model": str(args.model), "sources": sources})
+    print(f"wrote {out} ({counts.sum():.0f} tokens, {int((counts > 0).sum())} distinct)")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    from dsbd_jax.training.recipe import load_recipe, run_recipe
+    recipe = load_recipe(args.config)  # checked before any weights are loaded
+    res = run_recipe(args.config, progress=not args.no_progress, stop_after=args.stop_after)
+    acc = res["heldout_acceptance"]
+    print(f"step {res['step']} of {recipe['distill'].steps}; held-out acceptance "
+          f"{acc[0][1]:.4f} (step {acc[0][0]}) -> {acc[-1][1]:.4f} (step {acc[-1][0]})")
+    if res["step"] == recipe["distill"].steps:
+        print(f"wrote {Path(recipe['run_dir']) / 'model'}; load_model({res['name']!r}) and "
+              f"--draft {res['name']} read it")
+    return 0
+
+
+def cmd_train_head(args) -> int:
+    from dsbd_jax.training.head import load_recipe, run_recipe
+    recipe = load_recipe(args.config)  # checked before any weights are loaded
+    res = run_recipe(args.config, progress=not args.no_progress, stop_after=args.stop_after)
+    log = [r for r in res["log"] if "heldout_acceptance_1" in r]
+    if log:
+        print(f"step {res['step']} of {recipe['train'].steps}; held-out acceptance "
+              f"{log[0]['heldout_acceptance_1']:.4f} (step {log[0]['step']}) -> "
+              f"{log[-1]['heldout_acceptance_1']:.4f} (step {log[-1]['step']})")
+    if "head_dir" in res:
+        print(f"wrote {res['head_dir']} ({res['num_params']:,} parameters of its own) and "
+              f"{res['plot']}; --draft {recipe['save_as']} reads it")
+    return 0
+
+
+def cmd_host(args) -> int:
+    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only)."""
+    import jax
+    from dsbd_jax.models import host
+    from dsbd_jax.models.cpu_options import host_key
+    from dsbd_jax.models.loading import read_config
+    print(f"host: {host_key()}, backend {jax.default_backend()}")
+    for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
+        config = read_config(source)
+        plan = host.plan(config, args.dtype)
+        print(f"{source} ({config.hidden_size}x{config.intermediate_size}): dtype {plan.dtype} "
+              f"({plan.why}); kernels {plan.form}"
+              f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
+              f"compiler options {plan.options}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
+            from dsbd_jax.models.compilation_cache import enable_compilation_cache
+            enable_compilation_cache()      # compiled programs persist across runs
+        if args.command in ("generate", "bench") and _join_processes():
+            args.no_progress = True      # the progress callback is one process's
+            if not _is_first_process():
+                with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                    return _dispatch(args)
+        return _dispatch(args)
+    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
+        print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+
+
+def _join_processes() -> bool:
+    """Join the other processes when JAX's environment names them (``JAX_COORDINATOR_ADDRESS``,
+    ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``): ``parallel.distributed.initialize``. Returns
+    whether this is one of many processes."""
+    from dsbd_jax.parallel import distributed
+    if distributed.env_settings() is None:
+        return False
+    distributed.initialize()
+    import jax
+    return jax.process_count() > 1
+
+
+def _is_first_process() -> bool:
+    import jax
+    return jax.process_index() == 0
+
+
+def _dispatch(args) -> int:
+    commands = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench, "plot": cmd_plot,
+                "summary": cmd_summary, "make-tiny-pair": cmd_make_tiny_pair, "vocab": cmd_vocab,
+                "distill": cmd_distill, "train-head": cmd_train_head, "host": cmd_host}
+    return commands[args.command](args) if args.command in commands else 1

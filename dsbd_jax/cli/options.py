@@ -1,0 +1,216 @@
+"""The ``dsbd`` command's options: the parser, its help, and the decoder settings it takes."""
+
+from __future__ import annotations
+
+import argparse
+
+from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT  # noqa: F401
+from dsbd_jax.models.presets import PresetError  # noqa: F401
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+PROGRESS_MODES = ("time", "tokens", "none")
+
+
+class CLIError(Exception):
+    pass
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (``(default: 32)``), unless the default is None,
+    False (a flag), an empty list, or the help already names it (``%(default)s``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if (d is None or d is False or d is argparse.SUPPRESS or (isinstance(d, list) and not d)
+                or "%(default)" in text):
+            return text
+        if action.option_strings or action.nargs in ("?", "*"):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _add_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=10,
+                   help="keep the k most likely tokens, 0 = off (the paper uses 10)")
+    p.add_argument("--top-p", type=float, default=0.8,
+                   help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
+    p.add_argument("--beams", type=int, default=2,
+                   help="beam width W: the output beams of beam and beam_search; DSBD: the "
+                        "beams its extra layer draws, so its output has W beams when the last "
+                        "iteration passed every layer, else the width of the layer it ended on "
+                        "(--min-width to max(--beams, --draft-width))")
+    p.add_argument("--gamma", type=int, default=2, help="draft look-ahead (layers)")
+    p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
+    p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
+    p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
+    p.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
+    p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
+    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
+    p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="the models' dtype: auto = bfloat16 where this host runs it faster "
+                        "than float32 (measured once, cached), else float32")
+
+
+MODEL_HELP = "target model: preset name, HF directory, .gguf or hub id org/name[@revision]"
+DRAFT_HELP = ("draft (the speculative methods): a draft model, in the same forms as --target, "
+              "or a draft head: its directory or the name `dsbd train-head` registered")
+MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
+             "tensor parallel over 'model'; data defaults to the remaining devices); "
+             "see dsbd_jax.parallel")
+
+
+def _mesh(text):
+    """The mesh of ``--mesh`` (None when not given); bad values end as a CLI error."""
+    if not text:
+        return None
+    from dsbd_jax.parallel import make_mesh, parse_mesh
+    try:
+        sizes = parse_mesh(text)
+        return make_mesh(sizes["data"], sizes["model"])
+    except ValueError as e:
+        raise CLIError(f"--mesh: {e}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import dsbd_jax.cli
+    parser = argparse.ArgumentParser(prog="dsbd", description=dsbd_jax.cli.__doc__,
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    # every subcommand's --help shows each option's default (HelpFormatter)
+    add = lambda name, **kw: sub.add_parser(name, formatter_class=HelpFormatter, **kw)  # noqa: E731
+    demo = add("demo", help="DSBD vs beam sampling on the default offline model pair")
+    demo.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    demo.add_argument("--draft", default=None,
+                      help=DRAFT_HELP + f"; default: a draft head trained for the target when one "
+                      f"is registered (dsbd train-head), else {DEFAULT_DRAFT}")
+    demo.add_argument("--prompt", action="append", default=None,
+                      help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
+    _add_settings(demo)
+    gen = add("generate", help="generate with one method and print the beams")
+    gen.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    gen.add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
+    gen.add_argument("--prompt", action="append", required=True,
+                     help="a user message (repeatable: one batch of prompts)")
+    gen.add_argument("--method", choices=METHODS, default="dsbd", help="the decoding method")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--progress", choices=PROGRESS_MODES, default="time",
+                     help="time (default): elapsed seconds while the decoder runs; its compiled "
+                          "program is kept in the compilation cache, so a later run reads it "
+                          "back. tokens: a bar over new tokens fed from inside the loop; a "
+                          "program with that host callback is never cached, so every run "
+                          "compiles it again. none: nothing")
+    gen.add_argument("--no-progress", action="store_true", help="the same as --progress none")
+    gen.add_argument("--mesh", default=None, help=MESH_HELP)
+    gen.add_argument("--draft-head-rows", type=int, default=None,
+                     help="truncate the draft's vocabulary head to the N most frequent tokens "
+                          "(its frequency table: --draft-vocab-table, else the one beside it)")
+    gen.add_argument("--draft-vocab-table", default=None, help="a table from `dsbd vocab build`")
+    gen.add_argument("--draft-prompt-rows", action="store_true",
+                     help="with --draft-head-rows: also propose the prompt's own tokens (keeps "
+                          "the full head in memory)")
+    _add_settings(gen)
+    bench = add("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
+    bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
+    bench.add_argument("--out", default=None, help="output folder (default results/<config name>)")
+    bench.add_argument("--models", default=None, help="a model-pair file (configs/models/*.yaml)")
+    bench.add_argument("--target", default=None, help="override the config's target")
+    bench.add_argument("--draft", default=None, help="override the config's draft")
+    bench.add_argument("--limit", type=int, default=None, help="at most N prompts per dataset")
+    bench.add_argument("--max-new-tokens", type=int, default=None,
+                       help="override the config's new tokens per prompt")
+    bench.add_argument("--batch-size", type=int, default=None,
+                       help="prompts per call (default: the config's batch_size, else 4 on CPU, "
+                            "16 on GPU/TPU)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--mesh", default=None, help=MESH_HELP)
+    plot = add("plot", help="Pareto plots (PNG + SVG) from a bench records.jsonl")
+    plot.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
+    plot.add_argument("--out", default=None, help="output folder (default: next to the records)")
+    plot.add_argument("--quality", default="loglik_per_token",
+                      help="y axis: loglik_per_token, perplexity or a task metric such as "
+                           "humaneval/pass@1")
+    summ = add("summary", help="the summary of a bench run, finished or not "
+                                          "(rewrites its summary.json)")
+    summ.add_argument("records", help="records.jsonl written by dsbd bench (or its folder)")
+    summ.add_argument("--markdown", action="store_true", help="a Markdown table")
+    voc = add("vocab", help="token-frequency tables for truncated draft heads")
+    vsub = voc.add_subparsers(dest="vocab_command", required=True)
+    vb = vsub.add_parser("build", help="count tokens of a corpus or of a model's generations",
+                         formatter_class=HelpFormatter)
+    vb.add_argument("--model", default=DEFAULT_DRAFT,
+                    help="the model the table is for: its tokenizer and vocabulary, and the "
+                         "default place of the table (beside it)")
+    vb.add_argument("--text", action="append", default=[],
+                    help="a corpus file: .jsonl (every string) or plain text (repeatable)")
+    vb.add_argument("--task", action="append", default=[],
+                    help="training-side text of a task slice NAME:START:STOP, e.g. gsm8k:40: "
+                         "(repeatable)")
+    vb.add_argument("--rollouts", action="append", default=[],
+                    help="a dsbd distill run's stored target distributions (RUN_DIR/"
+                         "data_train.npz): every position adds the target's top-k "
+                         "probabilities, expected counts (repeatable)")
+    vb.add_argument("--generate-with", default=None,
+                    help="also count the tokens this model (the draft or the target) samples "
+                         "after the prompts of --prompts / --prompt-task")
+    vb.add_argument("--prompts", default=None, help="prompts file, one prompt per line")
+    vb.add_argument("--prompt-task", action="append", default=[],
+                    help="chat prompts of a task slice NAME:START:STOP (repeatable)")
+    vb.add_argument("--max-new-tokens", type=int, default=128,
+                    help="new tokens per prompt with --generate-with")
+    vb.add_argument("--seed", type=int, default=0, help="PRNG seed of --generate-with")
+    vb.add_argument("--out", default=None, help="table path (default: beside the model, see "
+                    "dsbd_jax.models.vocab.table_path)")
+    vs = vsub.add_parser("show", help="a table's size and its coverage at several N",
+                         formatter_class=HelpFormatter)
+    vs.add_argument("table", help="a table from `dsbd vocab build` (.npz)")
+    vs.add_argument("--n", type=int, action="append", default=None,
+                    help="head sizes to report (default 16384, 32768, 65536)")
+    dis = add("distill", help="distil the draft towards the target (resumable)")
+    dis.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen_fkl.yaml "
+                                    "(the README's recipe)")
+    dis.add_argument("--no-progress", action="store_true", help="no progress bar")
+    dis.add_argument("--stop-after", type=int, default=None,
+                     help="stop after N steps of this call (checkpointed; run again to go on)")
+    th = add("train-head", help="train a feature-level draft head for the target (optax; "
+                                "resumable)")
+    th.add_argument("config", help="a head-training recipe, e.g. configs/head_qwen.yaml")
+    th.add_argument("--no-progress", action="store_true", help="no progress lines")
+    th.add_argument("--stop-after", type=int, default=None,
+                    help="stop after N steps of this call (checkpointed; run again to go on)")
+    hst = add("host", help="how this host runs a model: its dtype (float32 or bfloat16), kernel "
+                           "form and compiler options, measured once and cached")
+    hst.add_argument("--model", action="append", default=None,
+                     help="a preset, HF directory, .gguf or hub id (repeatable; default: the "
+                          "default target and draft); only its config is read")
+    hst.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                     help="auto: measured on this host; or the plan for a forced dtype")
+    tiny = add("make-tiny-pair",
+                          help="write a tiny random target/draft pair (Hugging Face format) to try "
+                               "the CLI and configs/tiny.yaml without the offline weights; "
+                               "needs torch")
+    tiny.add_argument("directory", nargs="?", default="/tmp/dsbd_tiny",
+                      help="output folder (configs/tiny.yaml reads /tmp/dsbd_tiny)")
+    return parser
+
+
+def _settings(name: str, args) -> dict:
+    """The method's settings (``dsbd_jax.decoding.methods``) from the CLI flags."""
+    s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+             top_k=args.top_k or None, top_p=args.top_p, replacement=not args.no_replacement,
+             eos_token_id=() if args.no_eos else None)
+    if name == "dsbd":
+        s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,
+                 min_width=args.min_width, num_beams=args.beams,
+                 max_width=max(args.beams, args.draft_width), single_beam=args.single_beam)
+    elif name in ("beam", "beam_search"):
+        s.update(num_beams=args.beams)
+    elif name in ("spec", "tree"):
+        s.update(gamma=args.gamma)
+    return s

@@ -1,0 +1,281 @@
+"""Running decoders for the ``dsbd`` command: options and prompts checked before anything heavy,
+the models loaded with a status line, a decoder run with progress, its outputs printed."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Optional
+
+from dsbd_jax.cli.options import NEEDS_DRAFT, CLIError, _settings
+
+def _status(msg: str) -> None:
+    """A status line on stderr (stdout carries the results)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accept rate"}
+
+
+def progress_mode(args) -> str:
+    """``"tokens"`` (a bar fed from inside the decoder's loop: the decoder is built with a host
+    callback), ``"time"`` (elapsed seconds from the host: the decoder has no callback, so its
+    compiled program can be cached) or ``"none"``. ``--no-progress`` wins; a command without
+    ``--progress`` (``demo``) shows tokens."""
+    if getattr(args, "no_progress", False):
+        return "none"
+    return getattr(args, "progress", "tokens")
+
+
+class ElapsedTicker:
+    """Elapsed seconds on stderr while a call runs, from a host thread: progress that needs
+    nothing from inside the compiled program (so the program stays cacheable)."""
+
+    def __init__(self, desc: str, every_s: float = 0.5):
+        import threading
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=None, desc=desc, leave=True, bar_format="{desc}: {elapsed}")
+        self._stop = threading.Event()
+        self._every = every_s
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.bar.refresh()
+        self.bar.close()
+
+
+class ProgressBar:
+    """A tqdm bar over new tokens, fed by ``common.progress_hook`` once per decoder loop trip:
+    iterations, target calls and the draft acceptance figure (no rate: a run has one tokens/s
+    figure, :func:`tokens_per_second`, printed when it ends):
+    for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
+    layers end with a correction draw, at most the width), for speculative and tree sampling
+    ``accept rate`` = accepted draft tokens per verified draft token."""
+
+    def __init__(self, total: int, desc: str, method: str = "", rows: Optional[int] = None):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=total, desc=desc, unit="tok", leave=True,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} tok [{elapsed}{postfix}]")
+        self.accept_label = ACCEPT_LABELS.get(method, "accepted")
+        self.rows = rows  # prompts to count (a sharded batch may carry padding rows after them)
+
+    def __call__(self, v) -> None:
+        n = int(v["generated"][:self.rows].sum())
+        post = {"iter": int(v["iterations"]), "target calls": int(v["target_calls"])}
+        if "accepted" in v:
+            post[self.accept_label] = f"{int(v['accepted']) / max(int(v['verified']), 1):.2f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(n - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def build_decoder(name, args, target_config, draft_config, progress: bool):
+    """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
+    validated here, from the model configs alone, before any weights are loaded."""
+    from dsbd_jax.decoding.methods import build
+    return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
+
+
+# A stand-in model for checking the settings alone (``check_options``): a vocabulary and
+# context no setting can exceed and no EOS / pad id, so only model-independent rules can fail.
+_STAND_IN = dict(vocab_size=2**31 - 1, hidden_size=8, intermediate_size=8, num_layers=1,
+                 num_heads=1, num_kv_heads=1, head_dim=8, max_position_embeddings=2**31 - 1)
+
+
+def check_options(args, methods, prompts, raw: bool = False) -> None:
+    """The checks that need no model, before any model file is read: each method's settings
+    (the decoders' own rules, built on a stand-in model whose vocabulary and context no
+    setting can exceed) and the prompts (an empty ``--raw`` prompt has no token to start
+    from)."""
+    from dsbd_jax.decoding.methods import check_settings
+    from dsbd_jax.models.config import ModelConfig
+    if raw:
+        for i, text in enumerate(prompts):
+            if not text:
+                raise CLIError(f"--prompt {i + 1} is empty: with --raw it has no token to start "
+                               f"from (without --raw the chat template gives it some)")
+    stand_in = ModelConfig(**_STAND_IN)
+    for m in methods:
+        settings = _settings(m, args)
+        check_settings(m, settings)
+        build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None, progress=False)
+
+
+def prepare(args, methods, prompts, raw: bool = False):
+    """Everything that can fail without weights, checked before the slow load and cheapest
+    first: the settings and prompts alone (:func:`check_options`), then against the model
+    configs (the converted cache's ``config.json`` / a GGUF's header), the tokenizer and the
+    prompts' length. Returns ``(configs, decoders, tokenizer, prompt_ids, prompt_lengths)``
+    with ``configs = (target, draft or None)``; the decoders carry the progress callback only
+    when :func:`progress_mode` is ``"tokens"``."""
+    check_options(args, methods, prompts, raw)
+    from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
+    from dsbd_jax.eval.datasets import encode_chat
+    from dsbd_jax.models.head_registry import read_draft_config
+    from dsbd_jax.models.loading import load_tokenizer, read_config
+    needs_draft = any(m in NEEDS_DRAFT for m in methods)
+    dtype = getattr(args, "dtype", "auto")
+    target_config = read_config(args.target, dtype)
+    configs = (target_config, read_draft_config(args.draft, target_config, dtype)
+               if needs_draft else None)
+    progress = progress_mode(args) == "tokens"
+    decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
+    cap = min(max_prompt_length(d.config) for d in decoders.values())
+    ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
+    return configs, decoders, tokenizer, ids, lens
+
+
+def load_models(args, configs):
+    """Load the target (and the draft when ``configs[1]`` is not None), with a status line and
+    timing for each; the loaded configs must be the ones the decoders were checked against."""
+    from dsbd_jax.models.loading import load_model
+    models = []
+    for role, source, config in (("target", args.target, configs[0]),
+                                 ("draft", args.draft, configs[1])):
+        if config is None:
+            models.append(None)
+            continue
+        _status(f"loading {role} {source} ...")
+        t0 = time.perf_counter()
+        head = {}
+        if role == "draft" and getattr(args, "draft_head_rows", None) is not None:
+            head = dict(head_rows=args.draft_head_rows, vocab_table=args.draft_vocab_table,
+                        prompt_rows=bool(getattr(args, "draft_prompt_rows", False)))
+        elif role == "draft" and (getattr(args, "draft_vocab_table", None) is not None
+                                  or getattr(args, "draft_prompt_rows", False)):
+            raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
+        from dsbd_jax.models.head import is_head
+        from dsbd_jax.models.head_registry import LoadedHead
+        if role == "draft" and is_head(config):
+            if head:
+                raise CLIError("--draft-head-rows truncates a draft model; a draft head keeps "
+                               "the vocabulary rows it was trained with")
+            m = LoadedHead(source, models[0].config)
+        else:
+            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
+        if head:
+            _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
+                    + (" + the prompt's tokens" if head["prompt_rows"] else ""))
+        if m.config != config:
+            raise CLIError(f"{source}: the loaded model's config differs from the one read "
+                           f"before loading (did the files change?)")
+        _status(f"loaded {role} {source} ({m.info['dtype']}) in "
+                f"{time.perf_counter() - t0:.1f} s")
+        models.append(m)
+    return models[0], models[1]
+
+
+def _run_once(call, total: int, desc: str, method: str, progress,
+              rows: Optional[int] = None):
+    """``timed(call)``, with a token bar when ``progress`` is true or ``"tokens"`` (counting
+    the first ``rows`` prompts: a sharded batch may carry padding rows after them), elapsed
+    seconds when it is ``"time"``, nothing when false or ``"none"``."""
+    from dsbd_jax.eval.timing import timed
+    if progress == "time":
+        ticker = ElapsedTicker(desc)
+        try:
+            return timed(call)
+        finally:
+            ticker.close()
+    if not progress or progress == "none":
+        return timed(call)
+    from dsbd_jax.decoding.common import progress_hook
+    bar = ProgressBar(total, desc, method, rows=rows)
+    try:
+        with progress_hook(bar):
+            return timed(call)
+    finally:
+        bar.close()
+
+
+def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
+               progress: bool = False, warmup: bool = True, mesh=None):
+    """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
+    ``mesh``: decode sharded over it (``parallel.ShardedDecoder``; weights placed once).
+    ``warmup=True``: a first, untimed run (compile + run), then the timed run.
+    ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
+    ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
+    with progress; its host callback costs about 0.15 ms per loop trip, measured with tiny
+    models); ``"time"``, elapsed seconds (no callback); ``False`` / ``"none"``, nothing."""
+    import jax
+    from dsbd_jax.eval.run import CompileClock
+    from dsbd_jax.decoding.methods import model_params
+    params = model_params(dec, target.params, draft.params if draft else None)
+    name = dec.method
+    if mesh is not None:
+        from dsbd_jax.parallel import ShardedDecoder, mesh_label
+        dec = ShardedDecoder.of(dec, mesh)
+        params = dec.place(params)
+        print(f"[{name}] mesh {mesh_label(mesh)} over {mesh.devices.size} "
+              f"{mesh.devices.flat[0].platform} devices"
+              + "".join(f"\n  note: {n}" for n in dec.rules.notes))
+    key = jax.random.key(seed)
+    whole = {} if mesh is None else {"whole_batch": True}   # many processes: each its share
+    def call():
+        return dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)
+    rows = prompt_ids.shape[0]
+    total = dec.config.max_new_tokens * rows
+    if warmup:
+        _status(f"[{name}] compiling, then one warm-up run (not timed) ...")
+        _, first = _run_once(call, total, f"{name} warm-up", name, progress, rows)
+        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows)
+        return out, max(first - run_s, 0.0), run_s
+    CompileClock.install()
+    c0 = CompileClock.total()
+    out, wall = _run_once(call, total, name, name, progress, rows)
+    comp = CompileClock.total() - c0
+    return out, comp, max(wall - comp, 1e-9)
+
+
+def tokens_per_second(out, seconds: float):
+    """The one tokens/s figure of a run (README, "tokens/s"): new tokens of the best beam of
+    each prompt (up to and including EOS), summed over the prompts, over the seconds of the
+    timed decode (compilation excluded). Returns ``(tokens, tokens / seconds)``."""
+    import numpy as np
+    lens, best = np.asarray(out.lengths), np.asarray(out.best)
+    tokens = int(lens[np.arange(len(best)), best].sum())
+    return tokens, tokens / max(seconds, 1e-9)
+
+
+def _print_outputs(tokenizer, name, out, prompts, run_s):
+    """Every live beam of every prompt with its log-likelihood (best first); returns the number
+    of new tokens in the best beams."""
+    import numpy as np
+    seqs = np.asarray(out.sequences)
+    lens = np.asarray(out.lengths)
+    ll = np.asarray(out.log_likelihoods)
+    best = np.asarray(out.best)
+    gen, rate = tokens_per_second(out, run_s)
+    print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {rate:.2f} tokens/s "
+          f"(best beam of each prompt)")
+    stats = {k: np.asarray(v) for k, v in out.stats.items()}
+    short = {k: (v.round(3).tolist() if v.size <= 8 else f"[{v.size} values]") for k, v in stats.items()}
+    print(f"    stats: {short}")
+    for b, text in enumerate(prompts):
+        print(f"--- prompt {b}: {text[:70]!r}")
+        order = [w for w in np.argsort(-ll[b], kind="stable") if np.isfinite(ll[b, w])]
+        for w in order:
+            n = lens[b, w]
+            tag = "best " if w == best[b] else ""
+            print(f"    {tag}beam {w}: log-lik {ll[b, w]:.3f} ({ll[b, w] / max(n, 1):.3f}/token, "
+                  f"{n} tokens)")
+            print("      " + tokenizer.decode(seqs[b, w, :n].tolist(), skip_special_tokens=True)
+                  .replace("\n", "\n      "))
+        texts = [tuple(seqs[b, w, :lens[b, w]].tolist()) for w in order]
+        if len(set(texts)) < len(texts):
+            print("    (some beams are identical: beam sampling draws its beams independently, "
+                  "with replacement, so it can draw the same beam twice; --no-replacement draws "
+                  "distinct beams)")
+    return gen
