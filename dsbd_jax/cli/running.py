@@ -52,7 +52,7 @@ class ElapsedTicker:
 
 
 class ProgressBar:
-    """A tqdm bar over new tokens, fed by ``common.progress_hook`` once per decoder loop trip:
+    """A tqdm bar over new tokens, fed by ``calls.progress_hook`` once per decoder loop trip:
     iterations, target calls and the draft acceptance figure (no rate: a run has one tokens/s
     figure, :func:`tokens_per_second`, printed when it ends):
     for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
@@ -191,7 +191,7 @@ def _run_once(call, total: int, desc: str, method: str, progress,
             ticker.close()
     if not progress or progress == "none":
         return timed(call)
-    from dsbd_jax.decoding.common import progress_hook
+    from dsbd_jax.decoding.calls import progress_hook
     bar = ProgressBar(total, desc, method, rows=rows)
     try:
         with progress_hook(bar):

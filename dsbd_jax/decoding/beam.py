@@ -39,7 +39,7 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.decoding.sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
 from dsbd_jax.decoding.warping import draw_from, sample_without_replacement, warp_logits
@@ -126,14 +126,14 @@ class BeamState:
     target_calls: jax.Array  # scalar int32
 
 
-@common.core("beam_sample")
+@calls.core("beam_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("beam_sample", config, params, prompt_ids,
-                                                              prompt_lengths)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "beam_sample", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     keys = row_keys(key, B)
     cache, logits = common.prefill(config.target, params, prompt_ids, prompt_lengths, P + N)
@@ -174,7 +174,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
         return BeamState(step=t + 1, cache=cache, logits=logits, sequences=seqs, scores=scores,
                          finished=finished, target_calls=calls)
 
-    body = common.with_progress(config, body, common.step_progress(B))
+    body = calls.with_progress(config, body, calls.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_token_id)
@@ -182,7 +182,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
     out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
                          best=best, stats=stats)
-    return common.mark_invalid(out, invalid, pad)
+    return inputs.mark_invalid(out, invalid, pad)
 
 
 def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None
@@ -224,15 +224,15 @@ class SearchState:
     target_calls: jax.Array
 
 
-@common.core("beam_search")
+@calls.core("beam_search")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: DecodeConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("beam_search", config, params, prompt_ids,
-                                                              prompt_lengths)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "beam_search", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     lp_exp = length_penalty  # scalar arrays: other settings reuse the compiled program
     n_eos = len(config.eos_token_id or ())
@@ -306,7 +306,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                                             lambda c: (s.logits, c, s.target_calls), s.cache)
         return nxt_state.replace(cache=cache, logits=logits, target_calls=calls)
 
-    body = common.with_progress(config, body, common.step_progress(B))
+    body = calls.with_progress(config, body, calls.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_token_id)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
@@ -314,7 +314,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                  scores=s.done_scores)
     out = GenerateOutput(sequences=s.done_seqs, lengths=lengths, log_likelihoods=s.done_logprobs,
                          best=jnp.zeros((B,), jnp.int32), stats=stats)
-    return common.mark_invalid(out, invalid, pad)
+    return inputs.mark_invalid(out, invalid, pad)
 
 
 def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:

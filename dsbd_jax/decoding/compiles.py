@@ -4,7 +4,7 @@ jax reports every backend compilation through ``jax.monitoring`` (the duration e
 ``/jax/core/compile/backend_compile_duration`` with the compiled function's name as
 ``fun_name``, e.g. ``jit(_dsbd_core)``). A compilation is attributed to a decoder when
 
-* ``fun_name`` is the name of a decoder's jitted core (``@common.core("dsbd_generate")`` on
+* ``fun_name`` is the name of a decoder's jitted core (``@calls.core("dsbd_generate")`` on
   ``_dsbd_core``): the decoder was called directly and jax compiled its core; or
 * the core was called with traced arguments inside someone else's ``jax.jit`` (the user's
   ``jax.jit(functools.partial(dsbd_generate, config=cfg))``, ``ShardedDecoder``'s): when that

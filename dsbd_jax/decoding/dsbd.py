@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.decoding import common, drafting
+from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
@@ -197,7 +197,8 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
     zg = jnp.zeros((G,), jnp.int32)
     return DSBDState(
         target_cache=_to_rows(tcache, lay.Wc), draft_cache=_to_rows(dcache, lay.Wc, lay.Td),
-        keys=common.row_keys(key, B), row_iter=zi, generated=zi, done=jnp.zeros((B,), bool), anchor=zi,
+        keys=inputs.row_keys(key, B), row_iter=zi, generated=zi, done=jnp.zeros((B,), bool),
+        anchor=zi,
         sequences=jnp.full((B, W, N), config.pad_id, jnp.int32),
         scores=jnp.where(first, 0.0, NEG_INF).repeat(B, 0).astype(jnp.float32),
         finished=jnp.zeros((B, W), bool), live=jnp.broadcast_to(first, (B, W)),
@@ -384,19 +385,19 @@ def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
                           best=best, stats=stats)
 
 
-@common.core("dsbd_generate")
+@calls.core("dsbd_generate")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> GenerateOutput:
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("dsbd_generate", config, params, prompt_ids,
-                                                              prompt_lengths)
-    params = common.with_prompt_rows(params, prompt_ids)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "dsbd_generate", config, params, prompt_ids, prompt_lengths)
+    params = inputs.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
-    body = common.with_progress(
+    body = calls.with_progress(
         config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
             iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
             accepted=jnp.sum(s.layer_accepted), verified=jnp.sum(s.layer_verified)))
     state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
-    return common.mark_invalid(to_output(config, state), invalid, config.pad_id)
+    return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,11 +415,11 @@ def check_inputs(params, prompt_ids, key, config, prompt_lengths) -> None:
         if rows is not None and rows != mc.vocab_size:
             raise ValueError(f"{name} parameters have a vocabulary of {rows}, the config says "
                              f"{mc.vocab_size}")
-    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     B, P = np.shape(prompt_ids)
-    common.check_positions({"target": config.target, "draft": config.draft}, P,
+    inputs.check_positions({"target": config.target, "draft": config.draft}, P,
                            config.max_new_tokens, num_slots(config, P) - P - config.max_new_tokens)
-    common.check_key(key, B)
+    inputs.check_key(key, B)
 
 
 def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None
@@ -445,14 +446,14 @@ def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     params = {"target": params["target"], "draft": params["draft"]}
     # [B] row keys before the jit: a single key and a batch of keys share one compiled program
-    keys = common.row_keys(key, prompt_ids.shape[0])
+    keys = inputs.row_keys(key, prompt_ids.shape[0])
     return params, prompt_ids, lengths, keys
 
 
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _first_forest_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig):
-    prompt_ids = common.mask_padding(prompt_ids, prompt_lengths)
-    params = common.with_prompt_rows(params, prompt_ids)
+    prompt_ids = inputs.mask_padding(prompt_ids, prompt_lengths)
+    params = inputs.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     return draft_forest(config, params, prompt_lengths, state)[0]
 

@@ -58,12 +58,12 @@ class Decoder:
 
     def core_call(self, params, prompt_ids, key, prompt_lengths=None):
         """The jitted core and the exact arguments a call with these inputs runs
-        (``common.CoreCall``), after the same host-side checks; nothing is run."""
-        from dsbd_jax.decoding import common
-        with common.capture_core_calls():
+        (``calls.CoreCall``), after the same host-side checks; nothing is run."""
+        from dsbd_jax.decoding import calls
+        with calls.capture_core_calls():
             call = self(params, prompt_ids, key, prompt_lengths=prompt_lengths)
-        if not isinstance(call, common.CoreCall):
-            raise TypeError(f"{self.fn.__name__} did not call a @common.core function")
+        if not isinstance(call, calls.CoreCall):
+            raise TypeError(f"{self.fn.__name__} did not call a @calls.core function")
         return call
 
     def compiled(self, params, prompt_ids, key, prompt_lengths=None):

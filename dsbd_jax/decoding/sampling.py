@@ -26,9 +26,9 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.common import check_key, row_keys  # noqa: F401  (re-exported)
+from dsbd_jax.decoding.inputs import check_key, row_keys  # noqa: F401  (re-exported)
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
 
@@ -64,9 +64,9 @@ def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=N
     """Host-side checks shared by the baseline decoders; raise ``ValueError`` (never NaN later)."""
     if not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     shape = np.shape(prompt_ids)
-    common.check_positions({"target": config.target}, shape[1], config.max_new_tokens)
+    inputs.check_positions({"target": config.target}, shape[1], config.max_new_tokens)
     p = target_params(params)
     embed = None
     if isinstance(p, Mapping):
@@ -101,14 +101,14 @@ class SampleState:
     target_calls: jax.Array  # scalar int32
 
 
-@common.core("sample")
+@calls.core("sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) -> GenerateOutput:
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("sample", config, params, prompt_ids,
-                                                              prompt_lengths)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "sample", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     greedy = is_greedy(config)
     keys = row_keys(key, B)
@@ -149,7 +149,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
         return SampleState(step=t + 1, cache=cache, logits=logits, sequences=seqs,
                            log_likelihoods=ll, finished=finished, target_calls=calls)
 
-    body = common.with_progress(config, body, common.step_progress(B))
+    body = calls.with_progress(config, body, calls.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)
@@ -158,7 +158,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
     out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,
                          stats=stats)
-    return common.mark_invalid(out, invalid, pad)
+    return inputs.mark_invalid(out, invalid, pad)
 
 
 def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:

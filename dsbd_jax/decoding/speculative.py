@@ -39,8 +39,7 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import common
-from dsbd_jax.decoding import drafting
+from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
@@ -117,14 +116,14 @@ def check_inputs(params, prompt_ids, key, config: DecodeConfig, prompt_lengths) 
     if config.tree_widths is not None and len(config.tree_widths) != config.gamma:
         raise ValueError(f"tree_widths must have gamma = {config.gamma} entries, "
                          f"got {config.tree_widths}")
-    common.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
+    inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     B, P = np.shape(prompt_ids)
-    common.check_positions({"target": config.target, "draft": config.draft}, P,
+    inputs.check_positions({"target": config.target, "draft": config.draft}, P,
                            config.max_new_tokens, config.gamma + 1)
-    common.check_key(key, B)
+    inputs.check_key(key, B)
 
 
-row_keys = common.row_keys
+row_keys = inputs.row_keys
 
 
 @jax.named_scope("random")
@@ -311,7 +310,7 @@ def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, dra
 def decode_loop(config: DecodeConfig, state: DecodeState,
                 iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
-    body = common.with_progress(config, iteration, lambda s: dict(
+    body = calls.with_progress(config, iteration, lambda s: dict(
         iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
         accepted=jnp.sum(s.accepted), verified=jnp.sum(s.verified)))
     return jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
@@ -405,15 +404,15 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
                             draft_calls=gamma)
 
 
-@common.core("speculative_sample")
+@calls.core("speculative_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("speculative_sample", config, params, prompt_ids,
-                                                              prompt_lengths)
-    params = common.with_prompt_rows(params, prompt_ids)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "speculative_sample", config, params, prompt_ids, prompt_lengths)
+    params = inputs.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     state = decode_loop(config, state, functools.partial(chain_iteration, config, params))
-    return common.mark_invalid(to_output(config, state), invalid, config.pad_id)
+    return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
 def speculative_sample(params, prompt_ids, key, config: DecodeConfig,

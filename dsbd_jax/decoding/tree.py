@@ -38,8 +38,7 @@ import numpy as np
 
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import common, drafting
-from dsbd_jax.decoding import speculative as spec
+from dsbd_jax.decoding import calls, common, drafting, inputs, speculative as spec
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
 from dsbd_jax.decoding.warping import draw_from
 from dsbd_jax.decoding.verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
@@ -275,16 +274,16 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
                                  emitted_logp, draft_calls=gamma)
 
 
-@common.core("tree_speculative_sample")
+@calls.core("tree_speculative_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
-    invalid, prompt_ids, prompt_lengths = common.guard_inputs("tree_speculative_sample", config, params, prompt_ids,
-                                                              prompt_lengths)
-    params = common.with_prompt_rows(params, prompt_ids)
+    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
+        "tree_speculative_sample", config, params, prompt_ids, prompt_lengths)
+    params = inputs.with_prompt_rows(params, prompt_ids)
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
                             draft_extra_slots=draft_extra_slots(config))
     state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))
-    return common.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
+    return inputs.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
 
 
 def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,

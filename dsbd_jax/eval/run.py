@@ -56,11 +56,11 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
     to ``prompt_len``: shapes from ``jax.eval_shape`` of the method's own state initialisation."""
     import jax
     import jax.numpy as jnp
-    from dsbd_jax.decoding import common
+    from dsbd_jax.decoding import common, inputs
     cfg = decoder.config
     ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     lens = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    keys = jax.eval_shape(lambda: common.row_keys(jax.random.key(0), batch))
+    keys = jax.eval_shape(lambda: inputs.row_keys(jax.random.key(0), batch))
 
     def nbytes(tree):
         return int(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize

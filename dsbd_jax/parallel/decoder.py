@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import common, inputs
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
@@ -51,7 +51,7 @@ def share(prompt_ids, key, prompt_lengths):
     key (one key, or its rows of a batch of keys), lengths [n] or None)``."""
     ids = np.asarray(prompt_ids)
     rows = distributed.process_share(ids.shape[0]) if ids.ndim == 2 else slice(None)
-    batch_keys = key is not None and np.ndim(key) == (1 if common.is_typed_key(key) else 2)
+    batch_keys = key is not None and np.ndim(key) == (1 if inputs.is_typed_key(key) else 2)
     return (ids[rows], key[rows] if batch_keys else key,
             None if prompt_lengths is None else np.asarray(prompt_lengths)[rows])
 
@@ -160,12 +160,12 @@ class ShardedDecoder:
         """Host side: check, compute the [B] row keys, pad the batch to a multiple of the data
         axis with copies of the last row. Returns (ids, lengths, raw keys [Bp, 2], B)."""
         ids = np.asarray(prompt_ids)
-        common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+        inputs.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
         B, Pl = ids.shape
         lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
         if self.takes_key:
-            common.check_key(key, B)
-            keys = np.asarray(jax.random.key_data(common.row_keys(key, B)))
+            inputs.check_key(key, B)
+            keys = np.asarray(jax.random.key_data(inputs.row_keys(key, B)))
         else:
             keys = np.zeros((B, 2), np.uint32)
         pad = (-B) % self.rules.data_size
@@ -292,7 +292,7 @@ class ShardedDecoder:
             if ids.ndim == 2 and ids.shape[0] == 0:    # fewer prompts than processes
                 lengths = np.zeros((0,), np.int32)
             else:
-                common.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
+                inputs.check_prompt_batch(ids, prompt_lengths, self.config.target.vocab_size)
                 lengths = np.asarray(common.prompt_lengths_or_full(ids, prompt_lengths))
             n, P = ids.shape
             kind, khash, own = distributed.key_parts(key, n) if self.takes_key else (0, 0, None)

@@ -20,8 +20,7 @@ from exact_reference import (beam_key, chi_square_test, exact_beam_sample_dist,
                              exact_sample_dist)
 from test_sampling import load_peer
 
-from dsbd_jax.decoding import beam
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import beam, common
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.warping import warp_logits
 

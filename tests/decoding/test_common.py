@@ -5,10 +5,7 @@ with the position check every decoder runs before compiling (one position more i
 import numpy as np
 import pytest
 
-from dsbd_jax.decoding import common
-from dsbd_jax.decoding import dsbd
-from dsbd_jax.decoding import sampling
-from dsbd_jax.decoding import speculative
+from dsbd_jax.decoding import common, dsbd, sampling, speculative
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.decoding.methods import build
 

@@ -34,8 +34,7 @@ import jax
 import jax.numpy as jnp
 
 import exact_reference as ref
-from dsbd_jax.decoding import common
-from dsbd_jax.decoding import dsbd
+from dsbd_jax.decoding import common, dsbd
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
 PROMPT = (1, 2, 3)

@@ -27,8 +27,7 @@ import pytest
 import exact_reference as ref
 import test_speculative as ts
 from head_toys import toy_head
-from dsbd_jax.decoding import dsbd, tree
-from dsbd_jax.decoding import speculative as spec
+from dsbd_jax.decoding import dsbd, speculative as spec, tree
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
 ROWS = 10_000

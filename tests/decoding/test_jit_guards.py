@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exact_reference import toy_model  # noqa: E402
 
 from dsbd_jax.decoding import common, methods  # noqa: E402
+from dsbd_jax.decoding import inputs
 
 REFERENCE = Path(__file__).parent / "data" / "guard_reference.npz"
 V, P = 8, 8
@@ -139,11 +140,11 @@ def test_guard_marks_what_the_host_check_refuses():
         ids = rng.integers(-2, V + 2, size=(1, 4)).astype(np.int32)
         lens = rng.integers(-1, 6, size=(1,)).astype(np.int32)
         try:
-            common.check_prompt_batch(ids, lens, V)
+            inputs.check_prompt_batch(ids, lens, V)
             refused = False
         except ValueError:
             refused = True
-        invalid, new_ids, new_lens = common.guard_prompts(jax.numpy.asarray(ids),
+        invalid, new_ids, new_lens = inputs.guard_prompts(jax.numpy.asarray(ids),
                                                           jax.numpy.asarray(lens), V)
         assert bool(invalid[0]) == refused, (ids, lens)
         if not refused:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
-from dsbd_jax.decoding import common, methods
+from dsbd_jax.decoding import inputs, methods
 
 V, B, P, N = 8, 3, 6, 3
 # name: (method, settings); greedy sampling and single-beam DSBD are decoders of their own here
@@ -190,7 +190,7 @@ def test_padding_is_never_read(models, name, mode):
 
 def test_mask_padding_keeps_the_prompt_and_zeroes_the_rest():
     ids = np.array([[3, 1, 9, -4], [2, 2, 2, 2 ** 30]], np.int32)
-    got = np.asarray(common.mask_padding(ids, np.array([2, 3], np.int32)))
+    got = np.asarray(inputs.mask_padding(ids, np.array([2, 3], np.int32)))
     np.testing.assert_array_equal(got, [[3, 1, 0, 0], [2, 2, 2, 0]])
 
 

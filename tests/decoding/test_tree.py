@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from dsbd_jax.decoding import speculative as spec
-from dsbd_jax.decoding import tree
+from dsbd_jax.decoding import speculative as spec, tree
 import exact_reference as ref
 from dsbd_jax.decoding import common
 from test_speculative import (BATCH, P_BROKEN, P_EXACT, PROMPT, check_bad_inputs, check_exact_case,

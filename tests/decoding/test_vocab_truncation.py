@@ -20,9 +20,7 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.decoding import common
-from dsbd_jax.decoding import speculative as spec
-from dsbd_jax.decoding import tree
+from dsbd_jax.decoding import common, speculative as spec, tree
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.models import llama as dmodel
 from dsbd_jax.models.vocab import head_rows, truncate_head

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench_setup import write_bench_config
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import calls, common
 from dsbd_jax.eval import energy
 from dsbd_jax.eval.plan import expand_methods, load_config
 from dsbd_jax.eval.records import read_records
@@ -244,7 +244,7 @@ def test_progress_hook_and_jit(pair):
     loud = build("dsbd", T.config, D.config, **kw, progress=True)
     seen = []
     key = jax.random.key(3)
-    with common.progress_hook(seen.append):
+    with calls.progress_hook(seen.append):
         a = jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
     b = plain(params, ids, key, prompt_lengths=lens)
     np.testing.assert_array_equal(a.sequences, b.sequences)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bench_setup import bench_config
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.eval.plan import default_batch_size, make_config, plan_batches, prompt_keys
 from dsbd_jax.eval.records import read_records, resume_state
 from dsbd_jax.eval.run import CompileClock, run_bench
@@ -73,7 +73,7 @@ def test_plan_batches_groups_by_bucket_and_takes_turns():
 
 def test_prompt_keys_do_not_depend_on_the_batch():
     k = prompt_keys(3, [5, 0, 5])
-    single = common.row_keys(jax.random.fold_in(jax.random.key(3), 5), 1)
+    single = inputs.row_keys(jax.random.fold_in(jax.random.key(3), 5), 1)
     np.testing.assert_array_equal(jax.random.key_data(k[0]), jax.random.key_data(single[0]))
     np.testing.assert_array_equal(jax.random.key_data(k[0]), jax.random.key_data(k[2]))
     assert not np.array_equal(jax.random.key_data(k[0]), jax.random.key_data(k[1]))
@@ -188,7 +188,7 @@ def test_compile_ahead_of_time(pair, method, setting):
     ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
     keys = prompt_keys(3, [0, 1])
     call = dec.core_call(params, ids, keys, prompt_lengths=lengths)
-    assert isinstance(call, common.CoreCall) and set(call.kwargs) == {"config"}
+    assert isinstance(call, calls.CoreCall) and set(call.kwargs) == {"config"}
     clock = CompileClock.total()
     compiled = dec.compiled(params, ids, keys, prompt_lengths=lengths)
     assert CompileClock.total() > clock  # it compiled ...

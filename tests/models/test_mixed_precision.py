@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.decoding import common
+from dsbd_jax.decoding import inputs
 from dsbd_jax.models import host, kernels, products
 from dsbd_jax.models import llama as M
 from dsbd_jax.models.vocab import truncate_head, with_prompt_rows
@@ -83,11 +83,11 @@ def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
     assert not kernels.head_transposed(back)
     np.testing.assert_array_equal(np.asarray(back["lm_head"]["kernel"]),
                                   np.asarray(params["lm_head"]["kernel"]))
-    common.check_params("target", config, rows)
-    common.check_params("target", config, back)
+    inputs.check_params("target", config, rows)
+    inputs.check_params("target", config, back)
     with pytest.raises(ValueError, match="lm_head"):
         bad = dict(rows, lm_head={"kernel_t": rows["lm_head"]["kernel_t"][:-1]})
-        common.check_params("target", config, bad)
+        inputs.check_params("target", config, bad)
 
 
 def test_truncated_head_as_rows_with_prompt_rows():
@@ -97,7 +97,7 @@ def test_truncated_head_as_rows_with_prompt_rows():
     head = truncate_head(params, config, [0, 2, 5, 7], prompt_rows=True)
     rows = kernels.transpose_head(head)
     assert rows["vocab_head"]["kernel_t"].shape == (4, 16)
-    common.check_params("draft", config, rows)
+    inputs.check_params("draft", config, rows)
     prompt = jnp.asarray([[3, 9, 2]], jnp.int32)
     a, b = with_prompt_rows(head, prompt), with_prompt_rows(rows, prompt)
     assert b["vocab_head"]["kernel_t"].shape == (7, 16)

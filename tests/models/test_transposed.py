@@ -12,7 +12,8 @@ import pytest
 
 import exact_reference as ref
 from dsbd_jax.decoding.beam import beam_sample
-from dsbd_jax.decoding.common import DecodeConfig, check_params
+from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.inputs import check_params
 from dsbd_jax.models import kernels
 from dsbd_jax.models.llama import convert_layout
 
