@@ -326,7 +326,7 @@ def main(argv=None):
                          "(0: no head)")
     ap.add_argument("--head-tokens-per-iteration",
                     default=os.path.join(_ROOT, "results/draft_terms_head.json"))
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="default /tmp/dsbd_accelerator_<device>.json")
     args = ap.parse_args(argv)
     if jax.config.jax_enable_x64:
         raise SystemExit("float64 is on (JAX_ENABLE_X64): accelerators run float32/bfloat16")
@@ -336,9 +336,8 @@ def main(argv=None):
     new_tokens = 32 if args.small else args.max_new_tokens  # small: the loop outweighs the noise
     repeats = 2 if args.small else args.repeats
     device = jax.devices()[0]
-    out_path = args.out or os.path.join(
-        "results", "gpu" if device.platform == "gpu" else device.platform,
-        f"{getattr(device, 'device_kind', 'device').replace(' ', '_')}.json")
+    out_path = args.out or (  # commit a run as results/gpu/<device>.json
+        f"/tmp/dsbd_accelerator_{getattr(device, 'device_kind', 'device').replace(' ', '_')}.json")
     budget = Budget(args.budget_s)
     runs = []
     plan = [(p, "bfloat16", lay) for p in pairs for lay in args.layouts

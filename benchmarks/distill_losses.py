@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("config", help="a distillation recipe, e.g. configs/distill_qwen.yaml")
     ap.add_argument("--losses", nargs="+", default=["tv", "fkl"])
     ap.add_argument("--steps", type=int, default=20, help="LoRA steps per loss (default 20)")
-    ap.add_argument("--out", default="results/distill_losses.json")
+    ap.add_argument("--out", default="/tmp/dsbd_distill_losses.json")
     args = ap.parse_args(argv)
 
     import jax.numpy as jnp

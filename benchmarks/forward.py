@@ -15,7 +15,7 @@ A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV 
   cropped back after each call), ``torch.inference_mode``, ``--threads`` threads.
 
 Each figure is the median of ``--repeats`` timed calls after one warm-up call. Writes JSON
-(default ``results/forward.json``) and prints a table with the ratios.
+(default ``/tmp/dsbd_forward.json``) and prints a table with the ratios.
 
 * ours, ``per_layer@NAME`` for each ``--options NAME``: the per-layer layout compiled with
   that candidate of :data:`dsbd_jax.models.cpu_options.CANDIDATES` (e.g. ``default`` and
@@ -165,7 +165,7 @@ def main(argv=None):
                     help="also time the per-layer layout (and per_layer_transposed, if asked "
                          "for) compiled with these XLA:CPU options (columns per_layer@NAME); "
                          "the other columns use this host's choice")
-    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "forward.json"))
+    ap.add_argument("--out", default="/tmp/dsbd_forward.json")
     args = ap.parse_args(argv)
     missing = [o for o in args.options if o not in candidates()]
     if missing:

@@ -46,7 +46,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "jax_side_by_side.json"))
+    ap.add_argument("--out", default="/tmp/dsbd_jax_side_by_side.json")
     args = ap.parse_args(argv)
     runs = {"a": [], "b": []}
     for r in range(args.rounds):

@@ -86,7 +86,7 @@ def main(argv=None):
     ap.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                    "dsbd-trixie"))
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "jax_versions_cpu.json"))
+    ap.add_argument("--out", default="/tmp/dsbd_jax_versions_cpu.json")
     args = ap.parse_args(argv)
     if not os.path.exists(os.path.join(args.root, "opt", "v", "bin", "python")):
         raise SystemExit(f"no venv at {args.root}/opt/v: build it with "

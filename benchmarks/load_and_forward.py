@@ -6,7 +6,7 @@ For each model, in separate processes (peak RSS is per process and monotonic):
   2. cached load from that folder (OS page cache warm: it was just written), then a jitted
      prefill of ``--prefill`` tokens and ``--steps`` greedy decode steps with the KV cache
      (batch 1; compile and one warm-up step excluded; ``block_until_ready`` per step).
-Prints a table and writes JSON (default ``results/load_and_forward.json``).
+Prints a table and writes JSON (default ``/tmp/dsbd_load_and_forward.json``).
 
 Usage: python benchmarks/load_and_forward.py [--models a,b] [--out PATH] [--dtype float32]
 """
@@ -121,7 +121,7 @@ def _child(args, phase, name, cache_dir):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("out", nargs="?", default="results/load_and_forward.json")
+    p.add_argument("out", nargs="?", default="/tmp/dsbd_load_and_forward.json")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prefill", type=int, default=32)

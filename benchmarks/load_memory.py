@@ -8,7 +8,7 @@ Steps:
      its peak RSS (``VmHWM``) before and after the load, the parameters' bytes and the largest
      stacked tensor's bytes. Expected: peak about baseline + parameters + one stacked tensor.
 
-Writes JSON (default ``results/load_memory.json``) with the host (``machine``), the exported
+Writes JSON (default ``/tmp/dsbd_load_memory.json``) with the host (``machine``), the exported
 checkpoint's name (no path), and prints a table.
 
 Usage:
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     p.add_argument("--export-dir", default=None, help="reuse / write the exported checkpoint here")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--layout", default="stacked", choices=("stacked", "per_layer"))
-    p.add_argument("--out", default=os.path.join(_ROOT, "results", "load_memory.json"))
+    p.add_argument("--out", default="/tmp/dsbd_load_memory.json")
     a = p.parse_args(argv)
     directory = a.export_dir or tempfile.mkdtemp(prefix="load_memory_")
     os.makedirs(directory, exist_ok=True)

@@ -180,7 +180,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="2 layers of a 256x512 product")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="bfloat16: also the bfloat16 variants (module docstring)")
-    ap.add_argument("--out", default="results/matmul.json")
+    ap.add_argument("--out", default="/tmp/dsbd_matmul.json")
     args = ap.parse_args(argv)
     shapes = SMALL_SHAPES if args.small else {k: SHAPES[k] for k in args.shapes}
     layers = 2 if args.small else args.layers

@@ -100,7 +100,7 @@ def main(argv=None):
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--batch", type=int, default=1, help="prompts per profiled call")
-    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "profile.json"))
+    ap.add_argument("--out", default="/tmp/dsbd_profile.json")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.prompts % args.batch:
         ap.error("--batch must be >= 1 and divide --prompts")

@@ -79,7 +79,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default="results/sharding/cpu8.json")
+    ap.add_argument("--out", default="/tmp/dsbd_sharding_cpu8.json")
     ap.add_argument("--models", default="/tmp/dsbd_sharding_models")
     args = ap.parse_args(argv)
     meshes = [tuple(int(x) for x in m.split("x")) for m in args.meshes.split(",")]

@@ -17,7 +17,7 @@ is repeated for ``--rounds`` rounds. It records
 * NaNs and malformed outputs (shapes, token ids in the vocabulary, lengths in [0, N], pad after
   the length, a finite log-likelihood for the best beam, ``invalid`` all False).
 
-JSON goes to ``results/soak/<host>.json`` with the CPU model. ``--small`` is a quick check of the
+JSON goes to ``--out`` (default ``/tmp/dsbd_soak_<host>.json``) with the CPU model. ``--small`` is a quick check of the
 script itself (8 prompts, 2 rounds, sampling and beam sampling W=2, 4 new tokens).
 
 Usage: python benchmarks/soak.py [--small] [--prompts 200] [--rounds 3] [--new 16]
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-len", type=int, default=100, help="longest prompt (tokens)")
     ap.add_argument("--config", default=os.path.join(_ROOT, "configs", "quality_cpu.yaml"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="default results/soak/<host>.json")
+    ap.add_argument("--out", default=None, help="default /tmp/dsbd_soak_<host>.json")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         qcfg = yaml.safe_load(f)
@@ -190,7 +190,7 @@ def main(argv=None) -> dict:
         "nan_outputs": nan_outputs, "malformed_outputs": len(bad), "malformed": bad[:20],
         "seconds": time.perf_counter() - t_start,
     }
-    out_path = a.out or os.path.join("results", "soak", f"{socket.gethostname()}.json")
+    out_path = a.out or f"/tmp/dsbd_soak_{socket.gethostname()}.json"
     write_json(out_path, res)
     print(json.dumps({k: res[k] for k in ("compile_combinations", "compiles_first_round",
                                           "compiles_later_rounds", "nan_outputs",

@@ -170,7 +170,7 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="run the table in each dtype (ours and transformers alike)")
-    ap.add_argument("--out", default="results/speed.json")
+    ap.add_argument("--out", default="/tmp/dsbd_speed.json")
     args = ap.parse_args()
     from dsbd_jax import eval as bench
     import gc

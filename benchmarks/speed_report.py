@@ -1,7 +1,7 @@
 """Markdown tables from the speed benchmarks' JSON (for ``docs/results/speed.md``).
 
     python benchmarks/speed_report.py [--forward results/forward.json]
-        [--profile results/profile.json] [--speed results/speed_float32_host.json]
+        [--profile results/profile_float32_host.json] [--speed results/speed_float32_host.json]
 
 Prints: the forward passes of both weight layouts against transformers; the phase profile of
 every decoder (ms per iteration, tokens per iteration, overhead share); the end-to-end table
@@ -74,7 +74,7 @@ def speed_table(d):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--forward", default=os.path.join(_ROOT, "results", "forward.json"))
-    ap.add_argument("--profile", default=os.path.join(_ROOT, "results", "profile.json"))
+    ap.add_argument("--profile", default=os.path.join(_ROOT, "results", "profile_float32_host.json"))
     ap.add_argument("--speed", default=os.path.join(_ROOT, "results", "speed_float32_host.json"))
     args = ap.parse_args(argv)
     for title, path, fn in (("Forward passes", args.forward, forward_table),

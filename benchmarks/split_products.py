@@ -92,7 +92,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
     ap.add_argument("--small", action="store_true")
-    ap.add_argument("--out", default=os.path.join(_ROOT, "results", "split_products.json"))
+    ap.add_argument("--out", default="/tmp/dsbd_split_products.json")
     args = ap.parse_args(argv)
     din, dout, L = (64, 256, 2) if args.small else (args.din, args.dout, args.layers)
     rng = np.random.default_rng(0)

@@ -1,0 +1,509 @@
+"""The measured figures the documentation prints, each with the committed JSON it comes from.
+
+Read by ``tests/test_page_figures.py``. An entry of :data:`FIGURES` is ``(page, json, text,
+at)``: ``text`` is a passage of the page as printed, with each figure written as a placeholder
+``{getter:format}``; the test reads the figure from the JSON, formats it, puts it in its place
+and asserts that the page holds the passage (whitespace and line breaks count as one space).
+
+- ``getter``: a key path into the JSON, ``.``-separated (a key may hold dots or spaces: at each
+  level the longest key that fits is taken; a list takes an index), prefixed by ``at``; or an
+  expression after ``=`` over ``v(path)`` (the same paths), ``w(json, path)`` (another results
+  file), ``span(values)`` (their lowest and highest, printed ``lo-hi``) and the helpers of
+  :data:`HELPERS`.
+- ``format``: a Python format spec (``.2f``, ``d``, ``,d``); what surrounds the figure on the
+  page (``x``, `` %``, `` ms``) stays in ``text``.
+
+:data:`ALLOWED` names the figures the completeness check of the test finds that are not
+measurements of the current code (the paper's figures, settings, size ratios), each with why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPEED = "results/speed_float32_host.json"
+DTYPES = "results/speed_dtypes_host.json"
+TERMS = "results/draft_terms_head.json"
+PROFILE = "results/profile_float32_host.json"
+DTYPE_RUNS = "results/dtype_runs.json"
+ACCEPT = "results/head_acceptance.json"
+TRAINING = "results/head_qwen_training.json"
+CLI = "results/cli_latency.json"
+H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
+H100_HEAD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head.json"
+H100_DSBD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head_dsbd.json"
+GPU_RUNS = (H100, H100_HEAD, H100_DSBD)
+
+README = "README.md"
+SPEED_MD = "docs/results/speed.md"
+DRAFT_MD = "docs/results/draft.md"
+PRECISION_MD = "docs/results/precision.md"
+ACCEL_MD = "docs/results/accelerators.md"
+MEMORY_MD = "docs/results/memory.md"
+INDEX_MD = "docs/results/index.md"
+CLI_MD = "docs/cli.md"
+DRAFT_TOOLS_MD = "docs/draft_tools.md"
+
+# --- reading the JSON -----------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def load(rel: str):
+    return json.loads((ROOT / rel).read_text())
+
+
+def resolve(doc, path: str):
+    """The value at a ``.``-separated key path (the longest key that fits at each level)."""
+    node, rest = doc, path
+    while rest:
+        if isinstance(node, list):
+            head, _, rest = rest.partition(".")
+            node = node[int(head)]
+            continue
+        if not isinstance(node, dict):
+            raise KeyError(f"{path!r}: {rest!r} below a {type(node).__name__}")
+        fits = [k for k in node if rest == k or rest.startswith(k + ".")]
+        if not fits:
+            raise KeyError(f"{path!r}: no key for {rest!r} (keys: {sorted(node)[:12]})")
+        key = max(fits, key=len)
+        node, rest = node[key], rest[len(key) + 1:]
+    return node
+
+
+def span(values):
+    values = list(values)
+    return (min(values), max(values))
+
+
+def probe(model: str):
+    """``dsbd host``'s passes in each run of ``results/dtype_runs.json`` for ``model``: per run
+    ``{dtype: (one token ms, 12-node forest ms)}``, read from the choice's ``why``."""
+    out = []
+    for run in load(DTYPE_RUNS)["runs"]:
+        why = run["choices"][model]["why"]
+        out.append({d: (float(a), float(b))
+                    for d, a, b in re.findall(r"(float32|bfloat16) ([\d.]+) / ([\d.]+) ms", why)})
+    return out
+
+
+def forest12(rel: str) -> float:
+    """A 12-node forest pass of the target over its one-token pass, 512 slots (a GPU run)."""
+    f = load(rel)["runs"][0]["forward"]
+    return f["target forest 12 @512"]["ms"] / f["target 1 token @512"]["ms"]
+
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def faster(model: str, both: bool):
+    """How much less time bfloat16 takes than float32 in each run (%): the forest pass alone, or
+    the two passes together."""
+    out = []
+    for r in probe(model):
+        (f1, f12), (b1, b12) = r["float32"], r["bfloat16"]
+        out.append(100 * (1 - ((b1 + b12) / (f1 + f12) if both else b12 / f12)))
+    return out
+
+
+HELPERS = {"span": span, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
+           "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
+           "TARGET": TARGET, "DRAFT": DRAFT}
+
+# --- the registry ---------------------------------------------------------------------------
+
+FIGURES: list = []
+
+
+def add(page: str, source: str, *texts: str, at: str = "") -> None:
+    for text in texts:
+        FIGURES.append((page, source, text, at))
+
+
+_HEADLINE = [  # ours against transformers and against each other (speed_float32_host.json)
+    "| our sampling / transformers' sampling | {ratios.tokens_per_s: sample: dsbd_jax / "
+    "transformers:.2f}x | {ratios.decode_tokens_per_s: sample: dsbd_jax / transformers:.2f}x |",
+    "| our beam sampling W=4 / transformers' W=4 | {ratios.tokens_per_s: beam_sample_W4: dsbd_jax"
+    " / transformers:.2f}x | {ratios.decode_tokens_per_s: beam_sample_W4: dsbd_jax / "
+    "transformers:.2f}x |",
+    "| DSBD (g2, W_S 4, t 0.7, W_min 2) / our beam sampling W=4 | {ratios.tokens_per_s: "
+    "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x | {ratios.decode_tokens_per_s: "
+    "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x |",
+    "| the same DSBD / transformers' beam sampling W=4 | {ratios.tokens_per_s: "
+    "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (transformers):.2f}x | {ratios.decode_tokens_per_s: "
+    "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (transformers):.2f}x |",
+    "| speculative sampling (gamma 4) / our sampling | {ratios.tokens_per_s: speculative_g4 / "
+    "sample:.2f}x | {ratios.decode_tokens_per_s: speculative_g4 / sample:.2f}x |",
+]
+
+# README.md ------------------------------------------------------------------------------------
+add(README, SPEED, *_HEADLINE,
+    "--out results/speed_float32_host.json`, {=v('wall_s') / 60:.0f} minutes; host: Intel",
+    "DSBD verified {rows.3.tokens_per_target_call:.2f} tokens per target pass there, "
+    "speculative sampling {rows.2.tokens_per_target_call:.2f}.")
+# the draft head paragraph
+add(README, TERMS,
+    "Its pass costs {batches.b1.draft_pass_vs_target.head:.3f}x the target's one-token pass (the "
+    "0.5B draft's: {batches.b1.draft_pass_vs_target.base:.2f}x)",
+    "{batches.b1.drafts.head.speculative_g4.tokens_per_iteration:.2f} tokens per speculative "
+    "iteration against the 0.5B draft's {batches.b1.drafts.base.speculative_g4."
+    "tokens_per_iteration:.2f}")
+add(README, H100_DSBD,
+    "a 12-node forest costs {=span(forest12(f) for f in GPU_RUNS):.2f}x a one-token pass of the "
+    "target",
+    "DSBD's iteration takes {dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration:.2f} ms against beam "
+    "sampling W=4's {beam_sample_W4.ms_per_iteration:.2f} ms, "
+    "{=100 * v('dsbd_g2_WS4_t0.7_Wmin2_head.overhead_share'):.0f} % of it outside the forward "
+    "passes", at="runs.0.decoders.1")
+
+# docs/results/index.md -----------------------------------------------------------------------
+add(INDEX_MD, SPEED, "| Intel Xeon | \"Intel(R) Xeon(R) Processor\" (the `machine` block of each "
+    "JSON, with its CPU flags) | {machine.cpu_count:d} |")
+add(INDEX_MD, DTYPE_RUNS,
+    "forest) {=span(faster(TARGET, True) + faster(DRAFT, True)):.0f} % faster than float32 "
+    "(`results/dtype_runs.json`)")
+add(INDEX_MD, H100, "| H100 | one NVIDIA H100 80GB HBM3 ({machine.cpu_count:d} host cores)")
+
+# docs/results/speed.md -----------------------------------------------------------------------
+add(SPEED_MD, SPEED, *_HEADLINE,
+    "| single-beam DSBD (g3, W_S 2, t 0.9, W_min 1) / our speculative sampling | "
+    "{ratios.tokens_per_s: dsbd_g3_WS2_t0.9_Wmin1_single / speculative_g4 (ours):.2f}x | "
+    "{ratios.decode_tokens_per_s: dsbd_g3_WS2_t0.9_Wmin1_single / speculative_g4 (ours):.2f}x |",
+    "--out results/speed_float32_host.json   # {=v('wall_s') / 60:.0f} min",
+    "({prompt_lengths.0:d}, {prompt_lengths.1:d}, {prompt_lengths.2:d} and "
+    "{prompt_lengths.3:d} tokens, one 256-token bucket)",
+    "(target {rows.0.prefill_s_per_prompt:.2f} s, draft {=v('rows.2.prefill_s_per_prompt') - "
+    "v('rows.0.prefill_s_per_prompt'):.2f} s per prompt)",
+    "({rows.3.target_calls_per_token:.2f} vs {rows.1.target_calls_per_token:.2f} per token in "
+    "`results/speed_float32_host.json`)",
+    "({rows.4.tokens_per_target_call:.2f} vs {rows.2.tokens_per_target_call:.2f} in "
+    "`results/speed_float32_host.json`)")
+for i, (impl, method) in enumerate([("dsbd_jax", "sample"), ("dsbd_jax", "beam_sample_W4"),
+                                    ("dsbd_jax", "speculative_g4"),
+                                    ("dsbd_jax", "dsbd_g2_WS4_t0.7_Wmin2"),
+                                    ("dsbd_jax", "dsbd_g3_WS2_t0.9_Wmin1_single")]):
+    add(SPEED_MD, SPEED, f"| {impl} | {method} | {{tokens_per_s:.2f}} | {{decode_tokens_per_s:.2f}}"
+        " | {target_calls_per_token:.3f} | {loglik_per_token:.4f} | {=v('kv_cache_bytes') / 1e6:.1f}"
+        " |", at=f"rows.{i}")
+for i, method in [(5, "sample"), (6, "beam_sample_W4")]:
+    add(SPEED_MD, SPEED, f"| transformers | {method} | {{tokens_per_s:.2f}} | "
+        "{decode_tokens_per_s:.2f} | - | - | - |", at=f"rows.{i}")
+add(SPEED_MD, TERMS,
+    "gamma 4, batch 1): {batches.b1.drafts.base.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point."
+    "end_to_end:.2f}x beam sampling W=4 end to end; speculative sampling "
+    "{batches.b1.drafts.base.targets.speculative_vs_sample.speculative_g4.end_to_end:.2f}x our "
+    "sampling")
+add(SPEED_MD, TERMS,
+    "a speculative g4 iteration spends {draft_passes_ms:.0f} ms in draft passes and "
+    "{target_passes_ms:.0f} ms in the target pass",
+    "a 4-row step costs {=v('/batches.b1.references.beam_sample_W4.target_passes_ms'):.0f} ms "
+    "against a 1-row step's {=v('/batches.b1.references.sample.target_passes_ms'):.0f}",
+    at="batches.b1.drafts.base.speculative_g4")
+_PROFILE_ROWS = [
+    ("beam sampling W=4", "| {tokens_per_iteration:.2f} | {per_iteration_ms.target forward:.1f} | "
+     "| {per_iteration_ms.warp:.1f} | | | {per_iteration_ms.cache:.1f} | "
+     "{per_iteration_ms.other:.1f} | {=100 * v('overhead_frac'):.1f} % |"),
+    ("speculative, gamma 4", "| {tokens_per_iteration:.2f} | {per_iteration_ms.target forward:.1f}"
+     " | {per_iteration_ms.draft forward:.1f} | {per_iteration_ms.warp:.1f} | "
+     "{per_iteration_ms.verify:.1f} | | {per_iteration_ms.cache:.1f} | "
+     "{per_iteration_ms.other:.1f} | {=100 * v('overhead_frac'):.1f} % |"),
+    ("DSBD g2 / W_S 4 / t 0.7 / W_min 2", "| {tokens_per_iteration:.2f} | "
+     "{per_iteration_ms.target forward:.1f} | {per_iteration_ms.draft forward:.1f} | "
+     "{per_iteration_ms.warp:.1f} | {per_iteration_ms.verify:.1f} | {per_iteration_ms.width:.1f} |"
+     " {per_iteration_ms.cache:.1f} | {per_iteration_ms.other:.1f} | "
+     "{=100 * v('overhead_frac'):.1f} % |"),
+]
+for i, (label, cells) in enumerate(_PROFILE_ROWS):
+    add(SPEED_MD, PROFILE, f"| {label} " + cells, at=f"runs.{i}")
+add(SPEED_MD, H100_DSBD,
+    "on one H100 the same DSBD spends {=100 * v('dsbd_g2_WS4_t0.7_Wmin2.overhead_share'):.0f} % of "
+    "its iteration outside them, {=100 * v('dsbd_g2_WS4_t0.7_Wmin2_head.overhead_share'):.0f} % "
+    "with a draft head", at="runs.0.decoders.1")
+
+# docs/results/memory.md ----------------------------------------------------------------------
+for i, label in enumerate(["sampling", "beam sampling W=4", "speculative g4",
+                           "DSBD g2 / W_S 4 / t 0.7 / W_min 2",
+                           "single-beam DSBD g3 / W_S 2 / t 0.9 / W_min 1"]):
+    add(MEMORY_MD, SPEED, f"| {label} | {{=v('kv_cache_bytes') / 1e6:.1f}} MB |", at=f"rows.{i}")
+
+# docs/results/precision.md -------------------------------------------------------------------
+for label, model in [("1.5B target", TARGET), ("0.5B draft", DRAFT)]:
+    m = repr(model)
+    add(PRECISION_MD, DTYPE_RUNS,
+        f"| {label} | {{=span(r['float32'][0] for r in probe({m})):.1f}} / "
+        f"{{=span(r['float32'][1] for r in probe({m})):.1f}} | "
+        f"{{=span(r['bfloat16'][0] for r in probe({m})):.1f}} / "
+        f"{{=span(r['bfloat16'][1] for r in probe({m})):.1f}} | "
+        f"{{=span(sum(r['bfloat16']) / sum(r['float32']) for r in probe({m})):.2f}} |")
+add(PRECISION_MD, DTYPE_RUNS,
+    "bfloat16 runs the forest {=span(faster(TARGET, False) + faster(DRAFT, False)):.0f} % faster "
+    "here and the one-token pass at float32's speed, "
+    "{=span(faster(TARGET, True) + faster(DRAFT, True)):.0f} % faster over both",
+    "about {=sum(r['wall_s'] for r in v('runs')) / len(v('runs')) / 60:.0f} minute per run")
+for i, label in enumerate(["sampling", "beam sampling W=4", "speculative, gamma 4",
+                           "DSBD g2 / W_S 4 / t 0.7 / W_min 2"]):
+    j = i + 4  # the bfloat16 row of the same decoder
+    method = load(DTYPES)["rows"][i]["method"]
+    add(PRECISION_MD, DTYPES,
+        f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
+        f"{{rows.{j}.tokens_per_s:.2f}} ({{rows.{j}.decode_tokens_per_s:.2f}}) | "
+        f"{{ratios.tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x "
+        f"({{ratios.decode_tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x) |")
+add(PRECISION_MD, DTYPES,
+    "In bfloat16 DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x beam sampling W=4 end to end here "
+    "({ratios.bfloat16: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x "
+    "decode), in float32 at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x decode)",
+    "--out results/speed_dtypes_host.json`, {=v('wall_s') / 60:.0f} minutes)",
+    "({prompt_lengths.0:d} and {prompt_lengths.1:d} tokens, one 256-token bucket)",
+    "the KV cache of DSBD g2 / W_S 4 / t 0.7 / W_min 2 takes {=v('rows.3.kv_cache_bytes') / 1e6:.1f}"
+    " MB in float32 and {=v('rows.7.kv_cache_bytes') / 1e6:.1f} MB in bfloat16")
+add(PRECISION_MD, H100,
+    "On one H100 a 12-node forest costs {=forest12(H100):.2f}x a one-token pass of the target in "
+    "bfloat16",
+    "on one H100 a 12-node forest costs {=forest12(H100):.2f}x a one-token pass")
+
+# docs/results/accelerators.md ----------------------------------------------------------------
+_FWD = "runs.0.forward."
+_DEC = "runs.0.decoders.1."
+add(ACCEL_MD, H100,
+    "a forest of 12 nodes costs {=forest12(H100):.2f}x a one-token pass of the target at 512 "
+    "cache slots",
+    "the 0.5B draft's pass {=v(_FWD + 'draft 1 token @512.ms') / v(_FWD + 'target 1 token @512.ms')"
+    ":.2f}x the target's. DSBD at g2 / W_S 4 / t 0.7 / W_min 2 costs "
+    "{runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration:.2f} ms per iteration against "
+    "beam sampling W=4's {runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.2f}",
+    "it runs at {=w(TERMS, 'batches.b1.drafts.base.dsbd_beamW4_point.tokens_per_iteration') / "
+    "v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration') * "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f}x beam sampling W=4 at batch 1",
+    "Forward passes at 512 slots: the target's one-token pass {runs.0.forward.target 1 token @512."
+    "ms:.2f} ms, a 12-node forest {runs.0.forward.target forest 12 @512.ms:.2f} ms "
+    "({=forest12(H100):.2f}x), the 0.5B draft's one-token pass {runs.0.forward.draft 1 token @512."
+    "ms:.2f} ms ({=v(_FWD + 'draft 1 token @512.ms') / v(_FWD + 'target 1 token @512.ms'):.2f}x "
+    "the target's)",
+    "sampling {runs.0.decoders.1.sample.ms_per_iteration:.2f}, beam sampling W=4 "
+    "{runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.2f}, speculative gamma 4 "
+    "{runs.0.decoders.1.speculative_g4.ms_per_iteration:.2f}, tree (2, 2) "
+    "{runs.0.decoders.1.tree_g2_w2.ms_per_iteration:.2f}, DSBD g2 / W_S 4 / t 0.7 / W_min 2 "
+    "{runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration:.2f}.",
+    "with the {=w(TERMS, 'batches.b1.drafts.base.dsbd_beamW4_point.tokens_per_iteration'):.2f} "
+    "tokens per DSBD iteration of the 0.5B draft measured on the CPU",
+    "would run at {=w(TERMS, 'batches.b1.drafts.base.dsbd_beamW4_point.tokens_per_iteration'):.2f}"
+    " / {runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration:.2f} = "
+    "{=w(TERMS, 'batches.b1.drafts.base.dsbd_beamW4_point.tokens_per_iteration') / "
+    "v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration'):.2f} tokens per ms against beam "
+    "sampling's 1 / {runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.2f} = "
+    "{=1 / v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f}: "
+    "{=w(TERMS, 'batches.b1.drafts.base.dsbd_beamW4_point.tokens_per_iteration') / "
+    "v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration') * "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f}x.",
+    "Two 0.5B draft passes are {=2 * v(_FWD + 'draft 1 token @512.ms'):.1f} of DSBD's "
+    "{runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration:.2f} ms; the rest besides the "
+    "forest pass is about {=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration') - "
+    "2 * v(_FWD + 'draft 1 token @512.ms') - v(_FWD + 'target forest 12 @512.ms'):.1f} ms.")
+add(ACCEL_MD, H100_DSBD,
+    "cuts DSBD's iteration there from {runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration"
+    ":.1f} to {runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration:.1f} ms, against beam"
+    " sampling W=4's {runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.1f} ms: the work outside "
+    "the passes ({=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration') - "
+    "v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.forward_ms_per_iteration'):.1f} ms)",
+    "{=v('runs.0.param_bytes.head') / 1e6:.0f} MB in bfloat16 against the target's "
+    "{=v('runs.0.param_bytes.target') / 1e9:.2f} GB and the draft's "
+    "{=v('runs.0.param_bytes.draft') / 1e9:.2f} GB",
+    "The head's one-token pass costs **{=span(w(f, 'runs.0.head_vs_target.head') for f in "
+    "(H100_HEAD, H100_DSBD)):.2f}x** the target's",
+    "one block and a 32,768-row product move {=v('runs.0.param_bytes.head') / 1e6:.0f} MB, "
+    "{=v('runs.0.param_bytes.head') / 3e12 * 1e3:.2f} ms at the card's 3 TB/s",
+    # the passes besides the target's forest in each DSBD's forward passes: the drafts'
+    "The head takes the draft's two passes, {=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.forward_ms_per_iteration')"
+    " - v(_FWD + 'target forest 12 @512.ms'):.1f} ms of DSBD's forward passes besides the target's "
+    "forest, down to about "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.forward_ms_per_iteration') - "
+    "v(_FWD + 'target forest 12 @512.ms'):.1f} ms; what remains is the target's forest pass "
+    "({runs.0.forward.target forest 12 @512.ms:.1f} ms) and "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration') - "
+    "v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.forward_ms_per_iteration'):.1f} ms of work outside the "
+    "passes",
+    "at {runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration:.2f} / "
+    "{runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.2f} = "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration') / "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f} tokens per iteration",
+    "the JSON's own projection read {runs.0.projection.tokens_per_iteration.dsbd_g2_WS4_t0.7_Wmin2"
+    ":.2f} from an earlier CPU run",
+    "({runs.0.projection.tokens_per_iteration.dsbd_g2_WS4_t0.7_Wmin2_head:.2f} tokens per "
+    "iteration, `results/draft_terms_head.json`) and gives {runs.0.projection.batch 1."
+    "dsbd_g2_WS4_t0.7_Wmin2_head.projected_ratio_to_beam_W4:.2f}x")
+add(ACCEL_MD, SPEED, "({rows.3.tokens_per_target_call:.2f} per target pass, "
+    "`results/speed_float32_host.json`")
+add(ACCEL_MD, TERMS,
+    "(`head_vs_target`; on the 2-core CPU {batches.b1.draft_pass_vs_target.head:.3f}x",
+    "At these shapes a better head alone does not reach {targets.dsbd_w4_vs_beam_w4:.1f}x")
+_PASSES = [("1 token", "1 token"), ("4 rows", "4 rows"), ("forest 12", "forest 12"),
+           ("forest 16", "forest 16")]
+for label, key in _PASSES:
+    cells = " | ".join(
+        f"{{=w(H100_HEAD, 'runs.0.forward.{m} {key} @512.ms'):.2f}} / "
+        f"{{=w(H100_DSBD, 'runs.0.forward.{m} {key} @512.ms'):.2f}}"
+        for m in ("target", "draft", "head"))
+    add(ACCEL_MD, H100_DSBD, f"| {label} | {cells} |")
+for label, method in [("beam sampling W=4", "beam_sample_W4"),
+                      ("DSBD g2 / W_S 4 / t 0.7 / W_min 2, 0.5B draft", "dsbd_g2_WS4_t0.7_Wmin2"),
+                      ("the same DSBD, the head as its draft", "dsbd_g2_WS4_t0.7_Wmin2_head")]:
+    bold = "**" if method.endswith("_head") else ""
+    add(ACCEL_MD, H100_DSBD, f"| {label} | {{ms_per_iteration:.2f}} | "
+        f"{{forward_ms_per_iteration:.2f}} | {bold}{{=100 * v('overhead_share'):.0f}} %{bold} |",
+        at=f"runs.0.decoders.1.{method}")
+
+# docs/results/draft.md -----------------------------------------------------------------------
+_B = "batches.b1.drafts.base."
+_H = "batches.b1.drafts.head."
+_T = "batches.b1.drafts.base.targets."
+add(DRAFT_MD, TERMS,
+    "speculative / sampling {targets.speculative_vs_sample:.1f}x, single-beam DSBD / speculative "
+    "{targets.single_beam_vs_speculative:.2f}x, DSBD at the beam-W4 point / beam W=4 "
+    "{targets.dsbd_w4_vs_beam_w4:.1f}x",
+    "| speculative / sampling ({targets.speculative_vs_sample:.1f}x) | speculative_g4 | "
+    "{=v(_T + 'speculative_vs_sample.speculative_g4.end_to_end'):.2f}x | "
+    "{=v(_T + 'speculative_vs_sample.speculative_g4.decode'):.2f}x | "
+    "free_draft {=v(_T + 'speculative_vs_sample.speculative_g4.free_draft'):.2f}x, "
+    "one_row_target {=v(_T + 'speculative_vs_sample.speculative_g4.one_row_target'):.2f}x, "
+    "all_accepted {=v(_T + 'speculative_vs_sample.speculative_g4.all_accepted'):.2f}x | "
+    "free_draft, one_row_target, all_accepted |",
+    "| DSBD at the beam-W4 point / beam W = 4 ({targets.dsbd_w4_vs_beam_w4:.1f}x) | "
+    "dsbd_beamW4_point | {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.end_to_end'):.2f}x | "
+    "{=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.decode'):.2f}x | "
+    "free_draft {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x, "
+    "one_row_target {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.one_row_target'):.2f}x, "
+    "all_accepted {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.all_accepted'):.2f}x | "
+    "none alone |",
+    "| single-beam DSBD / speculative ({targets.single_beam_vs_speculative:.2f}x) | speculative_g4 "
+    "| {=v(_T + 'single_beam_vs_speculative.speculative_g4.end_to_end'):.2f}x | "
+    "{=v(_T + 'single_beam_vs_speculative.speculative_g4.decode'):.2f}x | "
+    "same_tokens {=v(_T + 'single_beam_vs_speculative.speculative_g4.same_tokens'):.2f}x, "
+    "same_target_pass {=v(_T + 'single_beam_vs_speculative.speculative_g4.same_target_pass'):.2f}x"
+    ", same_draft {=v(_T + 'single_beam_vs_speculative.speculative_g4.same_draft'):.2f}x, "
+    "same_rest {=v(_T + 'single_beam_vs_speculative.speculative_g4.same_rest'):.2f}x | "
+    "none alone |",
+    "**Speculative / sampling**: draft passes {=v(_B + 'speculative_g4.draft_passes_ms'):.0f} ms "
+    "and the target's 5-row pass {=v(_B + 'speculative_g4.target_passes_ms'):.0f} ms for "
+    "{=v(_B + 'speculative_g4.tokens_per_iteration'):.2f} tokens; a free draft, a target pass at "
+    "the one-row price or every draft accepted would each alone reach "
+    "{targets.speculative_vs_sample:.1f}x.",
+    "the 12-node forest pass ({=v(_B + 'dsbd_beamW4_point.target_passes_ms'):.0f} ms, against beam "
+    "sampling's {batches.b1.references.beam_sample_W4.target_passes_ms:.0f} ms step) and the "
+    "draft's two passes ({=v(_B + 'dsbd_beamW4_point.draft_passes_ms'):.0f} ms) together.",
+    "its 10-node forest pass costs {=v(_B + 'dsbd_single_beam.target_passes_ms'):.0f} ms against "
+    "speculative sampling's {=v(_B + 'speculative_g4.target_passes_ms'):.0f}.")
+# the draft heads section (its figures are re-measured with the next head; listed as they stand)
+add(DRAFT_MD, TRAINING,
+    "a head of {=v('num_params_own') / 1e6:.1f}M parameters of its own",
+    "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.3.heldout_acceptance_1'):.3f} "
+    "for a first draft token and {=v('log.3.heldout_acceptance_2'):.3f} for a second after "
+    "{log.3.step:d} steps, in {=v('wall_s') / 60:.0f} minutes (an upper bound: the machine was "
+    "shared) at a peak of {=v('peak_rss_kb') / 1e6:.1f} GB")
+add(DRAFT_MD, ACCEPT,
+    "The 0.5B draft model reaches {summary.draft.continuation:.3f} on the target's own "
+    "continuations",
+    "| draft head | **{summary.head.continuation:.3f}** | {summary.head.prompt:.3f} | "
+    "{summary.decoded_head:.3f} |",
+    "| 0.5B draft model | {summary.draft.continuation:.3f} | {summary.draft.prompt:.3f} | |")
+add(DRAFT_MD, TERMS,
+    "| target (1.5B) | {batches.b1.one_token_pass_ms.target:.1f} | "
+    "{=v('batches.b1.one_token_pass_ms.target') / v('batches.b1.one_token_pass_ms.target'):.0f} |",
+    "| 0.5B draft model | {batches.b1.one_token_pass_ms.base:.1f} | "
+    "{batches.b1.draft_pass_vs_target.base:.2f} |",
+    "vocabulary head) | {batches.b1.one_token_pass_ms.head:.1f} | "
+    "**{batches.b1.draft_pass_vs_target.head:.3f}** |",
+    "| (none) | sampling | {=v('batches.b1.references.sample.tokens_per_s'):.2f} | "
+    "{=v('batches.b1.references.sample.tokens_per_iteration'):.0f} | "
+    "{=v('batches.b1.references.sample.decode_ms_per_token'):.0f} per token |",
+    "| (none) | beam sampling W=4 | {=v('batches.b1.references.beam_sample_W4.tokens_per_s'):.2f} | "
+    "{=v('batches.b1.references.beam_sample_W4.tokens_per_iteration'):.0f} | "
+    "{=v('batches.b1.references.beam_sample_W4.decode_ms_per_token'):.0f} per token |",
+    "The head's passes cost what a feature-level draft should: four of them take "
+    "{=v(_H + 'speculative_g4.draft_passes_ms'):.0f} ms against the 0.5B draft's "
+    "{=v(_B + 'speculative_g4.draft_passes_ms'):.0f}.",
+    "{=v(_H + 'speculative_g4.tokens_per_iteration'):.2f} tokens per speculative iteration (about "
+    "one draft in five accepted) against the 0.5B draft's "
+    "{=v(_B + 'speculative_g4.tokens_per_iteration'):.2f}.",
+    # a derived figure the page computes from its printed (rounded) figures, as it shows
+    "would decode at {=round(v(_B + 'speculative_g4.tokens_per_iteration'), 2) * "
+    "round(v('batches.b1.references.sample.decode_ms_per_iteration')) / "
+    "round(v(_H + 'speculative_g4.decode_ms_per_iteration')):.2f}x our sampling "
+    "({=v(_B + 'speculative_g4.tokens_per_iteration'):.2f} x "
+    "{=v('batches.b1.references.sample.decode_ms_per_iteration'):.0f} / "
+    "{=v(_H + 'speculative_g4.decode_ms_per_iteration'):.0f}; a derived figure, not a run)",
+    "the script's `all_accepted` column (every draft accepted) gives "
+    "{=v('batches.b1.drafts.head.targets.speculative_vs_sample.speculative_g4.all_accepted'):.2f}x",
+    "speculative / sampling {=v('batches.b1.drafts.head.targets.speculative_vs_sample."
+    "speculative_g4.end_to_end'):.2f}x, DSBD / beam sampling W=4 "
+    "{=v('batches.b1.drafts.head.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.end_to_end'):.2f}x, "
+    "single-beam DSBD / speculative {=v('batches.b1.drafts.head.targets.single_beam_vs_speculative"
+    ".speculative_g4.end_to_end'):.2f}x.",
+    "a forest pass of the target costs {=span(v(_H + m + '.target_passes_ms') / "
+    "v('batches.b1.target_one_row_pass_ms') for m in ('dsbd_single_beam', 'dsbd_beamW4_point'))"
+    ":.1f}x its one-token pass in float32 ({=span(v(_H + m + '.target_passes_ms') for m in "
+    "('dsbd_single_beam', 'dsbd_beamW4_point')):.0f} ms against "
+    "{batches.b1.target_one_row_pass_ms:.0f}; beam sampling's four rows: "
+    "{batches.b1.references.beam_sample_W4.target_passes_ms:.0f})",
+    "the `free_draft` column: {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x "
+    "beam sampling W=4)")
+for draft, key in [("0.5B model", "base"), ("head", "head")]:
+    for label, method in [("speculative, gamma 4", "speculative_g4"),
+                          ("single-beam DSBD", "dsbd_single_beam"),
+                          ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
+        rest = load(TERMS)["batches"]["b1"]["drafts"][key][method]["rest_ms"]
+        rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
+        add(DRAFT_MD, TERMS, f"| {draft} | {label} | {{tokens_per_s:.2f}} | "
+            f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
+            f"{rest_cell} |", at=f"batches.b1.drafts.{key}.{method}")
+
+# docs/draft_tools.md -------------------------------------------------------------------------
+add(DRAFT_TOOLS_MD, TERMS,
+    "the 0.5B draft's one-token pass costs {batches.b1.draft_pass_vs_target.base:.2f}x the 1.5B "
+    "target's on two CPU cores")
+
+# docs/cli.md ---------------------------------------------------------------------------------
+add(CLI_MD, CLI,
+    "in seconds: {seconds.refusal_generate:.1f} s for `generate` and `bench`",
+    "in seconds: {seconds.refusal_bench:.1f} s for `generate` and `bench`",
+    "ends after {seconds.first_token_warm:.1f} s on the 2-core Intel Xeon above")
+add(CLI_MD, SPEED,
+    "our sampling and beam sampling W=4 run at {ratios.tokens_per_s: sample: dsbd_jax / "
+    "transformers:.2f}x and {ratios.tokens_per_s: beam_sample_W4: dsbd_jax / transformers:.2f}x "
+    "transformers' speed end to end, and DSBD (g2, W_S 4, t 0.7, W_min 2) at "
+    "{ratios.tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x our beam sampling "
+    "W=4")
+
+# --- what the completeness check finds that is not a measurement of the current code --------
+# (page or "*" for every page, the exact text that holds the figures, why; "table:" before the
+# text: the whole table that holds it)
+ALLOWED = [
+    ("*", "1.5-1.9x", "the paper's published speed-up (Qin et al., AAAI 2025)"),
+    ("docs/results/quality.md", "1.36x / 1.70x", "the paper's published figures (its Table 1)"),
+    ("docs/results/quality.md", "table:| paper, SQuAD EM | 74 | 75 | 86 | 0.98x |",
+     "the paper's Table 2, copied"),
+    ("docs/results/quality.md", "table:| paper, Llama-2-13B, L40 |", "the paper's Table 1, copied"),
+    ("docs/results/quality.md", "8-190x smaller", "the paper's model sizes, a size ratio"),
+    ("README.md", "drafts 10-200x smaller", "the paper's model sizes, a size ratio"),
+    ("docs/results/quality.md", "a 3x size ratio", "parameter counts of the pair, a size ratio"),
+    ("docs/loading.md", "(~8x)", "parameter counts of a model pair, a size ratio"),
+    ("docs/loading.md", "(~3x)", "parameter counts of a model pair, a size ratio"),
+    ("docs/loading.md", "(~13x)", "parameter counts of a model pair, a size ratio"),
+    ("docs/loading.md", "(~3.7x)", "parameter counts of a model pair, a size ratio"),
+    ("docs/results/draft.md", "0.78x the full draft's pass is the floor if time were bytes",
+     "a bound computed from parameter counts, not a timing"),
+    ("docs/results/accelerators.md", "table:| tests/decoding | 95 |",
+     "test counts of one run of the suite under jax 0.11.2 (scripts/jax011_check.sh), not a "
+     "timing"),
+]
+
+# decoder settings in table cells (gamma 4, W_S 4, t 0.7, W_min 2, W=4, tree (2, 2)): settings,
+# not measurements
+SETTING = re.compile(r"\b(?:gamma|W_S|W_min|W =|W=|t) ?\d+(?:\.\d+)?|\(\d+, \d+\)")
