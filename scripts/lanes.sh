@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 # Two lanes run side by side (the suite is mostly single-threaded XLA compilation, and the host
 # has 2 cores: about 18 minutes instead of 26 one after the other); each lane runs its folders
-# one pytest process after another.
+# one pytest process after another; each prints its slowest tests (over 20 s) at its end.
 # Balanced by the folders' measured seconds on the 2-core host (tests/models about 1,500,
 # tests/decoding 1,500, tests/eval 950, tests/parallel 590, tests/training 250, the notebooks
 # 145, the docs 80, the generate cache 63, every other top-level file under 35): lane A takes
@@ -47,7 +47,8 @@ run_lane() {
   for group in "$@"; do
     echo "== pytest $group"
     out=$(mktemp); t0=$SECONDS
-    "$PY" -u -m pytest -v -o console_output_style=count -ra ${EXTRA[@]+"${EXTRA[@]}"} $group 2>&1 \
+    "$PY" -u -m pytest -v -o console_output_style=count -ra --durations=15 --durations-min=20 \
+      ${EXTRA[@]+"${EXTRA[@]}"} $group 2>&1 \
       | tee "$out"
     rc=${PIPESTATUS[0]}
     result=$(result_line "$out")
