@@ -264,8 +264,7 @@ class DecodeConfig:
                     f"{self.target.vocab_size}); speculative decoding needs one vocabulary")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
-            raise ValueError(f"num_beams (width) must be an int >= 1, got {self.num_beams!r}")
+        self._check_num_beams()
         validate_warping(self.temperature, self.top_k, self.top_p)
         if not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {self.gamma!r}")
@@ -283,6 +282,11 @@ class DecodeConfig:
                 raise ValueError(f"eos_token_id {tok} is outside the vocabulary")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.target.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary")
+
+    def _check_num_beams(self) -> None:
+        """``num_beams`` is an int >= 1 (a subclass with other rules overrides this)."""
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"num_beams (width) must be an int >= 1, got {self.num_beams!r}")
 
     @property
     def pad_id(self) -> int:

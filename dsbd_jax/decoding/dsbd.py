@@ -89,11 +89,14 @@ class DSBDConfig(DecodeConfig):
     max_width: Optional[int] = None
     single_beam: bool = False
 
+    def _check_num_beams(self) -> None:
+        """``None`` (the last layer's width) or an int >= 1 (at most ``max_width``: below)."""
+        if self.num_beams is not None:
+            super()._check_num_beams()
+
     def __post_init__(self):
-        nb = self.num_beams
-        object.__setattr__(self, "num_beams", 1 if nb is None else nb)
         super().__post_init__()
-        object.__setattr__(self, "num_beams", nb)
+        nb = self.num_beams
         if self.draft is None:
             raise ValueError("DSBD needs a draft model: set DSBDConfig.draft")
         for name in ("draft_width", "min_width"):
