@@ -58,6 +58,18 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     assert [r["step"] for r in log] == [0, 10, 20]
     assert log[-1]["heldout_acceptance_1"] > log[0]["heldout_acceptance_1"] + 0.02, log
     assert all(np.isfinite(r["heldout_loss"]) for r in log)
+    # the training record the demo quotes (benchmarks/head_training.py), from a run made
+    time_log = tmp_path / "time.log"
+    time_log.write_text("train-head: ...\n\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n"
+                        "\tMaximum resident set size (kbytes): 2048\n"
+                        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 0:30.5\n"
+                        "\tMaximum resident set size (kbytes): 4096\n")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.head_training import main as record
+    rec = record([str(p), "--time-log", str(time_log), "--out", str(tmp_path / "ht.json")])
+    assert rec["wall_s"] == 3723 + 30.5 and rec["peak_rss_kb"] == 4096
+    assert rec["num_params_own"] > 0 and [r["step"] for r in rec["log"]] == [0, 10, 20]
+    assert rec["machine"]["cpu_count"] >= 1 and rec["meta"]["steps"] == 20
     cfg, params, meta = th.load_head("head_tiny")      # by the registered name
     assert meta["steps"] == 20 and meta["data"]["train_texts"][0]["task"] == "gsm8k"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))

@@ -1,0 +1,85 @@
+"""What training a draft head took: `dsbd train-head RECIPE` run under ``/usr/bin/time -v``, its
+wall time, peak memory and log written to one JSON (what `dsbd demo` quotes when it suggests
+training a head: ``results/<recipe>_training.json``).
+
+    .venv/bin/python benchmarks/head_training.py configs/head_qwen.yaml \\
+        --out results/head_qwen_training.json          # ~1 h on a 2-core CPU
+    # a run already made (resumed runs: the time log of each part, summed):
+    .venv/bin/python benchmarks/head_training.py configs/head_qwen.yaml \\
+        --time-log /tmp/train.log --out results/head_qwen_training.json
+    .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
+
+``--conditions`` records what ran beside it (the default says the machine was quiet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+
+def parse_time_log(text: str):
+    """``(wall seconds, peak RSS kB)`` summed / maxed over the ``/usr/bin/time -v`` reports in
+    ``text`` (one per part of a resumed run)."""
+    walls, rss = [], []
+    for m in re.finditer(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([0-9:.]+)", text):
+        parts = [float(p) for p in m.group(1).split(":")]
+        walls.append(sum(p * 60 ** i for i, p in enumerate(reversed(parts))))
+    for m in re.finditer(r"Maximum resident set size \(kbytes\): (\d+)", text):
+        rss.append(int(m.group(1)))
+    if not walls or not rss:
+        raise ValueError("no /usr/bin/time -v report found (Elapsed ... and Maximum resident "
+                         "set size lines)")
+    return sum(walls), max(rss)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recipe")
+    ap.add_argument("--time-log", default=None,
+                    help="the output of a run made under /usr/bin/time -v (not run again)")
+    ap.add_argument("--conditions", default="the machine otherwise quiet")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    from dsbd_jax.models import head as mhead
+    from dsbd_jax.training.head import load_recipe, read_log
+    r = load_recipe(args.recipe)
+    if args.time_log:
+        text = Path(args.time_log).read_text(errors="replace")
+    else:
+        with tempfile.NamedTemporaryFile("w+", suffix=".log") as f:
+            subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "dsbd_jax",
+                            "train-head", args.recipe], stdout=f, stderr=subprocess.STDOUT,
+                           cwd=_ROOT, check=True)
+            f.seek(0)
+            text = f.read()
+    wall, rss = parse_time_log(text)
+    run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
+        Path(r["run_dir"])
+    head_dir = run_dir / "head"
+    if not mhead.is_head_dir(head_dir):
+        raise SystemExit(f"{head_dir}: no trained head (the run did not finish)")
+    _, params, meta = mhead.load(head_dir)
+    own = {k: v for k, v in params.items() if k != mhead.VOCAB_HEAD}
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "dtype": r["dtype"], "command": f"dsbd train-head {args.recipe}",
+           "recipe": args.recipe, "num_params_own": mhead.num_params(own),
+           "wall_s": wall, "peak_rss_kb": rss, "conditions": args.conditions,
+           "log": read_log(run_dir), "meta": meta}
+    write_json(args.out, out)
+    print(f"{args.recipe}: {wall / 60:.1f} min, peak {rss / 2 ** 20:.1f} GB; wrote {args.out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
