@@ -9,7 +9,9 @@ training a head: ``results/<recipe>_training.json``).
         --time-log /tmp/train.log --out results/head_qwen_training.json
     .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
 
-``--conditions`` records what ran beside it (the default says the machine was quiet).
+``--conditions`` records what ran beside it (the default says the machine was quiet);
+``--part SECONDS:WHAT`` adds a part of the run timed otherwise (e.g. from its log's
+timestamps), whose peak memory is not known.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def main(argv=None):
     ap.add_argument("--time-log", default=None,
                     help="the output of a run made under /usr/bin/time -v (not run again)")
     ap.add_argument("--conditions", default="the machine otherwise quiet")
+    ap.add_argument("--part", action="append", default=[], metavar="SECONDS:WHAT",
+                    help="a part of the run timed otherwise (added to the wall time)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
@@ -64,6 +68,12 @@ def main(argv=None):
             f.seek(0)
             text = f.read()
     wall, rss = parse_time_log(text)
+    parts = [{"what": "dsbd train-head under /usr/bin/time -v", "wall_s": wall,
+              "peak_rss_kb": rss}]
+    for p in args.part:
+        sec, _, what = p.partition(":")
+        parts.append({"what": what, "wall_s": float(sec), "peak_rss_kb": None})
+    wall = sum(p["wall_s"] for p in parts)
     run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
         Path(r["run_dir"])
     head_dir = run_dir / "head"
@@ -74,7 +84,7 @@ def main(argv=None):
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
            "dtype": r["dtype"], "command": f"dsbd train-head {args.recipe}",
            "recipe": args.recipe, "num_params_own": mhead.num_params(own),
-           "wall_s": wall, "peak_rss_kb": rss, "conditions": args.conditions,
+           "wall_s": wall, "peak_rss_kb": rss, "parts": parts, "conditions": args.conditions,
            "log": read_log(run_dir), "meta": meta}
     write_json(args.out, out)
     print(f"{args.recipe}: {wall / 60:.1f} min, peak {rss / 2 ** 20:.1f} GB; wrote {args.out}")

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEED = "results/speed_float32_host.json"
 DTYPES = "results/speed_dtypes_host.json"
 TERMS = "results/draft_terms_head.json"
+TERMS2 = "results/draft_terms_head_rollouts.json"
 PROFILE = "results/profile_float32_host.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 ACCEPT = "results/head_acceptance.json"
@@ -146,12 +147,14 @@ add(README, SPEED, *_HEADLINE,
     "DSBD verified {rows.3.tokens_per_target_call:.2f} tokens per target pass there, "
     "speculative sampling {rows.2.tokens_per_target_call:.2f}.")
 # the draft head paragraph
-add(README, TERMS,
-    "Its pass costs {batches.b1.draft_pass_vs_target.head:.3f}x the target's one-token pass (the "
-    "0.5B draft's: {batches.b1.draft_pass_vs_target.base:.2f}x)",
-    "{batches.b1.drafts.head.speculative_g4.tokens_per_iteration:.2f} tokens per speculative "
-    "iteration against the 0.5B draft's {batches.b1.drafts.base.speculative_g4."
-    "tokens_per_iteration:.2f}")
+add(README, TERMS2,
+    "Its pass costs {batches.b1.draft_pass_vs_target.head:.3f}x the target's one-token pass",
+    "{batches.b1.drafts.head.dsbd_beamW4_point.tokens_per_iteration:.2f} tokens per DSBD "
+    "iteration at the beam-W4 point, {batches.b1.drafts.head.targets.dsbd_w4_vs_beam_w4."
+    "dsbd_beamW4_point.end_to_end:.2f}x beam sampling W=4 end to end")
+add(README, TRAINING, "trained for {=v('wall_s') / 60:.0f} minutes on this CPU")
+add(README, ACCEPT, "it is accepted at {summary.head.continuation:.3f} on the target's "
+    "continuations of benchmark prompts (the 0.5B draft: {summary.draft.continuation:.3f};")
 add(README, H100_DSBD,
     "a 12-node forest costs {=span(forest12(f) for f in GPU_RUNS):.2f}x a one-token pass of the "
     "target",
@@ -337,8 +340,11 @@ add(ACCEL_MD, H100_DSBD,
     "the JSON's own projection read {runs.0.projection.tokens_per_iteration.dsbd_g2_WS4_t0.7_Wmin2"
     ":.2f} from an earlier CPU run",
     "({runs.0.projection.tokens_per_iteration.dsbd_g2_WS4_t0.7_Wmin2_head:.2f} tokens per "
-    "iteration, `results/draft_terms_head.json`) and gives {runs.0.projection.batch 1."
+    "iteration, `results/draft_terms_head.json`;",
+    "`results/draft_terms_head_rollouts.json`) and gives {runs.0.projection.batch 1."
     "dsbd_g2_WS4_t0.7_Wmin2_head.projected_ratio_to_beam_W4:.2f}x")
+add(ACCEL_MD, TERMS2, "the current one reaches {batches.b1.drafts.head.dsbd_beamW4_point."
+    "tokens_per_iteration:.2f}, `results/draft_terms_head_rollouts.json`")
 add(ACCEL_MD, SPEED, "({rows.3.tokens_per_target_call:.2f} per target pass, "
     "`results/speed_float32_host.json`")
 add(ACCEL_MD, TERMS,
@@ -400,69 +406,64 @@ add(DRAFT_MD, TERMS,
     "draft's two passes ({=v(_B + 'dsbd_beamW4_point.draft_passes_ms'):.0f} ms) together.",
     "its 10-node forest pass costs {=v(_B + 'dsbd_single_beam.target_passes_ms'):.0f} ms against "
     "speculative sampling's {=v(_B + 'speculative_g4.target_passes_ms'):.0f}.")
-# the draft heads section (its figures are re-measured with the next head; listed as they stand)
+# the draft heads section
 add(DRAFT_MD, TRAINING,
     "a head of {=v('num_params_own') / 1e6:.1f}M parameters of its own",
     "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.3.heldout_acceptance_1'):.3f} "
     "for a first draft token and {=v('log.3.heldout_acceptance_2'):.3f} for a second after "
-    "{log.3.step:d} steps, in {=v('wall_s') / 60:.0f} minutes (an upper bound: the machine was "
-    "shared) at a peak of {=v('peak_rss_kb') / 1e6:.1f} GB")
+    "{log.3.step:d} steps, still rising. The run took {=v('wall_s') / 60:.0f} minutes at a peak of "
+    "{=v('peak_rss_kb') / 1e6:.1f} GB: {=v('parts.1.wall_s') / 60:.0f} of them for the target's "
+    "rollouts and scoring passes",
+    "{=v('parts.0.wall_s') / 60:.1f} for loading, the evaluations and the {log.3.step:d} steps")
 add(DRAFT_MD, ACCEPT,
-    "The 0.5B draft model reaches {summary.draft.continuation:.3f} on the target's own "
-    "continuations",
     "| draft head | **{summary.head.continuation:.3f}** | {summary.head.prompt:.3f} | "
     "{summary.decoded_head:.3f} |",
-    "| 0.5B draft model | {summary.draft.continuation:.3f} | {summary.draft.prompt:.3f} | |")
-add(DRAFT_MD, TERMS,
+    "| 0.5B draft model | {summary.draft.continuation:.3f} | {summary.draft.prompt:.3f} | |",
+    "The decoder's own count differs from the teacher-forced figure by {=abs(v('summary."
+    "decoded_head') - v('summary.head.continuation')):.3f}",
+    "The head guesses the GSM8K answers ({prompts.2.head.continuation:.3f} and "
+    "{prompts.3.head.continuation:.3f} on the two prompts) better than the HumanEval code "
+    "({prompts.0.head.continuation:.3f} and {prompts.1.head.continuation:.3f})")
+_H2 = "batches.b1.drafts.head."
+_R2 = "batches.b1.references."
+add(DRAFT_MD, TERMS2,
     "| target (1.5B) | {batches.b1.one_token_pass_ms.target:.1f} | "
     "{=v('batches.b1.one_token_pass_ms.target') / v('batches.b1.one_token_pass_ms.target'):.0f} |",
-    "| 0.5B draft model | {batches.b1.one_token_pass_ms.base:.1f} | "
-    "{batches.b1.draft_pass_vs_target.base:.2f} |",
     "vocabulary head) | {batches.b1.one_token_pass_ms.head:.1f} | "
     "**{batches.b1.draft_pass_vs_target.head:.3f}** |",
-    "| (none) | sampling | {=v('batches.b1.references.sample.tokens_per_s'):.2f} | "
-    "{=v('batches.b1.references.sample.tokens_per_iteration'):.0f} | "
-    "{=v('batches.b1.references.sample.decode_ms_per_token'):.0f} per token |",
-    "| (none) | beam sampling W=4 | {=v('batches.b1.references.beam_sample_W4.tokens_per_s'):.2f} | "
-    "{=v('batches.b1.references.beam_sample_W4.tokens_per_iteration'):.0f} | "
-    "{=v('batches.b1.references.beam_sample_W4.decode_ms_per_token'):.0f} per token |",
-    "The head's passes cost what a feature-level draft should: four of them take "
-    "{=v(_H + 'speculative_g4.draft_passes_ms'):.0f} ms against the 0.5B draft's "
-    "{=v(_B + 'speculative_g4.draft_passes_ms'):.0f}.",
-    "{=v(_H + 'speculative_g4.tokens_per_iteration'):.2f} tokens per speculative iteration (about "
-    "one draft in five accepted) against the 0.5B draft's "
-    "{=v(_B + 'speculative_g4.tokens_per_iteration'):.2f}.",
-    # a derived figure the page computes from its printed (rounded) figures, as it shows
-    "would decode at {=round(v(_B + 'speculative_g4.tokens_per_iteration'), 2) * "
-    "round(v('batches.b1.references.sample.decode_ms_per_iteration')) / "
-    "round(v(_H + 'speculative_g4.decode_ms_per_iteration')):.2f}x our sampling "
-    "({=v(_B + 'speculative_g4.tokens_per_iteration'):.2f} x "
-    "{=v('batches.b1.references.sample.decode_ms_per_iteration'):.0f} / "
-    "{=v(_H + 'speculative_g4.decode_ms_per_iteration'):.0f}; a derived figure, not a run)",
-    "the script's `all_accepted` column (every draft accepted) gives "
-    "{=v('batches.b1.drafts.head.targets.speculative_vs_sample.speculative_g4.all_accepted'):.2f}x",
-    "speculative / sampling {=v('batches.b1.drafts.head.targets.speculative_vs_sample."
-    "speculative_g4.end_to_end'):.2f}x, DSBD / beam sampling W=4 "
-    "{=v('batches.b1.drafts.head.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.end_to_end'):.2f}x, "
-    "single-beam DSBD / speculative {=v('batches.b1.drafts.head.targets.single_beam_vs_speculative"
-    ".speculative_g4.end_to_end'):.2f}x.",
-    "a forest pass of the target costs {=span(v(_H + m + '.target_passes_ms') / "
-    "v('batches.b1.target_one_row_pass_ms') for m in ('dsbd_single_beam', 'dsbd_beamW4_point'))"
-    ":.1f}x its one-token pass in float32 ({=span(v(_H + m + '.target_passes_ms') for m in "
-    "('dsbd_single_beam', 'dsbd_beamW4_point')):.0f} ms against "
-    "{batches.b1.target_one_row_pass_ms:.0f}; beam sampling's four rows: "
-    "{batches.b1.references.beam_sample_W4.target_passes_ms:.0f})",
-    "the `free_draft` column: {=v(_T + 'dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x "
-    "beam sampling W=4)")
-for draft, key in [("0.5B model", "base"), ("head", "head")]:
-    for label, method in [("speculative, gamma 4", "speculative_g4"),
-                          ("single-beam DSBD", "dsbd_single_beam"),
-                          ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
-        rest = load(TERMS)["batches"]["b1"]["drafts"][key][method]["rest_ms"]
-        rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
-        add(DRAFT_MD, TERMS, f"| {draft} | {label} | {{tokens_per_s:.2f}} | "
-            f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
-            f"{rest_cell} |", at=f"batches.b1.drafts.{key}.{method}")
+    "| (none) | sampling | {=v(_R2 + 'sample.tokens_per_s'):.2f} | "
+    "{=v(_R2 + 'sample.tokens_per_iteration'):.0f} | "
+    "{=v(_R2 + 'sample.decode_ms_per_token'):.0f} per token |",
+    "| (none) | beam sampling W=4 | {=v(_R2 + 'beam_sample_W4.tokens_per_s'):.2f} | "
+    "{=v(_R2 + 'beam_sample_W4.tokens_per_iteration'):.0f} | "
+    "{=v(_R2 + 'beam_sample_W4.decode_ms_per_token'):.0f} per token |",
+    "four of them take {=v(_H2 + 'speculative_g4.draft_passes_ms'):.0f} ms, less than half of one "
+    "target pass",
+    "What holds it back is its proposals: {=v(_H2 + 'speculative_g4.tokens_per_iteration'):.2f} "
+    "tokens per speculative iteration, {=v(_H2 + 'dsbd_beamW4_point.tokens_per_iteration'):.2f} "
+    "per DSBD iteration at the beam-W4 point.",
+    "speculative / sampling {=v(_H2 + 'targets.speculative_vs_sample.speculative_g4.end_to_end')"
+    ":.2f}x, DSBD / beam sampling W=4 {=v(_H2 + 'targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point."
+    "end_to_end'):.2f}x, single-beam DSBD / speculative {=v(_H2 + 'targets."
+    "single_beam_vs_speculative.speculative_g4.end_to_end'):.2f}x.",
+    "speculative sampling would decode at {=v(_H2 + 'targets.speculative_vs_sample."
+    "speculative_g4.all_accepted'):.2f}x our sampling and DSBD at {=v(_H2 + 'targets."
+    "dsbd_w4_vs_beam_w4.dsbd_beamW4_point.all_accepted'):.2f}x beam sampling W=4; free draft "
+    "passes alone give {=v(_H2 + 'targets.speculative_vs_sample.speculative_g4.free_draft'):.2f}x "
+    "and {=v(_H2 + 'targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x.",
+    "costs {=span(v(_H2 + m + '.target_passes_ms') / v('batches.b1.target_one_row_pass_ms') "
+    "for m in ('dsbd_single_beam', 'dsbd_beamW4_point')):.1f}x its one-token pass in float32 "
+    "({=span(v(_H2 + m + '.target_passes_ms') for m in ('dsbd_single_beam', "
+    "'dsbd_beamW4_point')):.0f} ms against {batches.b1.target_one_row_pass_ms:.0f}; beam "
+    "sampling's four rows: {batches.b1.references.beam_sample_W4.target_passes_ms:.0f})")
+for label, method in [("speculative, gamma 4", "speculative_g4"),
+                      ("single-beam DSBD", "dsbd_single_beam"),
+                      ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
+    rest = load(TERMS2)["batches"]["b1"]["drafts"]["head"][method]["rest_ms"]
+    rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
+    add(DRAFT_MD, TERMS2, f"| head | {label} | {{tokens_per_s:.2f}} | "
+        f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
+        f"{rest_cell} |", at=f"batches.b1.drafts.head.{method}")
 
 # docs/draft_tools.md -------------------------------------------------------------------------
 add(DRAFT_TOOLS_MD, TERMS,
