@@ -147,11 +147,15 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _records_path(arg) -> Path:
+    """A run's ``records.jsonl``: the file given, or the one in the run directory given."""
+    path = Path(arg)
+    return path / "records.jsonl" if path.is_dir() else path
+
+
 def cmd_plot(args) -> int:
     from dsbd_jax.eval.plot import plot_results
-    path = Path(args.records)
-    if path.is_dir():
-        path = path / "records.jsonl"
+    path = _records_path(args.records)
     for p in plot_results(path, args.out, quality=args.quality, log=print):
         print(f"wrote {p}")
     return 0
@@ -160,9 +164,7 @@ def cmd_plot(args) -> int:
 def cmd_summary(args) -> int:
     import json
     from dsbd_jax.eval.summary import format_summary, summary_of
-    path = Path(args.records)
-    if path.is_dir():
-        path = path / "records.jsonl"
+    path = _records_path(args.records)
     summary = summary_of(path)
     with open(path.parent / "summary.json", "w") as f:
         json.dump(summary, f, indent=2)
