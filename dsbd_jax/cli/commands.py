@@ -36,7 +36,7 @@ def demo_draft(target: str, draft: Optional[str]):
     if record.is_file():
         import json
         r = json.loads(record.read_text())
-        took = (f" (about {r['wall_s'] / 60:.0f} minutes and {r['peak_rss_kb'] / 2 ** 20:.1f} GB "
+        took = (f" (about {r['wall_s'] / 60:.0f} minutes and {r['peak_rss_kb'] / 1e6:.1f} GB "
                 f"on a {r['machine'].get('cpu_count', '?')}-core CPU, "
                 f"{record.relative_to(recipe.parents[1]).as_posix()})")
     rel = recipe.relative_to(recipe.parents[1]).as_posix()

@@ -102,6 +102,7 @@ def test_demo_without_a_head_names_the_command_that_trains_one(tmp_path, monkeyp
     record = json.loads((ROOT / "results" / "head_qwen_training.json").read_text())
     assert "`dsbd train-head configs/head_qwen.yaml`" in hint
     assert f"about {record['wall_s'] / 60:.0f} minutes" in hint, hint
+    assert f"{record['peak_rss_kb'] / 1e6:.1f} GB" in hint, hint   # the pages' decimal GB
     # a target without a recipe: the default draft, nothing to suggest
     assert demo_draft(str(tmp_path / "elsewhere"), None) == (DEFAULT_DRAFT, None, None)
 
