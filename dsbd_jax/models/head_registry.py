@@ -110,7 +110,7 @@ class LoadedHead:
     dtype, ``info["draft_head"]`` the metadata saved with it."""
 
     def __init__(self, source, target_config):
-        self.config, self.params, meta = load_head(source, target_config)
-        self.info = {"dtype": target_config.dtype, "draft_head": meta,
-                     "source": str(head_path(source))}
+        path = head_path(source)
+        self.config, self.params, meta = mhead.load(path, target_config)
+        self.info = {"dtype": target_config.dtype, "draft_head": meta, "source": str(path)}
         self.tokenizer = None
