@@ -48,13 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
-from dsbd_jax.decoding.sampling import sample
+from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.models.llama import causal_mask, forward
 from dsbd_jax.training.export import save_hf
 from dsbd_jax.training.losses import DIVERGENCES, divergence, target_topk
+from dsbd_jax.training.rollouts import sampled_batches
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -133,17 +133,12 @@ def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillCo
                        top_k=dc.top_k, top_p=dc.top_p, eos_token_id=eos_token_id)
     P = max(len(p) for p in prompts)
     out = {k: [] for k in ("tokens", "total", "pos", "mask", "idx", "p")}
-    starts = range(0, len(prompts), batch)
+    batches = sampled_batches(pp, prompts, cfg, key, batch, P)
     if progress:
         from tqdm.auto import tqdm
-        starts = tqdm(starts, desc=f"rollouts ({len(prompts)} prompts)", unit="batch")
-    for i in starts:
-        chunk = list(prompts[i:i + batch])
-        n = len(chunk)
-        chunk += [chunk[-1]] * (batch - n)
-        ids, lens = pad_prompts(chunk, pad_id=0, length=P)
-        res = sample(pp, ids, jax.random.fold_in(key, i), cfg, prompt_lengths=lens)
-        seqs, clen = np.asarray(res.sequences[:, 0]), np.asarray(res.lengths[:, 0])
+        batches = tqdm(batches, desc=f"rollouts ({len(prompts)} prompts)", unit="batch",
+                       total=-(-len(prompts) // batch))
+    for _, n, chunk, lens, seqs, clen in batches:
         tokens = np.zeros((batch, P + T), np.int32)
         for r in range(batch):
             row = list(chunk[r]) + list(seqs[r, :clen[r]])

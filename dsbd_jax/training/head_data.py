@@ -69,21 +69,15 @@ def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int,
     ``batch`` prompts at a time (one compiled program). Returns ``(texts, loss_from)``: prompt
     plus continuation, and the index of the position that predicts the first continuation token
     (the loss and the acceptance count from there)."""
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
-    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.decoding.common import DecodeConfig, bucket_length
+    from dsbd_jax.training.rollouts import sampled_batches
     dc = DecodeConfig(target=target_config, max_new_tokens=new_tokens,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       eos_token_id=target_config.eos_token_id)
     P = bucket_length(max(len(p) for p in prompts))
     texts, loss_from = [], []
     t0 = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        chunk = [list(p) for p in prompts[i:i + batch]]
-        n = len(chunk)
-        chunk += [chunk[-1]] * (batch - n)      # one program for every batch
-        ids, lens = pad_prompts(chunk, length=P)
-        res = sample(target_params, ids, jax.random.fold_in(key, i), dc, prompt_lengths=lens)
-        seqs, clen = np.asarray(res.sequences[:, 0]), np.asarray(res.lengths[:, 0])
+    for i, n, chunk, _, seqs, clen in sampled_batches(target_params, prompts, dc, key, batch, P):
         for r in range(n):
             texts.append([int(t) for t in chunk[r]] + [int(t) for t in seqs[r, :clen[r]]])
             loss_from.append(len(chunk[r]) - 1)
