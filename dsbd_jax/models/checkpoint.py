@@ -224,8 +224,10 @@ Placer = Callable[[Tuple[str, ...], np.ndarray, Any], jax.Array]
 
 
 def _to_device(path, host: np.ndarray, dtype) -> jax.Array:
-    """Copy to the device; a dtype change happens there (XLA converts far faster than numpy)."""
-    x = jnp.asarray(host)
+    """Copy to the device; a dtype change happens there (XLA converts far faster than numpy).
+    A read-only array (a memory-mapped cache file) is handed over as it is: on the CPU the
+    device buffer aliases the mapped file, so a cached load reads no bytes until a pass does."""
+    x = jnp.asarray(host) if host.flags.writeable else jax.device_put(host)
     return x if x.dtype == dtype else x.astype(dtype)
 
 

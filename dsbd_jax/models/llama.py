@@ -32,6 +32,7 @@ Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -256,6 +257,13 @@ class DecoderLayer(nn.Module):
         return h + mlp_out, (k, v)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _layer_call(cfg: ModelConfig, local: bool, params, h, cache_k, cache_v, rope, masks):
+    """One per-layer block applied to its own parameters (a pure function of its arguments,
+    so every layer of the same shapes reuses one trace)."""
+    return DecoderLayer(cfg).apply({"params": params}, h, (cache_k, cache_v, local), rope, masks)
+
+
 def window_mask(config: ModelConfig, mask, positions, key_positions):
     """``mask`` restricted to keys within the sliding window of each query:
     ``q_pos - k_pos < sliding_window`` (``key_positions [B, S + T]``, ``positions [B, T]``)."""
@@ -304,9 +312,17 @@ class LlamaForCausalLM(nn.Module):
                 h, (cache.k, cache.v, jnp.asarray(local)), rope, masks)
         else:
             ks, vs = [], []
+            # applying, each block is one call of a jitted function: the layers share one
+            # trace (tracing the 28 blocks of a 1.5B model one by one cost seconds per
+            # program); XLA inlines the calls, so the compiled program is the same
+            traced = None if self.is_initializing() else self.variables["params"]
             for i in range(cfg.num_layers):
-                h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
-                    h, (cache.k[i], cache.v[i], local[i]), rope, masks)
+                if traced is None:
+                    h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
+                        h, (cache.k[i], cache.v[i], local[i]), rope, masks)
+                else:
+                    h, (k, v) = _layer_call(cfg, bool(local[i]), traced[f"layers_{i}"], h,
+                                            cache.k[i], cache.v[i], rope, masks)
                 ks.append(k)
                 vs.append(v)
                 if feature_layers and i in feature_layers:

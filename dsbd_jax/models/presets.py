@@ -332,9 +332,10 @@ def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> Mod
 
 
 def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
-    """The preset's ``transformers`` tokenizer (built from the GGUF once, then cached)."""
-    from transformers import AutoTokenizer
-
+    """The preset's ``transformers`` tokenizer (built from the GGUF once, then cached). The
+    cached one loads as a ``PreTrainedTokenizerFast`` from its ``tokenizer.json``: the same
+    encoding and chat template as ``AutoTokenizer``'s class, without importing what
+    ``AutoTokenizer`` imports (torch among it; seconds of a command's start)."""
     directory = preset_dir(name, cache_dir)
     tok_dir = directory / "tokenizer"
     if not (tok_dir / "tokenizer_config.json").exists():
@@ -342,6 +343,7 @@ def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
         with _lock(directory):
             if not (tok_dir / "tokenizer_config.json").exists():
                 notice(f"building the tokenizer of {name} from its GGUF (first load)", progress)
+                from transformers import AutoTokenizer
                 tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_path.name)
                 tmp = directory / f"tokenizer.partial-{os.getpid()}"
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -349,7 +351,18 @@ def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
                 shutil.rmtree(tok_dir, ignore_errors=True)
                 os.replace(tmp, tok_dir)
                 return tok
-    return AutoTokenizer.from_pretrained(str(tok_dir))
+    return saved_tokenizer(tok_dir)
+
+
+def saved_tokenizer(folder):
+    """A tokenizer saved by ``save_pretrained`` with a ``tokenizer.json``, as a
+    ``PreTrainedTokenizerFast`` (falls back to ``AutoTokenizer`` without that file)."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # ---------------------------------------------------------------------------------------------

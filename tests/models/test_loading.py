@@ -506,7 +506,19 @@ def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype
     monkeypatch.setattr(loading, "unstack_layers_", fail)
     monkeypatch.setattr(loading, "transpose_params_", fail)
     monkeypatch.setattr(presets, "load_gguf", fail)
+    from dsbd_jax.models import checkpoint
+    mapped = []                                  # the memory-mapped cache files it reads
+
+    def load_host(path):
+        mapped.append(checkpoint_load_host(path))
+        return mapped[-1]
+    checkpoint_load_host = checkpoint.load_host
+    monkeypatch.setattr(checkpoint, "load_host", load_host)
     second = load_model("fake-tiny", dtype, **kw)
+    # on the CPU the parameters alias the mapped files: a cached load copies nothing
+    starts = {m.ctypes.data for m in mapped}
+    assert len(mapped) == len(jax.tree.leaves(second.params))
+    assert all(x.unsafe_buffer_pointer() in starts for x in jax.tree.leaves(second.params))
     assert second.info["host_form_cache"] == first.info["host_form_cache"]
     assert second.config == first.config
     assert (second.info["kernel_transposed"], second.info["head_transposed"]) == \
@@ -651,3 +663,33 @@ def test_a_load_hands_freed_memory_back(tmp_path, monkeypatch):
     assert isinstance(real(), bool)
     if platform.libc_ver()[0] == "glibc":      # Linux with glibc: the trim is there
         assert loading._libc_trim() is not None
+
+
+def test_saved_tokenizer_matches_auto_tokenizer_without_torch(tmp_path):
+    """A preset's cached tokenizer loads as ``PreTrainedTokenizerFast``: the same ids, chat
+    template and special tokens as ``AutoTokenizer``'s class, and (in a fresh interpreter)
+    without importing torch, which ``AutoTokenizer`` pulls in."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    write_gguf(tmp_path / "m.gguf", hf_tensors(), "llama", tokenizer=True)
+    built = load_model(tmp_path / "m.gguf", progress=False).tokenizer
+    built.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+                           "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    built.save_pretrained(str(tmp_path / "tok"))
+    auto = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    fast = presets.saved_tokenizer(tmp_path / "tok")
+    assert isinstance(fast, PreTrainedTokenizerFast)
+    msgs = [{"role": "user", "content": "hello the hell"}]
+    for text in ("hello the", "the hello  he", ""):
+        assert fast(text)["input_ids"] == auto(text)["input_ids"]
+    assert (fast.apply_chat_template(msgs, add_generation_prompt=True)
+            == auto.apply_chat_template(msgs, add_generation_prompt=True))
+    assert fast.all_special_tokens == auto.all_special_tokens
+    assert (fast.eos_token_id, fast.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
+    code = ("import sys; from dsbd_jax.models.presets import saved_tokenizer; "
+            f"saved_tokenizer({str(tmp_path / 'tok')!r}); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
