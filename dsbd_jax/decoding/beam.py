@@ -202,7 +202,7 @@ def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=No
       ``generated_tokens [B]`` (the longest beam's length).
     """
     prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     return _beam_sample_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
                              prepare_keys(key, np.shape(prompt_ids)[0]), config=config)

@@ -404,8 +404,9 @@ def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-def check_inputs(params, prompt_ids, key, config, prompt_lengths) -> None:
-    """Host-side validation (concrete values, clear ``ValueError``s) before the jitted core."""
+def check_inputs(params, prompt_ids, config, prompt_lengths, key=None) -> None:
+    """Host-side validation (concrete values, clear ``ValueError``s) before the jitted core;
+    ``key`` is required."""
     if not isinstance(config, DSBDConfig):
         raise ValueError(f"config must be a DSBDConfig, got {type(config).__name__}")
     if not isinstance(params, dict) or "target" not in params or "draft" not in params:
@@ -444,7 +445,7 @@ def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=No
 
 def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):
     """Validate (host side) and return the jitted cores' ``(params, prompt_ids, lengths, keys)``."""
-    check_inputs(params, prompt_ids, key, config, prompt_lengths)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     params = {"target": params["target"], "draft": params["draft"]}

@@ -141,7 +141,8 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
     logq = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), finished, config.pad_id)
     joint = jnp.where(ok[..., None], dscore[..., None] + logq, NEG_INF).reshape(B, n * V)
     # computed once: left to fusion, XLA:CPU recomputes it inside each consumer (the warp and
-    # the step log-probs), at ~8 ms each for 3 x 151,936 entries (benchmarks/phase_profile.py)
+    # the step log-probs), a full pass over all B x n x V entries each
+    # (benchmarks/phase_profile.py)
     joint = jax.lax.optimization_barrier(joint)
     lw = _sanitize(warp_logits(joint, config.temperature, config.top_k, config.top_p))
     if config.replacement:

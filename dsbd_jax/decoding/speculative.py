@@ -94,8 +94,8 @@ def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Ar
 # ---------------------------------------------------------------------------------------------
 # Host-side checks (before the jitted core: concrete values, clear errors, never NaN).
 
-def check_inputs(params, prompt_ids, key, config: DecodeConfig, prompt_lengths) -> None:
-    """Raise ``ValueError`` for anything the speculative decoders cannot run."""
+def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
+    """Raise ``ValueError`` for anything the speculative decoders cannot run (``key`` required)."""
     if not isinstance(config, DecodeConfig):
         raise ValueError("config must be a common.DecodeConfig")
     if config.draft is None:
@@ -432,7 +432,7 @@ def speculative_sample(params, prompt_ids, key, config: DecodeConfig,
       ``verified_tokens [B]``, ``row_iterations [B]``, ``mean_accepted`` (accepted drafts per
       target call, per row) and ``acceptance_rate`` (accepted / verified drafts).
     """
-    check_inputs(params, prompt_ids, key, config, prompt_lengths)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     keys = row_keys(key, prompt_ids.shape[0])

@@ -295,7 +295,7 @@ def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,
     children (MCSD Algorithm 1) or children without replacement (Algorithm 2).
     ``verified_tokens`` counts verified tree levels.
     """
-    spec.check_inputs(params, prompt_ids, key, config, prompt_lengths)
+    spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
     keys = spec.row_keys(key, prompt_ids.shape[0])

@@ -3,21 +3,21 @@
 XLA:CPU's few-row matrix products (``[M, d] x [d, 4d]`` with ``M`` = 1..16: one token, beams,
 forests) are fastest with different settings on different hosts. jaxlib 0.10 hands every
 product with more than one row to YNNPACK (a ``__ynn_fusion``); with that library switched off
-the same product runs on Eigen. On a 2-core AVX-512 host, Eigen was 10-25% faster for the
-1.5B target's ``1536 x 8960`` products at ``M`` = 2..32 and 20-30% slower for the 0.5B draft's
-``896 x 4864`` at ``M`` >= 8 (``benchmarks/matmul.py``); on another host it may be the other way
-round. Eigen's thread pool, too, helps on some hosts and not on others. No single choice wins
-everywhere, so, as autotuners do, the library measures the candidates once per host and keeps
-the winner:
+the same product runs on Eigen. Which library is faster depends on the host and on the
+product's shape: on one host Eigen can win for the 1.5B target's ``1536 x 8960`` products and
+lose for the 0.5B draft's ``896 x 4864`` (``benchmarks/matmul.py`` measures them; figures in
+``docs/results/cpu.md``), on another it may be the other way round. Eigen's thread pool, too,
+helps on some hosts and not on others. No single choice wins everywhere, so, as autotuners do,
+the library measures the candidates once per host and keeps the winner:
 
 * ``CANDIDATES``: named ``compiler_options`` dicts (``"default"`` is XLA's own, ``{}``).
   :func:`supported` drops those the installed XLA rejects (option names move between jax
   releases), so the same code runs on jax 0.10 and 0.11.
 * ``choice(form="plain")``: the name in use for programs whose projection kernels are stored
   in ``form`` (``FORMS``: ``"plain"`` ``[in, out]`` or ``"transposed"``, see
-  :mod:`dsbd_jax.models.kernels`). The best options depend on the form: on the 2-core host plain
-  kernels run fastest with ``eigen_dot``, transposed kernels with XLA's default (YNNPACK), where
-  their 2-16-row products take 0.5-0.6x the plain kernels' time. ``$DSBD_JAX_CPU_OPTIONS``
+  :mod:`dsbd_jax.models.kernels`). The best options depend on the form: plain kernels may run
+  fastest with ``eigen_dot`` on a host where transposed kernels run fastest with XLA's default
+  (YNNPACK), so each form has its own choice (``docs/performance.md``). ``$DSBD_JAX_CPU_OPTIONS``
   forces one name for both forms (a name of ``CANDIDATES``, or ``auto``, the default). With
   ``auto`` on a CPU backend the winner is read from ``$DSBD_JAX_CACHE/cpu_options.json``
   (default ``~/.cache/dsbd_jax``) keyed by CPU model, core count, jax version, the candidate
@@ -67,9 +67,9 @@ SAME_BITS = ("default", "single_thread_eigen")
 # program with either runs under "default" where its form's choice is one of these
 # (options_name): 16-bit kernels (Eigen has no 16-bit product on XLA:CPU, so XLA first converts
 # every weight to a float32 copy, and a program with a decode loop keeps those copies as
-# temporaries, 1.5x the parameters' bytes) and a vocabulary head stored as [V, d] rows, e.g. a
-# tied head (2-5 rows take 25x, 8-16 rows 3x the time of XLA's own product:
-# benchmarks/tied_head.py)
+# temporaries, more bytes than the parameters) and a vocabulary head stored as [V, d] rows, e.g.
+# a tied head (its few-row products take several times as long as XLA's own product:
+# benchmarks/tied_head.py, figures in docs/results/cpu.md)
 EIGEN_PRODUCTS = ("eigen_dot",)
 # the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
 # [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
@@ -77,8 +77,9 @@ PROBE_ROWS = (1, 4, 16)
 PROBE_IN, PROBE_OUT, PROBE_LAYERS, PROBE_REPEATS = 1536, 8960, 4, 7
 MARGIN = 0.05  # a candidate replaces "default" only if >= 5% faster in total, never 5% slower
 # the stored forms of projection kernels (dsbd_jax.models.products): each form has its own
-# choice, measured on its own products (on the 2-core host, plain kernels run fastest on Eigen,
-# transposed kernels on XLA's default YNNPACK: benchmarks/forward.py --options)
+# choice, measured on its own products (the two forms can favour different options, e.g. plain
+# kernels on Eigen and transposed kernels on XLA's default YNNPACK: benchmarks/forward.py
+# --options, docs/performance.md)
 PLAIN = "plain"
 FORMS = (PLAIN, TRANSPOSED)
 

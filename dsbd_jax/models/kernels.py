@@ -3,7 +3,7 @@
 A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, the default) runs on XLA:CPU as
 one Eigen matrix product. With few rows (``M = 1..16``: one token, beams, draft forests) Eigen
 packs the whole weight before multiplying, so the product costs about two weight reads instead
-of one, and on some hosts it is 1.5-2x slower than torch (``benchmarks/matmul.py``). A **blocked
+of one, and on some hosts it is slower than torch's product (``benchmarks/matmul.py``). A **blocked
 kernel** ``[out / n, in, n]`` stores the output columns in blocks of ``n``, each block a
 contiguous ``[in, n]`` matrix. The product becomes one batched product over the blocks
 (``cmk,ckn->cmn``, ``x`` broadcast to every block), each block small enough to stay in cache, and
@@ -32,23 +32,23 @@ sums run in another order).
   contiguous rows and more rows as one batched product per block. :func:`unblock_params`
   converts back. The products live in :mod:`dsbd_jax.models.products`.
 * **The form follows the host, the options follow the form**. The best compiler
-  options depend on the kernels' form: on the 2-core host plain kernels run fastest on Eigen
-  (``eigen_dot``), transposed kernels on XLA's default YNNPACK, where their 2-16-row products
-  take 0.5-0.6x the plain kernels' time. So :func:`dsbd_jax.models.cpu_options.choice` is
+  options depend on the kernels' form: on a host, plain kernels may run fastest on Eigen
+  (``eigen_dot``) and transposed kernels on XLA's default YNNPACK, where their few-row products
+  beat the plain kernels'. So :func:`dsbd_jax.models.cpu_options.choice` is
   measured per form, and ``tuned_jit`` compiles a call whose arguments hold transposed kernels
   under the transposed form's options. :func:`choose_form` then times both forms, each under
   its own options, on a model's MLP shape (chained pairs at ``M = 1, 4, 16``; transposed only
   if ``GAIN`` faster in total and never ``MARGIN`` slower), cached per host and shape;
-  ``load_model(..., kernel_blocks="measured")``, the default, applies it. On the 2-core host
-  it picks transposed (``benchmarks/forward.py`` and ``benchmarks/kernel_blocks.py`` measure the
-  forward passes and the decoders in both forms).
+  ``load_model(..., kernel_blocks="measured")``, the default, applies it (``benchmarks/forward.py``
+  and ``benchmarks/kernel_blocks.py`` measure the forward passes and the decoders in both forms;
+  what each host picks: ``docs/performance.md``).
 
 **Blocked kernels are opt-in.** ``load_model(..., kernel_blocks="auto")`` applies
-:func:`choose_blocks` on the CPU; on the one host measured so far (2-core AVX-512) blocks made
-whole forward passes slower (width 64: 1.74x at one token; width 128: 1.29x at one token, 0.88x
-at four rows; ``benchmarks/forward.py --blocks N``) and the measurement chose none. Code that
-needs ``[in, out]`` kernels (distillation, export to Hugging Face files, sharding over a mesh)
-calls :func:`unblock_params` first; ``ShardedDecoder.place`` and ``distill`` do it themselves.
+:func:`choose_blocks` on the CPU. They are not the default: their products can be faster on
+their own while whole forward passes get slower with blocks (``benchmarks/forward.py --blocks N``;
+figures in ``docs/results/cpu.md``). Code that needs ``[in, out]`` kernels (distillation, export
+to Hugging Face files, sharding over a mesh) calls :func:`unblock_params` first;
+``ShardedDecoder.place`` and ``distill`` do it themselves.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ ENV = "DSBD_JAX_KERNEL_BLOCKS"
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # two blocks of half the output columns each (the width depends on the shape): a forced choice
 # only (DSBD_JAX_KERNEL_BLOCKS=halves, load_model(kernel_blocks="halves")); its products are
-# faster chained at M = 1..16 but the whole 1.5B forward got 1.22x slower at one token and no
-# faster elsewhere (benchmarks/forward.py --blocks halves), so the measurement does not offer it
+# faster chained at M = 1..16 but whole forward passes are not (benchmarks/forward.py --blocks
+# halves, docs/results/cpu.md), so the measurement does not offer it
 HALVES = "halves"
 CANDIDATES = (0, 32, 64, 128)
 PROBE_ROWS = (1, 4, 16)
@@ -315,9 +315,9 @@ def measure(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=PROBE_
     candidates interleaved round by round, compiled with this host's ``compiler_options``
     (:mod:`dsbd_jax.models.cpu_options`: the options the model's passes run under). The products
     are chained (each one's input is the previous one's output): XLA:CPU runs independent
-    products side by side, which flatters the single-threaded blocked products (measured: 2.6
-    against 4.6 ms per 8960x1536 product at M = 4 when 28 run independently, while the whole
-    forward pass got slower with blocks; docs/results/cpu.md)."""
+    products side by side, which flatters the single-threaded blocked products (independent
+    blocked products can look faster while the whole forward pass gets slower with blocks;
+    docs/results/cpu.md)."""
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     ws = [rng.standard_normal((din, dout), np.float32).astype(dt) for _ in range(layers)]

@@ -23,7 +23,7 @@ Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
   default on TPU (not measured there).
 * ``"per_layer"``: block ``i`` has its own arrays under ``params["layers_{i}"]`` and the layer loop
   is unrolled. A stacked layer's weight slice is copied before its matmul, on XLA:CPU and on
-  an H100 alike (``benchmarks/forward.py`` and ``benchmarks/accelerator.py`` measure both
+  a GPU alike (``benchmarks/forward.py`` and ``benchmarks/accelerator.py`` measure both
   layouts), so this is the default on CPU and GPU.
 
 :func:`default_layout` picks by backend; :func:`convert_layout` converts a tree between them

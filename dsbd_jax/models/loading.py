@@ -156,8 +156,8 @@ def release_freed_memory() -> bool:
     """Hand the memory a load freed back to the operating system (glibc's ``malloc_trim``;
     ``False`` where the C library has none). A load frees as much as it keeps (the stacked
     arrays split into layers, each kernel replaced by its transposed copy); glibc keeps those
-    freed blocks of tens of MB in its heap, and the process keeps them: the 1.5B + 0.5B pair in
-    bfloat16 (4.3 GiB of parameters) left 7.1 GB resident after loading, 5.1 GB after a trim.
+    freed blocks in its heap, and the process keeps them resident (gigabytes for the offline
+    pair) until a trim hands them back (``benchmarks/load_memory.py`` measures a load's memory).
     :func:`load_model` calls it after each step and at the end; it changes no value."""
     trim = _libc_trim()
     return bool(trim(0)) if trim is not None else False
@@ -228,9 +228,9 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         this model's MLP shape, each form under its own compiler options
         (:func:`dsbd_jax.models.kernels.choose_form`: a few seconds once per host and shape,
         cached; plain off the CPU and for small models; ``$DSBD_JAX_KERNEL_FORM`` forces one).
-        On the 2-core host it picks transposed for the 1.5B target: the forward takes 0.64-0.82x
-        the plain kernels' time at 1-16 rows, beam sampling W=4 runs 1.28x faster
-        (``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
+        Where transposed kernels win, their few-row products make the forward passes and the
+        decoders faster (what each host picks: ``docs/performance.md``; figures:
+        ``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
         ``None``: plain kernels. ``"auto"``: blocked kernels ``[out / n, in, n]`` of the widths
         measured for this host (nothing off the CPU or for small models); ``"halves"``: every
         projection as two blocks of half its output columns; ``{"down_proj": 64, ...}``: given
@@ -244,7 +244,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
       untie_head: give a tied head (the embedding doubling as the head: the hub's Qwen2.5-0.5B,
         Llama-3.2-1B, Gemma) its own ``[d, V]`` kernel (:func:`dsbd_jax.models.vocab.untie_head`;
         ``V * d`` more memory). On the CPU under the per-host option ``eigen_dot`` a tied head
-        with 2-16 rows (a draft at batch 2+, beams) is 2-24x slower than an untied one
+        with 2-16 rows (a draft at batch 2+, beams) is several times slower than an untied one
         (``docs/results/cpu.md``). Applied before ``head_rows``; ``info["untied_head"]`` says
         whether it changed the model. A model without a tied head is left as it is.
     """

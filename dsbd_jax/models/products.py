@@ -38,14 +38,15 @@ def is_mixed(kernel: jax.Array) -> bool:
     float (bfloat16, float16) multiplies ``x`` cast to that dtype and accumulates in float32
     (``preferred_element_type``), returning float32. A float32 kernel runs the float32 product
     unchanged. XLA:CPU's 16-bit product with a 16-bit result (what Flax's ``Dense`` computes)
-    takes a path 4-20x slower than float32 on the 2-core hosts; with float32 accumulation the
-    same product runs at float32's speed or faster (``benchmarks/matmul.py --dtypes``)."""
+    takes a much slower path than float32; with float32 accumulation the same product runs at
+    float32's speed or faster (``benchmarks/matmul.py --dtypes``; figures in
+    ``docs/results/precision.md``)."""
     return jnp.dtype(kernel.dtype).itemsize == 2
 
 
 def _rows2(xm: jax.Array) -> jax.Array:
     """``xm [m, in]`` with one row padded to two (XLA:CPU's 16-bit product of one row takes a
-    matrix-vector path about 10x slower than two rows); more rows unchanged."""
+    matrix-vector path, much slower than the product of two rows); more rows unchanged."""
     return jnp.pad(xm, ((0, 1), (0, 0))) if xm.shape[0] == 1 else xm
 
 
@@ -99,7 +100,8 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
 # transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks under the key "kernel_t"
 TRANSPOSED = "transposed"
 T_KEY = "kernel_t"
-T_MAX_WIDTH = 1280  # transposed blocks of at most this many output rows (measured: 768-1280 best)
+# transposed blocks of at most this many output rows (wider blocks are slower: docs/results/cpu.md)
+T_MAX_WIDTH = 1280
 
 
 def transpose_block(w: jax.Array, n: int) -> jax.Array:
@@ -122,10 +124,10 @@ def project_t(x: jax.Array, kernel_t: jax.Array) -> jax.Array:
     """``x [..., in]`` times a transposed kernel ``[c, n, in]`` (:func:`transpose_block`).
 
     One row (``x`` of one row in all: a token at batch 1) is a matrix-vector product over the
-    ``[out, in]`` rows (a free reshape), which XLA:CPU runs as dot products of contiguous rows:
-    about 25% faster than the same product on ``[in, out]`` on the 2-core host. More rows run
-    as one batched product ``W_c x^T`` per block (the same product with the whole ``[out, in]``
-    matrix as one operand is 5-10x slower under Eigen), then transposed back. Whole passes:
+    ``[out, in]`` rows (a free reshape), which XLA:CPU runs as dot products of contiguous rows,
+    faster than the same product on ``[in, out]``. More rows run as one batched product
+    ``W_c x^T`` per block (the same product with the whole ``[out, in]`` matrix as one operand
+    is several times slower under Eigen), then transposed back. Whole passes:
     ``benchmarks/forward.py --layouts per_layer per_layer_transposed``, ``docs/results/cpu.md``.
 
     A 16-bit kernel runs as one mixed-precision product over all ``[out, in]`` rows

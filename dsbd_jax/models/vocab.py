@@ -21,9 +21,9 @@ distribution is the target's (tokens outside the subset still come out through t
 untruncated model's.
 
 **Prompt rows** (``truncate_head(..., prompt_rows=True)``): targets copy identifiers from the
-prompt, and a corpus table cannot hold every user's identifiers (measured on the offline pair:
-nearly all of the 32k table's acceptance loss sat at positions where the target copied a prompt
-token outside the rows). With prompt rows the head also keeps the full matrix
+prompt, and a corpus table cannot hold every user's identifiers (a truncated head loses its
+acceptance mostly where the target copies a prompt token outside the rows:
+``docs/results/draft.md``). With prompt rows the head also keeps the full matrix
 (``"full_kernel" [d, V]``, the dropped ``lm_head`` kernel, or ``"full_embedding"`` for a tied
 head: the embedding itself), and every drafted decoder calls :func:`with_prompt_rows` at the
 start of its program: the head's rows become the ``N`` rows plus every token of the batch's
@@ -75,9 +75,9 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
     ``nn.Embed.attend`` computes it, except for the operand order of a single row.
 
     One row (``h`` holds one vector: a one-token step at batch 1) is computed with the
-    embedding as the left operand, ``E h^T``. XLA:CPU runs ``h E^T`` for one row 1.1x (jaxlib
-    0.10.2) to 5.0x (0.11.2) slower than ``E h^T`` at the 0.5B draft's 151,936 x 896 head
-    (``benchmarks/tied_head.py``). Both orders give the same
+    embedding as the left operand, ``E h^T``: XLA:CPU runs ``h E^T`` for one row slower than
+    ``E h^T`` at a draft's vocabulary head, by a margin that varies with the jaxlib version
+    (``benchmarks/tied_head.py``; figures in ``docs/results/cpu.md``). Both orders give the same
     product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
     full tied head and by a truncated tied head (:func:`truncated_logits`), so a truncated
     head with every row reproduces the full logits bit for bit.
@@ -100,10 +100,10 @@ def untie_head(params, config):
     the cost of ``V * d`` more parameters (545 MB for the 0.5B Qwen draft in float32).
 
     Why: on the CPU under the per-host option ``eigen_dot``, a tied head with 2-16 rows takes
-    2-24x as long as the same product with an ``[d, V]`` kernel (``benchmarks/tied_head.py``;
-    4 rows of a 151,936 x 896 head: 673 against 36 ms). Logits equal the tied model's to float
-    rounding. An untied model is returned unchanged; a truncated head must be untied before
-    truncation (untie first, then :func:`truncate_head`).
+    several times as long as the same product with an ``[d, V]`` kernel
+    (``benchmarks/tied_head.py``; figures in ``docs/results/cpu.md``). Logits equal the tied
+    model's to float rounding. An untied model is returned unchanged; a truncated head must be
+    untied before truncation (untie first, then :func:`truncate_head`).
 
     In a 16-bit tree with transposed projection kernels the new head is stored as its ``[V, d]``
     rows (``lm_head["kernel_t"]``, a copy of the embedding), the form ``load_model`` gives every

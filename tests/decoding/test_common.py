@@ -39,9 +39,9 @@ def host_check(dec, ids, lens):
     """The decoder's host-side input checks (they run before anything is compiled)."""
     key = np.zeros(2, np.uint32)
     if dec.method == "dsbd":
-        dsbd.check_inputs({"target": None, "draft": None}, ids, key, dec.config, lens)
+        dsbd.check_inputs({"target": None, "draft": None}, ids, dec.config, lens, key=key)
     elif dec.needs_draft:
-        speculative.check_inputs({"target": {}, "draft": {}}, ids, key, dec.config, lens)
+        speculative.check_inputs({"target": {}, "draft": {}}, ids, dec.config, lens, key=key)
     else:
         sampling.check_inputs({"embed": {"embedding": np.zeros((8, 8))}}, ids, dec.config, lens)
 
