@@ -409,12 +409,15 @@ add(DRAFT_MD, TERMS,
 # the draft heads section
 add(DRAFT_MD, TRAINING,
     "a head of {=v('num_params_own') / 1e6:.1f}M parameters of its own",
-    "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.3.heldout_acceptance_1'):.3f} "
-    "for a first draft token and {=v('log.3.heldout_acceptance_2'):.3f} for a second after "
-    "{log.3.step:d} steps, still rising. The run took {=v('wall_s') / 60:.0f} minutes at a peak of "
+    "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.8.heldout_acceptance_1'):.3f} "
+    "for a first draft token and {=v('log.8.heldout_acceptance_2'):.3f} for a second after "
+    "{log.8.step:d} steps ({=v('log.3.heldout_acceptance_1'):.3f} and "
+    "{=v('log.3.heldout_acceptance_2'):.3f} at step {log.3.step:d}, "
+    "{=v('log.7.heldout_acceptance_1'):.3f} at step {log.7.step:d})",
+    "The run took {=v('wall_s') / 60:.0f} minutes at a peak of "
     "{=v('peak_rss_kb') / 1e6:.1f} GB: {=v('parts.1.wall_s') / 60:.0f} of them for the target's "
     "rollouts and scoring passes",
-    "{=v('parts.0.wall_s') / 60:.1f} for loading, the evaluations and the {log.3.step:d} steps")
+    "{=v('parts.0.wall_s') / 60:.1f} for loading, the evaluations and the {log.8.step:d} steps")
 add(DRAFT_MD, ACCEPT,
     "| draft head | **{summary.head.continuation:.3f}** | {summary.head.prompt:.3f} | "
     "{summary.decoded_head:.3f} |",
