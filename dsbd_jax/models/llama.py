@@ -315,13 +315,13 @@ class LlamaForCausalLM(nn.Module):
             # applying, each block is one call of a jitted function: the layers share one
             # trace (tracing the 28 blocks of a 1.5B model one by one cost seconds per
             # program); XLA inlines the calls, so the compiled program is the same
-            traced = None if self.is_initializing() else self.variables["params"]
+            params = None if self.is_initializing() else self.variables["params"]
             for i in range(cfg.num_layers):
-                if traced is None:
+                if params is None:
                     h, (k, v) = DecoderLayer(cfg, name=f"layers_{i}")(
                         h, (cache.k[i], cache.v[i], local[i]), rope, masks)
                 else:
-                    h, (k, v) = _layer_call(cfg, bool(local[i]), traced[f"layers_{i}"], h,
+                    h, (k, v) = _layer_call(cfg, bool(local[i]), params[f"layers_{i}"], h,
                                             cache.k[i], cache.v[i], rope, masks)
                 ks.append(k)
                 vs.append(v)

@@ -508,11 +508,11 @@ def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype
     monkeypatch.setattr(presets, "load_gguf", fail)
     from dsbd_jax.models import checkpoint
     mapped = []                                  # the memory-mapped cache files it reads
+    read = checkpoint.load_host
 
     def load_host(path):
-        mapped.append(checkpoint_load_host(path))
+        mapped.append(read(path))
         return mapped[-1]
-    checkpoint_load_host = checkpoint.load_host
     monkeypatch.setattr(checkpoint, "load_host", load_host)
     second = load_model("fake-tiny", dtype, **kw)
     # on the CPU the parameters alias the mapped files: a cached load copies nothing
