@@ -475,8 +475,8 @@ add(DRAFT_TOOLS_MD, TERMS,
 
 # docs/cli.md ---------------------------------------------------------------------------------
 add(CLI_MD, CLI,
-    "in seconds: {seconds.refusal_generate:.1f} s for `generate` and `bench`",
-    "in seconds: {seconds.refusal_bench:.1f} s for `generate` and `bench`",
+    "in seconds: {seconds.refusal_generate:.1f} s\nfor `generate` and "
+    "{seconds.refusal_bench:.1f} s for `bench`",
     "ends after {seconds.first_token_warm:.1f} s on the 2-core Intel Xeon above")
 add(CLI_MD, SPEED,
     "our sampling and beam sampling W=4 run at {ratios.tokens_per_s: sample: dsbd_jax / "

@@ -1,6 +1,7 @@
-"""``dsbd generate`` keeps its decoder in JAX's compilation cache: with the default progress
-(elapsed seconds from the host) a second process reads every program back and writes nothing
-new; ``--progress tokens`` (a host callback inside the loop) compiles its decoder again."""
+"""``dsbd generate`` keeps its decoder's compiled program: with the default progress (elapsed
+seconds from the host) a second process reads every program back (the decoder's core from the
+program store, the rest from JAX's compilation cache) and writes nothing new; ``--progress
+tokens`` (a host callback inside the loop) compiles its decoder again and stores nothing."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys
 from jax._src import monitoring
-hits = []
+hits, reads = [], []
 monitoring.register_event_listener(
     lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
+monitoring.register_event_duration_secs_listener(
+    lambda name, d, **kw: reads.append(name) if name.startswith("/dsbd_jax/program_store") else None)
 from dsbd_jax.models import compilation_cache
 compilation_cache.MIN_COMPILE_S = 0.0
 from dsbd_jax.cli import main
@@ -27,8 +30,8 @@ rc = main(sys.argv[1:])
 import jax
 from pathlib import Path
 folder = Path(jax.config.jax_compilation_cache_dir)
-entries = sorted(p.name for p in folder.iterdir()) if folder and folder.exists() else []
-print(json.dumps({"rc": rc, "hits": len(hits), "entries": entries}))
+entries = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+print(json.dumps({"rc": rc, "hits": len(hits), "reads": len(reads), "entries": entries}))
 """
 
 
@@ -51,13 +54,15 @@ def generate(cache, pair, *extra):
 def test_a_second_generate_reads_its_decoder_back(bench_pair, tmp_path):
     pair = bench_pair[:2]
     first = generate(tmp_path, pair)
-    assert first["entries"], first                       # the programs were written
+    assert first["entries"] and first["reads"] == 0, first      # the programs were written
+    assert any(e.startswith("programs/") for e in first["entries"]), first   # the core's
     assert "spec: " in first["stderr"]                  # the elapsed-seconds line
     second = generate(tmp_path, pair)
-    assert second["hits"] >= 1 and second["entries"] == first["entries"], second
+    assert second["reads"] == 1 and second["hits"] >= 1, second
+    assert second["entries"] == first["entries"], second
     tokens = generate(tmp_path, pair, "--progress", "tokens")
     # the decoder with the in-loop callback is compiled, not read, and never written
-    assert tokens["hits"] < second["hits"], (tokens["hits"], second["hits"])
-    assert tokens["entries"] == first["entries"]
+    assert tokens["reads"] == 0 and tokens["entries"] == first["entries"], tokens
     none = generate(tmp_path, pair, "--no-progress")     # the same program as the default
-    assert none["hits"] == second["hits"] and none["entries"] == first["entries"]
+    assert none["reads"] == 1 and none["hits"] == second["hits"]
+    assert none["entries"] == first["entries"]

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.decoding import programs
 from dsbd_jax.decoding.compiles import core_name, note_core_call
 
 logger = logging.getLogger("dsbd_jax")
@@ -52,13 +53,25 @@ class _Core:
         self.__name__ = getattr(jitted, "__name__", "core")
         self.__doc__ = getattr(jitted, "__doc__", None)
         self.decoder = name
+        self.programs = programs.LoadedPrograms()   # read back from the store (programs.py)
         core_name(self.__name__, name)
 
     def __call__(self, *args, **kwargs):
         if _CAPTURING:
             return CoreCall(self._jitted, args, kwargs)
         note_core_call(self.decoder, args)
-        return self._jitted(*args, **kwargs)
+        folder = programs.store_folder()
+        if folder is None or not hasattr(self._jitted, "for_call") or any(
+                isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return self._jitted(*args, **kwargs)
+        jitted, options = self._jitted.for_call(args, kwargs)
+        return programs.call(self.decoder, jitted, self._jitted._fun, self._jitted._jit_kwargs,
+                             options, self.programs, args, kwargs, folder)
+
+    def clear_cache(self):
+        """Drop the compiled programs of the jit and those loaded from the program store."""
+        self.programs.cache_clear()
+        self._jitted.clear_cache()
 
     def __getattr__(self, name):
         return getattr(self._jitted, name)

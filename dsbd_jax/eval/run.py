@@ -27,11 +27,13 @@ logger = logging.getLogger("dsbd_jax")
 # ---------------------------------------------------------------------------------------------
 # measurement pieces
 class CompileClock:
-    """Seconds JAX spends tracing, lowering and compiling (``jax.monitoring`` events)."""
+    """Seconds JAX spends tracing, lowering and compiling, and reading decoder programs back
+    from the program store (``jax.monitoring`` events; :mod:`dsbd_jax.decoding.programs`)."""
 
     EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
               "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+              "/jax/core/compile/backend_compile_duration",
+              "/dsbd_jax/program_store/read_duration")
     _total = 0.0
     _registered = False
 

@@ -367,6 +367,12 @@ class tuned_jit:
     def _for_args(self, args, kwargs):
         return self.for_form(*program_kind((args, kwargs)))
 
+    def for_call(self, args, kwargs):
+        """``(jax.jit object, its compiler options)`` for a top-level call with these
+        arguments: what ``__call__`` would run."""
+        kind = program_kind((args, kwargs))
+        return self.for_form(*kind), dict(CANDIDATES[options_name(*kind)])
+
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             return self.plain(*args, **kwargs)
