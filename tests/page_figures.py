@@ -35,6 +35,7 @@ DTYPE_RUNS = "results/dtype_runs.json"
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
 CLI = "results/cli_latency.json"
+HEAD_DATA = "results/head_data_speed.json"
 H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
 H100_HEAD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head.json"
 H100_DSBD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head_dsbd.json"
@@ -472,6 +473,13 @@ for label, method in [("speculative, gamma 4", "speculative_g4"),
 add(DRAFT_TOOLS_MD, TERMS,
     "the 0.5B draft's one-token pass costs {batches.b1.draft_pass_vs_target.base:.2f}x the 1.5B "
     "target's on two CPU cores")
+
+add(DRAFT_MD, HEAD_DATA,
+    "(`own_passes`, the default of other recipes) takes {own_passes_over_rescore:.2f}x the time",
+    "results/head_data_speed.json`, same host, quiet: {seconds.own_passes.second_run_s:.0f} s "
+    "against {seconds.rescore.second_run_s:.0f} s)")
+add(DRAFT_TOOLS_MD, HEAD_DATA,
+    "and `own_passes` takes {own_passes_over_rescore:.2f}x the time of `rescore`")
 
 # docs/cli.md ---------------------------------------------------------------------------------
 add(CLI_MD, CLI,

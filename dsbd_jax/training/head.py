@@ -24,10 +24,12 @@ for training and held out:
 * ``*_texts``: a task's prompt followed by the dataset's own answer (GSM8K's worked solution,
   HumanEval's canonical solution) as the assistant's turn; every position counts.
 
-The target then runs ONE pass over each text and stores, per position, its features (what the
-head reads) and, where the loss counts, its warped next-token distribution (temperature / top-k /
-top-p of the recipe: at most ``store_k`` tokens; warped top-k 10 keeps 10). Stored once in
-``RUN/data.npz``; texts are cut to ``max_tokens``.
+Per position the data holds the target's features (what the head reads) and, where the loss
+counts, its warped next-token distribution (temperature / top-k / top-p of the recipe: at most
+``store_k`` tokens; warped top-k 10 keeps 10), from ONE target pass over each text; a rollout's
+come from the passes that sample it (``rollout_data: own_passes``, the default), or from one
+more pass over the finished text (``rollout_data: rescore``: the same values, one more pass).
+Stored once in ``RUN/data.npz``; texts are cut to ``max_tokens``.
 
 **Loss** per position ``j`` (the head reads ``x_j`` and the feature of ``j - 1``):
 
@@ -68,13 +70,15 @@ from dsbd_jax.models.head_registry import (  # noqa: F401
     cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, register,
     trained_heads)
 from dsbd_jax.training.head_data import (  # noqa: F401
-    prepare_data, rollouts_of, target_rollouts, texts_of, warped_topk)
+    prepare_data, recipe_data, rollout_data, rollouts_of, target_rollouts, texts_of, warped_topk)
 
 logger = logging.getLogger("dsbd_jax")
 
 KEYS = ("name", "target", "dtype", "run_dir", "train_texts", "heldout_texts", "train_rollouts",
-        "heldout_rollouts", "rollout_tokens", "rollout_batch", "max_prompt_tokens", "head",
+        "heldout_rollouts", "rollout_tokens", "rollout_batch", "rollout_data",
+        "max_prompt_tokens", "head",
         "train", "save_as", "max_tokens")
+ROLLOUT_DATA = ("own_passes", "rescore")
 HEAD_KEYS = ("intermediate_size", "feature_layers", "vocab_rows", "vocab_table", "init")
 INITS = ("random", "target_last")
 
@@ -129,6 +133,9 @@ def load_recipe(path) -> Dict[str, Any]:
         v = r.setdefault(k, default)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{path}: {k} must be a positive integer, got {v!r}")
+    if r.setdefault("rollout_data", "own_passes") not in ROLLOUT_DATA:
+        raise ValueError(f"{path}: rollout_data must be one of {ROLLOUT_DATA}, got "
+                         f"{r['rollout_data']!r}")
     head = dict(r.get("head") or {})
     bad = sorted(set(head) - set(HEAD_KEYS))
     if bad:
@@ -382,26 +389,7 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
             raise ValueError(f"{data_path} was written by an older dsbd-jax (no 'pos'): delete "
                              f"it, and {run_dir / 'checkpoint.msgpack'}, to score the data again")
     else:
-        tok = target.tokenizer
-        splits = {}
-        for part in ("train", "heldout"):
-            texts = texts_of(tok, r.get(f"{part}_texts") or [])
-            loss_from = [0] * len(texts)
-            if r.get(f"{part}_rollouts"):
-                ro, lf = rollouts_of(target.config, target.params, tok, r[f"{part}_rollouts"], cfg,
-                                     r["rollout_tokens"], r["rollout_batch"],
-                                     r["max_prompt_tokens"],
-                                     jax.random.PRNGKey(cfg.seed + (part == "heldout")),
-                                     progress)
-                texts, loss_from = texts + ro, loss_from + lf
-            splits[part] = (texts, loss_from)
-        if progress:
-            print(f"train-head: {len(splits['train'][0])} training and "
-                  f"{len(splits['heldout'][0])} held-out texts; one target pass each", flush=True)
-        train_data, held_data = (
-            prepare_data(target.config, target.params, texts, hc.feature_layers, cfg,
-                         r["max_tokens"], progress, loss_from)
-            for texts, loss_from in (splits["train"], splits["heldout"]))
+        train_data, held_data = recipe_data(r, target, hc.feature_layers, cfg, progress)
         np.savez(data_path, **{f"train_{k}": v for k, v in train_data.items()},
                  **{f"held_{k}": v for k, v in held_data.items()})
     key = jax.random.PRNGKey(cfg.seed)

@@ -4,6 +4,7 @@ its features and, where the loss counts, its warped next-token distribution."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Dict, List, Optional
 
@@ -48,16 +49,22 @@ def warped_topk(logits, cfg):
     return ids.astype(jnp.int32), jnp.exp(vals)
 
 
-def rollouts_of(target_config, target_params, tokenizer, specs, cfg, new_tokens: int,
-                batch: int, max_prompt_tokens: Optional[int], key, progress: bool = True):
-    """:func:`target_rollouts` of the prompts of ``specs`` (task slices, sent as the benchmarks
-    send them: chat template), dropping those longer than ``max_prompt_tokens``."""
+def rollout_prompts(tokenizer, specs, max_prompt_tokens: Optional[int]) -> List[List[int]]:
+    """The encoded prompts of ``specs`` (task slices, sent as the benchmarks send them: chat
+    template), without those longer than ``max_prompt_tokens``."""
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.training.recipe import cap_prompts, prompt_texts
     prompts = cap_prompts(encode_chat(tokenizer, prompt_texts(specs)), max_prompt_tokens)
     if not prompts:
         raise ValueError(f"no prompt of {specs} is at most max_prompt_tokens="
                          f"{max_prompt_tokens} tokens long")
+    return prompts
+
+
+def rollouts_of(target_config, target_params, tokenizer, specs, cfg, new_tokens: int,
+                batch: int, max_prompt_tokens: Optional[int], key, progress: bool = True):
+    """:func:`target_rollouts` of the prompts of ``specs`` (:func:`rollout_prompts`)."""
+    prompts = rollout_prompts(tokenizer, specs, max_prompt_tokens)
     return target_rollouts(target_config, target_params, prompts, cfg, new_tokens, batch, key,
                            progress)
 
@@ -134,3 +141,156 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
             print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# data from the rollouts' own passes: no second pass over the texts
+ROLLOUT_BUCKET = 64   # prompts sorted by length, each batch padded to a multiple of this
+
+
+@functools.partial(jax.jit, static_argnames=("config", "new_tokens", "warp", "store_k",
+                                             "feature_layers"))
+def _rollout_passes(params, prompt_ids, prompt_lengths, keys, config, new_tokens: int, warp,
+                    store_k: int, feature_layers):
+    """One batch of rollouts with what the head trains on, from the passes that sample them:
+    the prompt pass's features ``[B, P, F]``, and per step ``t`` the token drawn, whether the
+    row was still live (before EOS), the token's features and the warped top-``store_k`` of the
+    distribution it was drawn from (``[B, N, ...]``)."""
+    from dsbd_jax.decoding import common
+    from dsbd_jax.decoding.warping import draw_from, warp_logits
+    from dsbd_jax.models import cache as kvc
+    B, P = prompt_ids.shape
+    temperature, top_k, top_p, eos = warp
+    cache, logits, feats = common.prefill(config, params, prompt_ids, prompt_lengths,
+                                          P + new_tokens, feature_layers=feature_layers)
+
+    def step(carry, t):
+        cache, logits, finished = carry
+        warped = warp_logits(jax.nn.log_softmax(logits, axis=-1), temperature, top_k, top_p)
+        vals, ids = jax.lax.top_k(warped, store_k)
+        u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (1,)))(keys)
+        tok = jnp.where(finished, 0, draw_from(jnp.exp(warped), u)[:, 0]).astype(jnp.int32)
+        lengths = prompt_lengths + t
+        slot_ok = jnp.arange(cache.num_slots)[None, :] < lengths[:, None]
+        mask = jnp.concatenate([slot_ok, jnp.ones((B, 1), bool)], axis=-1)[:, None, :]
+        lg, new, f = forward(config, params, tok[:, None], lengths[:, None], mask, cache,
+                             feature_layers=feature_layers)
+        out = (tok, ~finished, f[:, 0], ids.astype(jnp.int32), jnp.exp(vals))
+        finished = finished | common.is_eos(tok, eos)
+        return (kvc.write(cache, new, lengths), lg[:, 0], finished), out
+
+    _, outs = jax.lax.scan(step, (cache, logits, jnp.zeros((B,), bool)),
+                           jnp.arange(new_tokens, dtype=jnp.int32))
+    return (feats,) + tuple(jnp.swapaxes(o, 0, 1) for o in outs)
+
+
+def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new_tokens: int,
+                 batch: int, max_tokens: int, key, progress: bool = True) -> Dict[str, np.ndarray]:
+    """:func:`prepare_data`'s arrays for the target's own continuations of ``prompts`` (token
+    lists), taken from the passes that sample them (the prompt pass and one pass per new token),
+    with no second pass over the texts. The prompts run sorted by length, ``batch`` at a time,
+    each batch padded to a multiple of ``ROLLOUT_BUCKET`` (one compiled program per padded
+    length); the continuations are ``new_tokens`` tokens drawn with the warping of ``cfg``
+    (stopping at the target's EOS), and the loss counts from the position that predicts the
+    first of them."""
+    from dsbd_jax.decoding import inputs
+    fl = tuple(feature_layers) if feature_layers else None
+    params = target_params if not fl else convert_layout(target_params, "per_layer")
+    eos = target_config.eos_token_id
+    eos = tuple(np.atleast_1d(eos).tolist()) if eos is not None else None
+    warp = (float(cfg.temperature), int(cfg.top_k), float(cfg.top_p), eos)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    rows: Dict[int, tuple] = {}
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        chunk = [list(prompts[i]) for i in idx]
+        chunk += [chunk[-1]] * (batch - len(chunk))
+        P = -(-max(len(p) for p in chunk) // ROLLOUT_BUCKET) * ROLLOUT_BUCKET
+        ids = np.zeros((batch, P), np.int32)
+        for r, p in enumerate(chunk):
+            ids[r, :len(p)] = p
+        lens = np.array([len(p) for p in chunk], np.int32)
+        keys = inputs.row_keys(jax.random.fold_in(key, start), batch)
+        out = jax.device_get(_rollout_passes(
+            params, jnp.asarray(ids), jnp.asarray(lens), keys, config=target_config,
+            new_tokens=new_tokens, warp=warp, store_k=cfg.store_k,
+            feature_layers=() if fl is None else fl))
+        feats, toks, live, f_new, top_ids, top_probs = out
+        for r, i in enumerate(idx):
+            n, c = int(lens[r]), int(live[r].sum())
+            rows[i] = (list(chunk[r]) + [int(t) for t in toks[r, :c]],
+                       np.concatenate([feats[r, :n], f_new[r, :c]]), top_ids[r, :c],
+                       top_probs[r, :c], n - 1)
+        if progress:
+            print(f"train-head: target rollouts {min(start + batch, len(order))}/{len(order)} "
+                  f"with their features ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return _pack([rows[i] for i in range(len(prompts))], cfg.store_k, max_tokens)
+
+
+def _pack(rows, store_k: int, max_tokens: int) -> Dict[str, np.ndarray]:
+    """:func:`prepare_data`'s layout from per-text ``(tokens, feats [len, F], ids [c, k],
+    probs [c, k], loss_from)``, texts cut to ``max_tokens``."""
+    T = max(8, min(max_tokens, max(len(r[0]) for r in rows)))
+    N = max(1, max(min(len(r[2]), T - 1 - r[4]) for r in rows))
+    n, F = len(rows), rows[0][1].shape[-1]
+    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32),
+           "feats": np.zeros((n, T, F), np.float32), "pos": np.zeros((n, N), np.int32),
+           "mask": np.zeros((n, N), bool), "ids": np.zeros((n, N, store_k), np.int32),
+           "probs": np.zeros((n, N, store_k), np.float32)}
+    for i, (toks, feats, ids, probs, f0) in enumerate(rows):
+        L = min(len(toks), T)
+        out["tokens"][i, :L], out["lengths"][i] = toks[:L], L
+        out["feats"][i, :L] = feats[:L]
+        j = f0 + np.arange(N)
+        out["mask"][i] = j < L - 1
+        out["pos"][i] = np.minimum(j, T - 1)
+        c = min(len(ids), N)
+        out["ids"][i, :c], out["probs"][i, :c] = ids[:c], probs[:c]
+    return out
+
+
+def concat_data(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Two data sets of :func:`prepare_data`'s layout as one (padded to the longer texts and
+    the more counted positions; padding is masked)."""
+    out = {}
+    for k in a:
+        x, y = a[k], b[k]
+        if x.ndim > 1 and x.shape[1] != y.shape[1]:
+            m = max(x.shape[1], y.shape[1])
+            pad = lambda z: np.pad(z, [(0, 0), (0, m - z.shape[1])] + [(0, 0)] * (z.ndim - 2))
+            x, y = pad(x), pad(y)
+        out[k] = np.concatenate([x, y])
+    return out
+
+
+def recipe_data(r: Dict[str, Any], target, feature_layers, cfg, progress: bool = True):
+    """``(train data, held-out data)`` of a head recipe (:mod:`dsbd_jax.training.head`): its
+    texts scored by one target pass each, and its rollouts, with their features and the
+    target's distributions from the rollouts' own passes (``rollout_data: own_passes``, the
+    default) or from one more pass over each finished text (``rescore``)."""
+    tok = target.tokenizer
+    parts = []
+    for part in ("train", "heldout"):
+        key = jax.random.PRNGKey(cfg.seed + (part == "heldout"))
+        texts = texts_of(tok, r.get(f"{part}_texts") or [])
+        loss_from = [0] * len(texts)
+        own = None
+        if r.get(f"{part}_rollouts"):
+            prompts = rollout_prompts(tok, r[f"{part}_rollouts"], r["max_prompt_tokens"])
+            if r["rollout_data"] == "rescore":
+                ro, lf = target_rollouts(target.config, target.params, prompts, cfg,
+                                         r["rollout_tokens"], r["rollout_batch"], key, progress)
+                texts, loss_from = texts + ro, loss_from + lf
+            else:
+                own = rollout_data(target.config, target.params, prompts, feature_layers, cfg,
+                                   r["rollout_tokens"], r["rollout_batch"], r["max_tokens"], key,
+                                   progress)
+        data = None
+        if texts:
+            if progress:
+                print(f"train-head: {len(texts)} {part} texts; one target pass each", flush=True)
+            data = prepare_data(target.config, target.params, texts, feature_layers, cfg,
+                                r["max_tokens"], progress, loss_from)
+        parts.append(own if data is None else data if own is None else concat_data(data, own))
+    return tuple(parts)

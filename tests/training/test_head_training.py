@@ -158,3 +158,50 @@ def test_recipe_needs_texts_or_rollouts(tmp_path, tiny):
                    "rollout_tokens: 0\n")
     with pytest.raises(ValueError, match="rollout_tokens must be a positive integer"):
         th.load_recipe(bad)
+
+
+def test_rollout_data_from_the_rollouts_own_passes_equals_a_pass_over_the_texts(tiny):
+    """``rollout_data: own_passes``: the features, tokens and warped distributions taken from the
+    passes that sample the rollouts equal those of one pass over each finished text (what
+    ``rescore`` stores), every drawn token is in the support it was drawn from, and a recipe
+    with texts and rollouts holds both (``concat_data``)."""
+    import jax
+    from dsbd_jax.eval.datasets import chat_prompts, encode_chat
+    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.training import head_data
+    target = load_model(str(tiny / "target"), progress=False)
+    cfg = th.HeadTrainConfig(store_k=4, top_k=4, top_p=0.9)
+    prompts = encode_chat(target.tokenizer, chat_prompts("gsm8k", 47)[44:])
+    # lengths out of order, and a batch of 2 over 3 prompts: sorting, padding, filling
+    prompts = [prompts[0][:40], prompts[1], prompts[2][:70]]
+    own = head_data.rollout_data(target.config, target.params, prompts, (), cfg, 6, 2, 4096,
+                                 jax.random.PRNGKey(0), progress=False)
+    texts = [list(own["tokens"][i, :own["lengths"][i]]) for i in range(3)]
+    for t, p in zip(texts, prompts):
+        assert t[:len(p)] == list(p) and 1 <= len(t) - len(p) <= 6
+    ref = th.prepare_data(target.config, target.params, texts, (), cfg, 4096, False,
+                          [len(p) - 1 for p in prompts])
+    assert own["feats"].shape[1] == ref["feats"].shape[1]
+    for k in ("tokens", "lengths", "pos", "mask"):
+        np.testing.assert_array_equal(own[k], ref[k], err_msg=k)
+    for i in range(3):
+        L = own["lengths"][i]
+        np.testing.assert_allclose(own["feats"][i, :L], ref["feats"][i, :L], atol=2e-4, rtol=1e-3)
+        m = own["mask"][i]
+        np.testing.assert_allclose(own["probs"][i][m], ref["probs"][i][m], atol=1e-4)
+        np.testing.assert_array_equal(np.sort(own["ids"][i][m], -1), np.sort(ref["ids"][i][m], -1))
+        # position f0 + j drew the text's token at f0 + j + 1, inside its stored support
+        for j in np.nonzero(m)[0]:
+            tok = own["tokens"][i, own["pos"][i, j] + 1]
+            assert tok in own["ids"][i, j][own["probs"][i, j] > 0]
+    both = head_data.concat_data(ref, own)
+    assert both["feats"].shape[0] == 6 and both["mask"].sum() == 2 * own["mask"].sum()
+
+
+def test_recipe_rollout_data_setting(tmp_path, tiny):
+    p = _recipe(tmp_path, tiny)
+    assert th.load_recipe(p)["rollout_data"] == "own_passes"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(p.read_text() + "\nrollout_data: twice\n")
+    with pytest.raises(ValueError, match="rollout_data must be one of"):
+        th.load_recipe(bad)
