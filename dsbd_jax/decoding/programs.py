@@ -70,7 +70,6 @@ def _package_digest() -> str:
     return _ONCE["digest"]
 
 
-
 def _environment() -> Tuple:
     import flax
     import jaxlib
@@ -145,19 +144,24 @@ def _on_event(event: str, **_) -> None:
 
 @contextlib.contextmanager
 def _fresh_compilation():
-    """Yields a list that holds ``True`` when the compilation inside read JAX's persistent cache;
-    JAX writes nothing to that cache inside."""
-    from jax._src import config as jax_config
+    """Yields a list that holds ``True`` after the block when the compilation inside read JAX's
+    persistent cache, or when this jax cannot keep the compilation out of that cache (then the
+    program is not stored); JAX writes nothing to its cache inside."""
+    try:
+        from jax._src import config as jax_config
+        no_write = jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+    except Exception:   # another jax: compile as usual, store nothing
+        no_write = None
     if "listener" not in _ONCE:
         jax.monitoring.register_event_listener(_on_event)
         _ONCE["listener"] = "registered"
     read = []
     _HITS.count = 0
     try:
-        with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        with (no_write if no_write is not None else contextlib.nullcontext()):
             yield read
     finally:
-        read.append(_HITS.count > 0)
+        read.append(no_write is None or _HITS.count > 0)
         _HITS.count = None
 
 
