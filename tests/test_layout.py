@@ -103,3 +103,27 @@ def test_every_module_is_at_most_500_lines():
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 500}
     assert not long, long
+
+
+# a kernel's storage (plain "kernel", transposed "kernel_t", blocked, a truncated head's rows) is
+# the models layer's business: elsewhere the parameters are asked through its functions
+# (models.param_check: check_params, plain_projection; models.axes.LOGICAL_AXES)
+KERNEL_KEYS = r"""["'](kernel|kernel_t|full_kernel)["']|\bT_KEY\b"""
+
+
+def _kernel_key_readers(root: Path):
+    import re
+    pattern = re.compile(KERNEL_KEYS)
+    return sorted(f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
+                  if p.relative_to(root).parts[0] != "models"
+                  for n, line in enumerate(p.read_text().splitlines(), 1)
+                  if pattern.search(line.split("#")[0]))
+
+
+def test_no_module_outside_the_models_layer_reads_a_kernel_key(tmp_path):
+    assert not _kernel_key_readers(ROOT / "dsbd_jax")
+    # the check finds one: a decoder reading the transposed key
+    pkg = tmp_path / "dsbd_jax"
+    (pkg / "decoding").mkdir(parents=True)
+    (pkg / "decoding" / "x.py").write_text('w = params["attn"]["q_proj"]["kernel_t"]\n')
+    assert _kernel_key_readers(pkg) == ["decoding/x.py:1"]

@@ -4,17 +4,12 @@ under the user's ``jit``: a bad prompt marks its rows invalid, never a silent wr
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import PROJECTIONS, T_KEY, plain_shape
-from dsbd_jax.models.llama import init_params, params_layout
-from dsbd_jax.models.vocab import split_head
+from dsbd_jax.models.param_check import check_params  # noqa: F401  (the decoders' check)
 from dsbd_jax.models.vocab import with_prompt_rows as _extend_head
 from dsbd_jax.decoding.common import (IDS_MSG, LENGTHS_MSG, GenerateOutput,
                                       check_prompt_lengths, note_trace)
@@ -89,64 +84,8 @@ def check_positions(models, prompt_len: int, max_new_tokens: int, lookahead: int
 
 # ---------------------------------------------------------------------------------------------
 # checks inside the jitted cores (they also run under a user's own jit, where the host checks
-# above see tracers and cannot look at values)
-@functools.lru_cache(maxsize=64)
-def _expected_shapes(config: ModelConfig, layout: str):
-    tree = jax.eval_shape(lambda: init_params(config, jax.random.key(0), layout))
-    return {jax.tree_util.keystr(p): tuple(x.shape)
-            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def check_params(name: str, config: ModelConfig, params) -> None:
-    """Trace-time check (shapes are static): ``ValueError`` in one line naming the model
-    (``"target"`` / ``"draft"``) and the first leaf whose path or shape differs from what
-    ``config`` needs."""
-    try:
-        layout = params_layout(params)
-    except (ValueError, TypeError, AttributeError):
-        raise ValueError(f"{name} parameters are not a Llama parameter tree (no 'layers' or "
-                         f"'layers_0')") from None
-    params, head = split_head(params)
-    want = dict(_expected_shapes(config, layout))
-    if head is not None:  # a truncated vocabulary head (dsbd_jax.models.vocab) replaces lm_head
-        want.pop("['lm_head']['kernel']", None)
-        n = int(np.shape(head["rows"])[0]) if "rows" in head else 0
-        mat = next((m for m in ("kernel", T_KEY) if m in head), "embedding")
-        need = (config.hidden_size, n) if mat == "kernel" else (n, config.hidden_size)
-        full = {"full_kernel": (config.hidden_size, config.vocab_size),
-                "full_embedding": (config.vocab_size, config.hidden_size)}
-        bad_full = [k for k in head if k in full and tuple(np.shape(head[k])) != full[k]]
-        if (not 0 < n <= config.vocab_size or mat not in head or bad_full
-                or set(head) - {"rows", mat} - set(full)
-                or tuple(np.shape(head[mat])) != need):
-            raise ValueError(f"{name} parameters do not match config.{name}: the truncated head "
-                             f"['vocab_head'] needs rows [N] with 0 < N <= {config.vocab_size} "
-                             f"and a {mat} of shape {need}, got "
-                             f"{ {k: tuple(np.shape(v)) for k, v in head.items()} }")
-    got = {jax.tree_util.keystr(p): tuple(np.shape(x))
-           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
-    for path, shape in want.items():
-        key = "kernel"
-        projection = any(f"['{p}']['kernel']" in path for p in PROJECTIONS)
-        if projection and path not in got:  # stored transposed (kernels.transpose_params)?
-            stored = path[:-len("['kernel']")] + f"['{T_KEY}']"
-            if stored in got:
-                got[path], key = got.pop(stored), T_KEY
-        if path == "['lm_head']['kernel']" and path not in got and \
-                f"['lm_head']['{T_KEY}']" in got:  # [V, d] rows (kernels.transpose_head)
-            got[path] = got.pop(f"['lm_head']['{T_KEY}']")[::-1]
-        if path not in got:
-            raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
-                             f"missing (expected shape {shape})")
-        have = plain_shape(key, got[path], len(shape)) if projection else got[path]
-        if have != shape:
-            raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "
-                             f"shape {shape}, got {got[path]}")
-    extra = sorted(set(got) - set(want))
-    if extra:
-        raise ValueError(f"{name} parameters do not match config.{name}: unexpected leaf {extra[0]}")
-
-
+# above see tracers and cannot look at values; the parameters' check is the models layer's:
+# dsbd_jax.models.param_check)
 def with_prompt_rows(params, prompt_ids):
     """``{"target": .., "draft": ..}`` with the draft's truncated head extended by the prompts'
     tokens where it keeps prompt rows (:func:`dsbd_jax.models.vocab.with_prompt_rows`); the

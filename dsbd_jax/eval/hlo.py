@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dsbd_jax.parallel.mesh import mesh_shape
-from dsbd_jax.parallel.rules import path_keys
+from dsbd_jax.models.axes import path_keys
 
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",

@@ -22,7 +22,7 @@ input shapes only (as ``ShardedDecoder`` does), so that one trace never serves t
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -81,3 +81,71 @@ def shards(name: str, size: int) -> int:
         return 1
     n = _axis_size(mesh, axis)
     return n if n > 1 and size % n == 0 else 1
+
+
+#: logical axes of each parameter, by path suffix, WITHOUT the stacked layer axis (the
+#: parameter tree's layout is this layer's: ``dsbd_jax.parallel`` maps the names to a mesh)
+LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("vocab_head", "rows"): ("head_rows",),
+    ("vocab_head", "kernel"): ("embed", "head_rows"),
+    ("vocab_head", "embedding"): ("head_rows", "embed"),
+    ("vocab_head", "full_kernel"): ("embed", "vocab"),
+    ("vocab_head", "full_embedding"): ("vocab", "embed"),
+    ("attn", "q_proj", "kernel"): ("embed", "q_heads"),
+    ("attn", "q_proj", "bias"): ("q_heads",),
+    ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "k_proj", "bias"): ("kv_heads",),
+    ("attn", "v_proj", "kernel"): ("embed", "kv_heads"),
+    ("attn", "v_proj", "bias"): ("kv_heads",),
+    ("attn", "o_proj", "kernel"): ("q_heads", "embed"),
+    ("mlp", "gate_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "up_proj", "kernel"): ("embed", "mlp"),
+    ("mlp", "down_proj", "kernel"): ("mlp", "embed"),
+    ("input_norm", "weight"): ("norm",),
+    ("post_norm", "weight"): ("norm",),
+    ("attn_out_norm", "weight"): ("norm",),
+    ("mlp_out_norm", "weight"): ("norm",),
+    ("attn", "q_norm", "weight"): ("norm",),
+    ("attn", "k_norm", "weight"): ("norm",),
+    ("final_norm", "weight"): ("norm",),
+    # a draft head's own projections (dsbd_jax.models.head), small: replicated
+    ("fc", "kernel"): ("embed", "embed"),
+    ("fc", "bias"): ("norm",),
+    ("fuse", "kernel"): ("embed", "embed"),
+}
+
+
+def path_keys(path) -> Tuple[str, ...]:
+    out = []
+    for p in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(p, attr):
+                out.append(str(getattr(p, attr)))
+                break
+        else:
+            out.append(str(p))
+    return tuple(out)
+
+
+def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
+    """Logical axes of the parameter at ``path`` (a tuple of keys). Leaves under ``"layers"``
+    (stacked layout) get a leading ``"layers"`` axis; ``"layers_<i>"`` leaves (per-layer layout)
+    do not. ``ValueError`` for a parameter no rule covers or a rank that does not match."""
+    path = tuple(path)
+    axes = None
+    for n in range(len(path), 0, -1):
+        if path[-n:] in LOGICAL_AXES:
+            axes = LOGICAL_AXES[path[-n:]]
+            break
+    if axes is None:
+        raise ValueError(f"no sharding rule for parameter {'/'.join(path)} (shape rank {ndim}); "
+                         f"add its path suffix to dsbd_jax.models.axes.LOGICAL_AXES")
+    if "layers" in path:
+        axes = ("layers",) + axes
+    if len(axes) != ndim:
+        raise ValueError(f"parameter {'/'.join(path)} has rank {ndim}, its rule {axes} has "
+                         f"{len(axes)} axes (stacked leaves live under 'layers', per-layer ones "
+                         f"under 'layers_<i>')")
+    return axes

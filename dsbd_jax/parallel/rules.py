@@ -63,7 +63,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -71,77 +71,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from dsbd_jax.models.axes import LOGICAL_AXES, logical_axes, path_keys  # noqa: F401
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.parallel.mesh import DATA, MODEL, mesh_shape
 
 logger = logging.getLogger("dsbd_jax")
-
-# logical axes of each parameter, by path suffix, WITHOUT the stacked layer axis
-LOGICAL_AXES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
-    ("embed", "embedding"): ("vocab", "embed"),
-    ("lm_head", "kernel"): ("embed", "vocab"),
-    ("vocab_head", "rows"): ("head_rows",),
-    ("vocab_head", "kernel"): ("embed", "head_rows"),
-    ("vocab_head", "embedding"): ("head_rows", "embed"),
-    ("vocab_head", "full_kernel"): ("embed", "vocab"),
-    ("vocab_head", "full_embedding"): ("vocab", "embed"),
-    ("attn", "q_proj", "kernel"): ("embed", "q_heads"),
-    ("attn", "q_proj", "bias"): ("q_heads",),
-    ("attn", "k_proj", "kernel"): ("embed", "kv_heads"),
-    ("attn", "k_proj", "bias"): ("kv_heads",),
-    ("attn", "v_proj", "kernel"): ("embed", "kv_heads"),
-    ("attn", "v_proj", "bias"): ("kv_heads",),
-    ("attn", "o_proj", "kernel"): ("q_heads", "embed"),
-    ("mlp", "gate_proj", "kernel"): ("embed", "mlp"),
-    ("mlp", "up_proj", "kernel"): ("embed", "mlp"),
-    ("mlp", "down_proj", "kernel"): ("mlp", "embed"),
-    ("input_norm", "weight"): ("norm",),
-    ("post_norm", "weight"): ("norm",),
-    ("attn_out_norm", "weight"): ("norm",),
-    ("mlp_out_norm", "weight"): ("norm",),
-    ("attn", "q_norm", "weight"): ("norm",),
-    ("attn", "k_norm", "weight"): ("norm",),
-    ("final_norm", "weight"): ("norm",),
-    # a draft head's own projections (dsbd_jax.models.head), small: replicated
-    ("fc", "kernel"): ("embed", "embed"),
-    ("fc", "bias"): ("norm",),
-    ("fuse", "kernel"): ("embed", "embed"),
-}
-
-
-def path_keys(path) -> Tuple[str, ...]:
-    out = []
-    for p in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(p, attr):
-                out.append(str(getattr(p, attr)))
-                break
-        else:
-            out.append(str(p))
-    return tuple(out)
-
-
-def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
-    """Logical axes of the parameter at ``path`` (a tuple of keys). Leaves under ``"layers"``
-    (stacked layout) get a leading ``"layers"`` axis; ``"layers_<i>"`` leaves (per-layer layout)
-    do not. ``ValueError`` for a parameter no rule covers or a rank that does not match."""
-    path = tuple(path)
-    axes = None
-    for n in range(len(path), 0, -1):
-        if path[-n:] in LOGICAL_AXES:
-            axes = LOGICAL_AXES[path[-n:]]
-            break
-    if axes is None:
-        raise ValueError(f"no sharding rule for parameter {'/'.join(path)} (shape rank {ndim}); "
-                         f"add its path suffix to dsbd_jax.parallel.rules.LOGICAL_AXES")
-    if "layers" in path:
-        axes = ("layers",) + axes
-    if len(axes) != ndim:
-        raise ValueError(f"parameter {'/'.join(path)} has rank {ndim}, its rule {axes} has "
-                         f"{len(axes)} axes (stacked leaves live under 'layers', per-layer ones "
-                         f"under 'layers_<i>')")
-    return axes
-
 
 @dataclasses.dataclass
 class ShardingRules:

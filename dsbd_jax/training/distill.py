@@ -51,6 +51,7 @@ import optax
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.param_check import plain_projection
 from dsbd_jax.models.llama import causal_mask, forward
 from dsbd_jax.training.export import save_hf
 from dsbd_jax.training.losses import DIVERGENCES, divergence, target_topk
@@ -167,8 +168,7 @@ def init_lora(params, rank: int, key) -> Dict[str, Dict[str, jax.Array]]:
     out = {}
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     for n, (path, x) in enumerate(leaves):
-        keys = [str(getattr(p, "key", p)) for p in path]
-        if len(keys) >= 2 and keys[-1] == "kernel" and keys[-2] in LORA_TARGETS:
+        if plain_projection(path) in LORA_TARGETS:
             lead, (din, dout) = x.shape[:-2], x.shape[-2:]
             a = jax.random.normal(jax.random.fold_in(key, n), lead + (din, rank), jnp.float32)
             out[_path(path)] = {"a": a / np.sqrt(din), "b": jnp.zeros(lead + (rank, dout), jnp.float32)}
