@@ -11,7 +11,7 @@ Each way runs twice (the first run compiles; its time is reported apart) on the 
 and the host.
 
     .venv/bin/python benchmarks/head_data_speed.py configs/head_qwen.yaml --prompts 16 \\
-        --out results/head_data_speed.json        # ~20 min on a 2-core CPU
+        --rollout-batch 8 --out results/head_data_speed.json   # ~20 min on a 2-core CPU
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipe")
     ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--rollout-batch", type=int, default=None,
+                    help="prompts at a time (default: the recipe's rollout_batch)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import jax
@@ -48,6 +50,8 @@ def main(argv=None):
                           feature_layers=tuple(r["head"].get("feature_layers") or ()))
     prompts = hd.rollout_prompts(target.tokenizer, r["train_rollouts"],
                                  r["max_prompt_tokens"])[:args.prompts]
+    if args.rollout_batch:
+        r["rollout_batch"] = args.rollout_batch
     N, batch, T = r["rollout_tokens"], r["rollout_batch"], r["max_tokens"]
 
     def rescore(key):

@@ -9,7 +9,8 @@ training a head: ``results/<recipe>_training.json``).
         --time-log /tmp/train.log --out results/head_qwen_training.json
     .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
 
-``--conditions`` records what ran beside it (the default says the machine was quiet);
+Each ``/usr/bin/time`` report in the log is a part of the record (a run stopped and resumed
+has two). ``--conditions`` records what ran beside it (the default says the machine was quiet);
 ``--part SECONDS:WHAT`` adds a part of the run timed otherwise (e.g. from its log's
 timestamps), whose peak memory is not known.
 """
@@ -29,19 +30,29 @@ if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
 
-def parse_time_log(text: str):
-    """``(wall seconds, peak RSS kB)`` summed / maxed over the ``/usr/bin/time -v`` reports in
-    ``text`` (one per part of a resumed run)."""
-    walls, rss = [], []
-    for m in re.finditer(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([0-9:.]+)", text):
-        parts = [float(p) for p in m.group(1).split(":")]
-        walls.append(sum(p * 60 ** i for i, p in enumerate(reversed(parts))))
-    for m in re.finditer(r"Maximum resident set size \(kbytes\): (\d+)", text):
-        rss.append(int(m.group(1)))
-    if not walls or not rss:
+def time_reports(text: str):
+    """``[(wall seconds, peak RSS kB, stopped by a signal?)]``, one per ``/usr/bin/time -v``
+    report in ``text`` (one per part of a resumed run)."""
+    out, start = [], 0
+    for w in re.finditer(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([0-9:.]+)", text):
+        m = re.compile(r"Maximum resident set size \(kbytes\): (\d+)").search(text, w.end())
+        if not m:
+            break
+        parts = [float(p) for p in w.group(1).split(":")]
+        out.append((sum(p * 60 ** i for i, p in enumerate(reversed(parts))), int(m.group(1)),
+                    "terminated by signal" in text[start:w.start()]))
+        start = m.end()
+    if not out:
         raise ValueError("no /usr/bin/time -v report found (Elapsed ... and Maximum resident "
                          "set size lines)")
-    return sum(walls), max(rss)
+    return out
+
+
+def parse_time_log(text: str):
+    """``(wall seconds, peak RSS kB)`` summed / maxed over the ``/usr/bin/time -v`` reports in
+    ``text``."""
+    reports = time_reports(text)
+    return sum(r[0] for r in reports), max(r[1] for r in reports)
 
 
 def main(argv=None):
@@ -67,9 +78,14 @@ def main(argv=None):
                            cwd=_ROOT, check=True)
             f.seek(0)
             text = f.read()
-    wall, rss = parse_time_log(text)
-    parts = [{"what": "dsbd train-head under /usr/bin/time -v", "wall_s": wall,
-              "peak_rss_kb": rss}]
+    reports = time_reports(text)
+    rss = max(r[1] for r in reports)
+    parts = [{"what": "dsbd train-head under /usr/bin/time -v"
+              + (f" (run {i + 1} of {len(reports)}"
+                 + (", stopped by a signal, then resumed" if stopped else "") + ")"
+                 if len(reports) > 1 else ""),
+              "wall_s": wall, "peak_rss_kb": peak}
+             for i, (wall, peak, stopped) in enumerate(reports)]
     for p in args.part:
         sec, _, what = p.partition(":")
         parts.append({"what": what, "wall_s": float(sec), "peak_rss_kb": None})

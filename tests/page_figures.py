@@ -34,6 +34,7 @@ PROFILE = "results/profile_float32_host.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
+HELDOUT = "results/head_heldout.json"
 CLI = "results/cli_latency.json"
 HEAD_DATA = "results/head_data_speed.json"
 H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
@@ -410,15 +411,25 @@ add(DRAFT_MD, TERMS,
 # the draft heads section
 add(DRAFT_MD, TRAINING,
     "a head of {=v('num_params_own') / 1e6:.1f}M parameters of its own",
-    "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.8.heldout_acceptance_1'):.3f} "
-    "for a first draft token and {=v('log.8.heldout_acceptance_2'):.3f} for a second after "
-    "{log.8.step:d} steps ({=v('log.3.heldout_acceptance_1'):.3f} and "
-    "{=v('log.3.heldout_acceptance_2'):.3f} at step {log.3.step:d}, "
-    "{=v('log.7.heldout_acceptance_1'):.3f} at step {log.7.step:d})",
+    "{=v('log.0.heldout_acceptance_1'):.3f} at the start, {=v('log.6.heldout_acceptance_1'):.3f} "
+    "for a first draft token and {=v('log.6.heldout_acceptance_2'):.3f} for a second after "
+    "{log.6.step:d} steps ({=v('log.3.heldout_acceptance_1'):.3f} and "
+    "{=v('log.3.heldout_acceptance_2'):.3f} at step {log.3.step:d}), still rising "
+    "({=v('log.5.heldout_acceptance_1'):.3f} at step {log.5.step:d})",
     "The run took {=v('wall_s') / 60:.0f} minutes at a peak of "
-    "{=v('peak_rss_kb') / 1e6:.1f} GB: {=v('parts.1.wall_s') / 60:.0f} of them for the target's "
-    "rollouts and scoring passes",
-    "{=v('parts.0.wall_s') / 60:.1f} for loading, the evaluations and the {log.8.step:d} steps")
+    "{=v('peak_rss_kb') / 1e6:.1f} GB, in two parts: {=v('parts.0.wall_s') / 60:.1f} minutes "
+    "for loading the target and its rollouts",
+    "then {=v('parts.1.wall_s') / 60:.1f} for loading again, the evaluations and the "
+    "{log.6.step:d} steps")
+add(DRAFT_MD, HELDOUT,
+    "| this recipe (`head_qwen`) | {heads.head_qwen.acceptance_1:.3f} | "
+    "{heads.head_qwen.acceptance_2:.3f} | {heads.head_qwen.kl_1:.2f} |",
+    "| own passes, 122 prompts, 160 steps, former unroll (`head_qwen_own`) | "
+    "{heads.head_qwen_own.acceptance_1:.3f} | {heads.head_qwen_own.acceptance_2:.3f} | "
+    "{heads.head_qwen_own.kl_1:.2f} |",
+    "| rescored, 122 prompts, 160 steps, former unroll (`head_qwen_rescore`) | "
+    "{heads.head_qwen_rescore.acceptance_1:.3f} | {heads.head_qwen_rescore.acceptance_2:.3f} | "
+    "{heads.head_qwen_rescore.kl_1:.2f} |")
 add(DRAFT_MD, ACCEPT,
     "| draft head | **{summary.head.continuation:.3f}** | {summary.head.prompt:.3f} | "
     "{summary.decoded_head:.3f} |",
@@ -455,8 +466,8 @@ add(DRAFT_MD, TERMS2,
     "dsbd_w4_vs_beam_w4.dsbd_beamW4_point.all_accepted'):.2f}x beam sampling W=4; free draft "
     "passes alone give {=v(_H2 + 'targets.speculative_vs_sample.speculative_g4.free_draft'):.2f}x "
     "and {=v(_H2 + 'targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x.",
-    "costs {=span(v(_H2 + m + '.target_passes_ms') / v('batches.b1.target_one_row_pass_ms') "
-    "for m in ('dsbd_single_beam', 'dsbd_beamW4_point')):.1f}x its one-token pass in float32 "
+    "costs {=v(_H2 + 'dsbd_beamW4_point.target_passes_ms') / v('batches.b1.target_one_row_pass_ms')"
+    ":.1f}x its one-token pass in float32 "
     "({=span(v(_H2 + m + '.target_passes_ms') for m in ('dsbd_single_beam', "
     "'dsbd_beamW4_point')):.0f} ms against {batches.b1.target_one_row_pass_ms:.0f}; beam "
     "sampling's four rows: {batches.b1.references.beam_sample_W4.target_passes_ms:.0f})")
@@ -475,7 +486,7 @@ add(DRAFT_TOOLS_MD, TERMS,
     "target's on two CPU cores")
 
 add(DRAFT_MD, HEAD_DATA,
-    "(`own_passes`, the default of other recipes) takes {own_passes_over_rescore:.2f}x the time",
+    "(`own_passes`) takes {own_passes_over_rescore:.2f}x the time",
     "results/head_data_speed.json`, same host, quiet: {seconds.own_passes.second_run_s:.0f} s "
     "against {seconds.rescore.second_run_s:.0f} s)")
 add(DRAFT_TOOLS_MD, HEAD_DATA,

@@ -166,8 +166,11 @@ def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int,
     return (cache, out[0][:, 0]) + tuple(out[2:])
 
 
-def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths):
-    """Feed one token per row at slot ``lengths[r]``; returns ``(logits [R, V], cache)``.
+def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths,
+                feature_layers=None):
+    """Feed one token per row at slot ``lengths[r]``; returns ``(logits [R, V], cache)``, and
+    the token's features ``[R, F]`` third with ``feature_layers`` (as
+    :func:`dsbd_jax.models.llama.forward`'s).
 
     ``lengths`` is the number of filled slots before this token (the token's position).
     """
@@ -175,8 +178,10 @@ def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths
     S = cache.num_slots
     slot_ok = jnp.arange(S)[None, :] < lengths[:, None]
     mask = jnp.concatenate([slot_ok, jnp.ones((R, 1), bool)], axis=-1)[:, None, :]
-    logits, new = forward(config, params, tokens[:, None], lengths[:, None], mask, cache)
-    return logits[:, 0], kvc.write(cache, new, lengths)
+    out = forward(config, params, tokens[:, None], lengths[:, None], mask, cache,
+                  feature_layers=feature_layers)
+    step = (out[0][:, 0], kvc.write(cache, out[1], lengths))
+    return step if feature_layers is None else step + (out[2][:, 0],)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -105,7 +105,6 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
     T = max(8, min(max_tokens, max(len(t) for t in texts)))
     texts = [t[:T] for t in texts]
     loss_from = [0] * len(texts) if loss_from is None else [min(int(f), T - 1) for f in loss_from]
-    N = max(1, max(len(t) - 1 - f for t, f in zip(texts, loss_from)))
     params = target_params if not feature_layers else convert_layout(target_params, "per_layer")
 
     @jax.jit
@@ -119,28 +118,19 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
         return feats[0], ids, probs
 
     n = len(texts)
-    out = {"tokens": np.zeros((n, T), np.int32), "lengths": np.zeros((n,), np.int32),
-           "pos": np.zeros((n, N), np.int32), "mask": np.zeros((n, N), bool)}
+    rows = []
     t0 = time.perf_counter()
     for i, (t, f0) in enumerate(zip(texts, loss_from)):
         toks = np.zeros((T,), np.int32)
         toks[:len(t)] = t
         f, ids, probs = jax.device_get(one(params, jnp.asarray(toks), jnp.int32(len(t))))
-        if i == 0:
-            out["feats"] = np.zeros((n, T, f.shape[-1]), np.float32)
-            out["ids"] = np.zeros((n, N, cfg.store_k), np.int32)
-            out["probs"] = np.zeros((n, N, cfg.store_k), np.float32)
-        j = f0 + np.arange(N)
-        # position j predicts token j + 1: it counts where j + 1 < length
-        out["mask"][i] = j < len(t) - 1
-        out["pos"][i] = np.minimum(j, T - 1)
-        out["tokens"][i], out["lengths"][i] = toks, len(t)
-        out["feats"][i] = f
-        out["ids"][i], out["probs"][i] = ids[out["pos"][i]], probs[out["pos"][i]]
+        # position j predicts token j + 1: the counted positions are f0 .. len - 2
+        c = slice(f0, max(f0, len(t) - 1))
+        rows.append((t, f[:len(t)], ids[c], probs[c], f0))
         if progress and (i + 1) % max(1, n // 10) == 0:
             print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
-    return out
+    return _pack(rows, cfg.store_k, T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +148,6 @@ def _rollout_passes(params, prompt_ids, prompt_lengths, keys, config, new_tokens
     distribution it was drawn from (``[B, N, ...]``)."""
     from dsbd_jax.decoding import common
     from dsbd_jax.decoding.warping import draw_from, warp_logits
-    from dsbd_jax.models import cache as kvc
     B, P = prompt_ids.shape
     temperature, top_k, top_p, eos = warp
     cache, logits, feats = common.prefill(config, params, prompt_ids, prompt_lengths,
@@ -170,14 +159,11 @@ def _rollout_passes(params, prompt_ids, prompt_lengths, keys, config, new_tokens
         vals, ids = jax.lax.top_k(warped, store_k)
         u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (1,)))(keys)
         tok = jnp.where(finished, 0, draw_from(jnp.exp(warped), u)[:, 0]).astype(jnp.int32)
-        lengths = prompt_lengths + t
-        slot_ok = jnp.arange(cache.num_slots)[None, :] < lengths[:, None]
-        mask = jnp.concatenate([slot_ok, jnp.ones((B, 1), bool)], axis=-1)[:, None, :]
-        lg, new, f = forward(config, params, tok[:, None], lengths[:, None], mask, cache,
-                             feature_layers=feature_layers)
-        out = (tok, ~finished, f[:, 0], ids.astype(jnp.int32), jnp.exp(vals))
+        lg, cache, f = common.decode_step(config, params, cache, tok, prompt_lengths + t,
+                                          feature_layers)
+        out = (tok, ~finished, f, ids.astype(jnp.int32), jnp.exp(vals))
         finished = finished | common.is_eos(tok, eos)
-        return (kvc.write(cache, new, lengths), lg[:, 0], finished), out
+        return (cache, lg, finished), out
 
     _, outs = jax.lax.scan(step, (cache, logits, jnp.zeros((B,), bool)),
                            jnp.arange(new_tokens, dtype=jnp.int32))
@@ -188,9 +174,9 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
                  batch: int, max_tokens: int, key, progress: bool = True) -> Dict[str, np.ndarray]:
     """:func:`prepare_data`'s arrays for the target's own continuations of ``prompts`` (token
     lists), taken from the passes that sample them (the prompt pass and one pass per new token),
-    with no second pass over the texts. The prompts run sorted by length, ``batch`` at a time,
-    each batch padded to a multiple of ``ROLLOUT_BUCKET`` (one compiled program per padded
-    length); the continuations are ``new_tokens`` tokens drawn with the warping of ``cfg``
+    with no second pass over the texts. The prompts run sorted by length, ``batch`` at a time
+    (a shorter last batch in rows rounded up to a multiple of 8), each batch padded to a multiple
+    of ``ROLLOUT_BUCKET`` (one compiled program per padded shape); the continuations are ``new_tokens`` tokens drawn with the warping of ``cfg``
     (stopping at the target's EOS), and the loss counts from the position that predicts the
     first of them."""
     from dsbd_jax.decoding import inputs
@@ -204,14 +190,15 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
     t0 = time.perf_counter()
     for start in range(0, len(order), batch):
         idx = order[start:start + batch]
+        b = min(batch, -(-len(idx) // 8) * 8)   # a short last batch: rows to a multiple of 8
         chunk = [list(prompts[i]) for i in idx]
-        chunk += [chunk[-1]] * (batch - len(chunk))
+        chunk += [chunk[-1]] * (b - len(chunk))
         P = -(-max(len(p) for p in chunk) // ROLLOUT_BUCKET) * ROLLOUT_BUCKET
-        ids = np.zeros((batch, P), np.int32)
+        ids = np.zeros((b, P), np.int32)
         for r, p in enumerate(chunk):
             ids[r, :len(p)] = p
         lens = np.array([len(p) for p in chunk], np.int32)
-        keys = inputs.row_keys(jax.random.fold_in(key, start), batch)
+        keys = inputs.row_keys(jax.random.fold_in(key, start), b)
         out = jax.device_get(_rollout_passes(
             params, jnp.asarray(ids), jnp.asarray(lens), keys, config=target_config,
             new_tokens=new_tokens, warp=warp, store_k=cfg.store_k,

@@ -60,7 +60,8 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     assert all(np.isfinite(r["heldout_loss"]) for r in log)
     # the training record the demo quotes (benchmarks/head_training.py), from a run made
     time_log = tmp_path / "time.log"
-    time_log.write_text("train-head: ...\n\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n"
+    time_log.write_text("train-head: ...\nCommand terminated by signal 15\n"
+                        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03\n"
                         "\tMaximum resident set size (kbytes): 2048\n"
                         "\tElapsed (wall clock) time (h:mm:ss or m:ss): 0:30.5\n"
                         "\tMaximum resident set size (kbytes): 4096\n")
@@ -68,6 +69,10 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     from benchmarks.head_training import main as record
     rec = record([str(p), "--time-log", str(time_log), "--out", str(tmp_path / "ht.json")])
     assert rec["wall_s"] == 3723 + 30.5 and rec["peak_rss_kb"] == 4096
+    # one part per report: a run stopped by a signal, then resumed
+    assert [(q["wall_s"], q["peak_rss_kb"]) for q in rec["parts"]] == [(3723, 2048), (30.5, 4096)]
+    assert "stopped by a signal" in rec["parts"][0]["what"]
+    assert "stopped" not in rec["parts"][1]["what"]
     assert rec["num_params_own"] > 0 and [r["step"] for r in rec["log"]] == [0, 10, 20]
     assert rec["machine"]["cpu_count"] >= 1 and rec["meta"]["steps"] == 20
     cfg, params, meta = th.load_head("head_tiny")      # by the registered name
