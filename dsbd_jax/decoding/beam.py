@@ -185,6 +185,17 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
     return inputs.mark_invalid(out, invalid, pad)
 
 
+def _beam_sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+    """``beam_sample``'s checked ``calls.CoreCall``, not run."""
+    prompt_ids = as_array(prompt_ids)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    return _beam_sample_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32),
+                                  lengths, prepare_keys(key, np.shape(prompt_ids)[0]),
+                                  config=config)
+
+
+@calls.prepared_by(_beam_sample_call)
 def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None
                 ) -> GenerateOutput:
     """Beam sampling of width ``W = config.num_beams`` from the warped joint (module doc).
@@ -201,11 +212,7 @@ def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=No
       likely beam; stats ``target_calls``, ``draft_calls`` (0), ``iterations``,
       ``generated_tokens [B]`` (the longest beam's length).
     """
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return _beam_sample_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-                             prepare_keys(key, np.shape(prompt_ids)[0]), config=config)
+    return _beam_sample_call(params, prompt_ids, key, config, prompt_lengths)()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,20 +324,8 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
     return inputs.mark_invalid(out, invalid, pad)
 
 
-def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:
-    """Deterministic beam search of width ``config.num_beams`` (Hugging Face semantics).
-
-    Warping settings are ignored (the W best entries of the unwarped joint are kept).
-    ``config.length_penalty`` and ``config.early_stopping`` (True, False or ``"never"``) act as in
-    ``transformers`` ``generate(num_beams=W, do_sample=False)``.
-
-    Returns:
-      ``GenerateOutput`` with the W finished hypotheses sorted by final score (best first):
-      sequences ``[B, W, N]`` (pad after EOS), log_likelihoods = their unpenalised target
-      log-probs, ``best`` = 0 (the top hypothesis by score), ``stats["scores"] [B, W]`` = HF's
-      ``sequences_scores`` (``sum_logprobs / generated_len ** length_penalty``), plus
-      ``target_calls``, ``draft_calls`` (0), ``iterations`` and ``generated_tokens [B]``.
-    """
+def _beam_search_call(params, prompt_ids, config: DecodeConfig, prompt_lengths=None):
+    """``beam_search``'s checked ``calls.CoreCall``, not run."""
     prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths)
     if not (isinstance(config.length_penalty, (int, float)) and
@@ -345,5 +340,24 @@ def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -
     stop_when_full = jnp.asarray(config.early_stopping is True)
     best_at_max = jnp.asarray(config.early_stopping == "never" and lp > 0.0)
     static = config.replace(length_penalty=1.0, early_stopping=False)
-    return _beam_search_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-                             jnp.float32(lp), stop_when_full, best_at_max, config=static)
+    return _beam_search_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32),
+                                  lengths, jnp.float32(lp), stop_when_full, best_at_max,
+                                  config=static)
+
+
+@calls.prepared_by(_beam_search_call)
+def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:
+    """Deterministic beam search of width ``config.num_beams`` (Hugging Face semantics).
+
+    Warping settings are ignored (the W best entries of the unwarped joint are kept).
+    ``config.length_penalty`` and ``config.early_stopping`` (True, False or ``"never"``) act as in
+    ``transformers`` ``generate(num_beams=W, do_sample=False)``.
+
+    Returns:
+      ``GenerateOutput`` with the W finished hypotheses sorted by final score (best first):
+      sequences ``[B, W, N]`` (pad after EOS), log_likelihoods = their unpenalised target
+      log-probs, ``best`` = 0 (the top hypothesis by score), ``stats["scores"] [B, W]`` = HF's
+      ``sequences_scores`` (``sum_logprobs / generated_len ** length_penalty``), plus
+      ``target_calls``, ``draft_calls`` (0), ``iterations`` and ``generated_tokens [B]``.
+    """
+    return _beam_search_call(params, prompt_ids, config, prompt_lengths)()

@@ -1,13 +1,18 @@
-"""How a decoder call runs: every public decoder checks its inputs on the host, then calls one
-jitted core (``@core``); ``capture_core_calls`` hands back that core and its exact arguments
-instead of running it (ahead-of-time compilation), and ``with_progress`` / ``progress_hook``
-report each iteration to the host when a progress callback is installed."""
+"""How a decoder call runs: every public decoder is a checked call of one jitted core.
+
+``speculative_sample(...)`` is ``speculative_sample.prepare(...)()``: ``prepare`` (named by
+``@prepared_by``) checks the inputs on the host and returns a ``CoreCall``, the decoder's jitted
+core (``@core``) with the exact arguments it will run on; calling that runs it. So ahead-of-time
+compilation (``call.lower()``, ``call.compile()``) and the compiler options a call compiles
+under (``call.options``) come from the very call a user makes, with no switch anywhere that
+changes what a call does. ``with_progress`` / ``progress_hook`` report each iteration to the host
+when a progress callback is installed."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,19 +25,36 @@ logger = logging.getLogger("dsbd_jax")
 
 
 # ---------------------------------------------------------------------------------------------
-# ahead-of-time compilation: every public decoder validates its inputs on the host, then calls
-# one jitted core (``@core`` on top of ``jax.jit``). Inside ``capture_core_calls()`` that call
-# returns a ``CoreCall`` (the core and the exact arguments) instead of running, so a caller can
-# lower or compile the very program a real call would run, without running it.
-_CAPTURING: list = []
-
-
+# ahead-of-time compilation: every public decoder is ``@prepared_by(prepare)``: ``prepare`` validates
+# the inputs on the host and returns the ``CoreCall`` of one jitted core (``@core`` on top of
+# ``jax.jit``), which a caller can run, lower or compile: the very program a real call runs.
 class CoreCall(NamedTuple):
-    """A decoder's jitted core with the arguments its public function prepared."""
+    """A decoder's jitted core with the arguments its public function prepared.
+
+    ``core`` is the jit object (``tuned_jit``), ``args`` / ``kwargs`` its arguments; calling the
+    ``CoreCall`` runs it as the public function would (counted, through the program store)."""
 
     core: Callable
     args: tuple
     kwargs: dict
+    via: Any = None   # the decoder's ``_Core`` (counts the call, reads the program store)
+
+    def __call__(self):
+        runner = self.via if self.via is not None else self.core
+        return runner(*self.args, **self.kwargs)
+
+    @property
+    def decoder(self) -> str:
+        """The public decoder's name (``"dsbd_generate"``, ...)."""
+        return getattr(self.via, "decoder", getattr(self.core, "__name__", "core"))
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        """The XLA compiler options this call's program compiles under (``{}``: XLA's
+        defaults), as ``tuned_jit`` picks them from the arguments (``models.cpu_options``)."""
+        if hasattr(self.core, "for_call"):
+            return self.core.for_call(self.args, self.kwargs)[1]
+        return {}
 
     def lower(self):
         return self.core.lower(*self.args, **self.kwargs)
@@ -45,7 +67,7 @@ class CoreCall(NamedTuple):
 
 class _Core:
     """A jitted decoder core: runs as the ``jax.jit`` function it wraps (whose attributes,
-    e.g. ``lower`` and ``clear_cache``, it forwards), or is captured as a ``CoreCall``."""
+    e.g. ``lower`` and ``clear_cache``, it forwards); ``bind`` makes its ``CoreCall``."""
 
     def __init__(self, jitted, name: str):
         self._jitted = jitted
@@ -56,9 +78,11 @@ class _Core:
         self.programs = programs.LoadedPrograms()   # read back from the store (programs.py)
         core_name(self.__name__, name)
 
+    def bind(self, *args, **kwargs) -> CoreCall:
+        """The call of this core with these arguments, not run."""
+        return CoreCall(self._jitted, args, kwargs, self)
+
     def __call__(self, *args, **kwargs):
-        if _CAPTURING:
-            return CoreCall(self._jitted, args, kwargs)
         note_core_call(self.decoder, args)
         folder = programs.store_folder()
         if folder is None or not hasattr(self._jitted, "for_call") or any(
@@ -78,19 +102,19 @@ class _Core:
 
 
 def core(name: str) -> Callable[[Callable], _Core]:
-    """Decorator: mark a ``jax.jit`` function as the core of the public decoder ``name`` (see
-    ``capture_core_calls``; its compilations count as ``compile_count(name)``)."""
+    """Decorator: mark a ``jax.jit`` function as the core of the public decoder ``name`` (its
+    compilations count as ``compile_count(name)``; ``core.bind(...)`` makes a ``CoreCall``)."""
     return lambda jitted: _Core(jitted, name)
 
 
-@contextlib.contextmanager
-def capture_core_calls():
-    """While active, calls of ``@core`` functions return a ``CoreCall`` instead of running."""
-    _CAPTURING.append(True)
-    try:
-        yield
-    finally:
-        _CAPTURING.pop()
+def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callable]:
+    """Decorator of a public decoder whose body is ``return prepare(...)()``: records
+    ``prepare`` (same arguments; checks them and returns the ``CoreCall``) as the decoder's
+    ``.prepare`` attribute, which ``methods.Decoder.core_call`` uses."""
+    def mark(public: Callable) -> Callable:
+        public.prepare = prepare
+        return public
+    return mark
 
 
 # ---------------------------------------------------------------------------------------------

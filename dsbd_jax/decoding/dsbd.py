@@ -426,6 +426,13 @@ def check_inputs(params, prompt_ids, config, prompt_lengths, key=None) -> None:
     inputs.check_key(key, B)
 
 
+def _dsbd_call(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None):
+    """``dsbd_generate``'s checked ``calls.CoreCall``, not run."""
+    return _dsbd_core.bind(*_prepare(params, prompt_ids, key, config, prompt_lengths),
+                           config=config)
+
+
+@calls.prepared_by(_dsbd_call)
 def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=None
                   ) -> GenerateOutput:
     """Dynamic-width speculative beam decoding (module doc).
@@ -440,7 +447,7 @@ def dsbd_generate(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=No
       ``GenerateOutput`` with ``sequences [B, max_width, N]`` (unused slots: ``log_likelihoods``
       ``-inf``, see ``stats["num_beams_out"]``) and the DSBD stats of the module doc.
     """
-    return _dsbd_core(*_prepare(params, prompt_ids, key, config, prompt_lengths), config=config)
+    return _dsbd_call(params, prompt_ids, key, config, prompt_lengths)()
 
 
 def _prepare(params, prompt_ids, key, config: DSBDConfig, prompt_lengths):

@@ -59,12 +59,13 @@ class Decoder:
     def core_call(self, params, prompt_ids, key, prompt_lengths=None):
         """The jitted core and the exact arguments a call with these inputs runs
         (``calls.CoreCall``), after the same host-side checks; nothing is run."""
-        from dsbd_jax.decoding import calls
-        with calls.capture_core_calls():
-            call = self(params, prompt_ids, key, prompt_lengths=prompt_lengths)
-        if not isinstance(call, calls.CoreCall):
-            raise TypeError(f"{self.fn.__name__} did not call a @calls.core function")
-        return call
+        prepare = getattr(self.fn, "prepare", None)
+        if prepare is None:
+            raise TypeError(f"{self.fn.__name__} is not a decoder made with "
+                            f"@calls.prepared_by")
+        if self.takes_key:
+            return prepare(params, prompt_ids, key, self.config, prompt_lengths=prompt_lengths)
+        return prepare(params, prompt_ids, self.config, prompt_lengths=prompt_lengths)
 
     def compiled(self, params, prompt_ids, key, prompt_lengths=None):
         """Compile, ahead of time and without running it, the program a call with these

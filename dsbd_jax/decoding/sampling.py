@@ -161,6 +161,16 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
     return inputs.mark_invalid(out, invalid, pad)
 
 
+def _sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+    """``sample``'s checked ``calls.CoreCall``, not run."""
+    prompt_ids = as_array(prompt_ids)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    return _sample_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
+                             prepare_keys(key, np.shape(prompt_ids)[0]), config=config)
+
+
+@calls.prepared_by(_sample_call)
 def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:
     """Multinomial sampling from the warped target (greedy if temperature 0 or top_k 1).
 
@@ -175,8 +185,4 @@ def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -
       ``draft_calls`` (0), ``iterations`` (decode steps) and ``generated_tokens [B]`` (the
       longest sample's length).
     """
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return _sample_core(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-                        prepare_keys(key, np.shape(prompt_ids)[0]), config=config)
+    return _sample_call(params, prompt_ids, key, config, prompt_lengths)()

@@ -415,6 +415,16 @@ def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeCo
     return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
+def _speculative_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+    """``speculative_sample``'s checked ``calls.CoreCall``, not run."""
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    keys = row_keys(key, prompt_ids.shape[0])
+    return _speculative_core.bind(params, prompt_ids, lengths, keys, config=config)
+
+
+@calls.prepared_by(_speculative_call)
 def speculative_sample(params, prompt_ids, key, config: DecodeConfig,
                        prompt_lengths=None) -> GenerateOutput:
     """Speculative sampling: exact samples from the warped target, ``gamma`` drafts per target call.
@@ -432,8 +442,4 @@ def speculative_sample(params, prompt_ids, key, config: DecodeConfig,
       ``verified_tokens [B]``, ``row_iterations [B]``, ``mean_accepted`` (accepted drafts per
       target call, per row) and ``acceptance_rate`` (accepted / verified drafts).
     """
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    keys = row_keys(key, prompt_ids.shape[0])
-    return _speculative_core(params, prompt_ids, lengths, keys, config=config)
+    return _speculative_call(params, prompt_ids, key, config, prompt_lengths)()

@@ -286,6 +286,16 @@ def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     return inputs.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
 
 
+def _tree_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+    """``tree_speculative_sample``'s checked ``calls.CoreCall``, not run."""
+    spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    keys = spec.row_keys(key, prompt_ids.shape[0])
+    return _tree_core.bind(params, prompt_ids, lengths, keys, config=config)
+
+
+@calls.prepared_by(_tree_call)
 def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,
                             prompt_lengths=None) -> GenerateOutput:
     """Token-tree speculative sampling (SpecInfer / MCSD): exact samples from the warped target.
@@ -295,8 +305,4 @@ def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,
     children (MCSD Algorithm 1) or children without replacement (Algorithm 2).
     ``verified_tokens`` counts verified tree levels.
     """
-    spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    keys = spec.row_keys(key, prompt_ids.shape[0])
-    return _tree_core(params, prompt_ids, lengths, keys, config=config)
+    return _tree_call(params, prompt_ids, key, config, prompt_lengths)()

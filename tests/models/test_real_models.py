@@ -4,6 +4,10 @@ For each preset, one subprocess loads it with ``dsbd_jax.load_model`` (float32) 
 logits of a chat-template prompt to ``tmp_path``; a second subprocess loads the same joined GGUF
 with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=float32)`` and writes its
 logits. Two processes because a 1.5B float32 model takes ~7 GB per framework (24 GB machine).
+Each JAX side runs with its own empty ``DSBD_JAX_CACHE`` under ``tmp_path`` and
+``DSBD_JAX_CACHE_PARAMS=0``: it joins the GGUF there and dequantises it, so the test is of the
+conversion, never of a cache an earlier load left, and the float32 caches a load would write
+(the generic one and the host's form: about 22 GB for the four presets) never reach the disk.
 
 Both sides dequantise the same file, so the remaining difference is float32 rounding over
 24-30 layers. Measured on a 49-52 token chat prompt (``-s`` prints it): max abs diff 1.2e-4
@@ -65,10 +69,17 @@ with torch.no_grad():
 """
 
 
-def _run(code, *args):
+def _env(cache):
+    """The subprocesses' environment: two threads, the checkout importable, an own empty cache
+    folder without parameter caches (module doc)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
+    return dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
+                PYTHONPATH=path, DSBD_JAX_CACHE=str(cache), DSBD_JAX_CACHE_PARAMS="0")
+
+
+def _run(code, cache, *args):
+    env = _env(cache)
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=env, timeout=900)
     if proc.returncode != 0:
@@ -78,9 +89,11 @@ def _run(code, *args):
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m",
                                   "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_logits_match_transformers_gguf(name, tmp_path):
-    _run(_JAX_SIDE, name, str(tmp_path), json.dumps(PROMPT))
+    cache = tmp_path / "cache"
+    _run(_JAX_SIDE, cache, name, str(tmp_path), json.dumps(PROMPT))
     info = json.loads((tmp_path / "jax.json").read_text())
-    _run(_TORCH_SIDE, info["dir"], str(tmp_path))
+    assert info["dir"].startswith(str(cache))   # the preset joined in the test's own cache
+    _run(_TORCH_SIDE, cache, info["dir"], str(tmp_path))
     ids = np.load(tmp_path / "ids.npy")
     got, want = np.load(tmp_path / "jax.npy"), np.load(tmp_path / "torch.npy")
     assert got.shape == want.shape == (len(ids), info["vocab"])
@@ -89,7 +102,7 @@ def test_logits_match_transformers_gguf(name, tmp_path):
     scale = float(np.max(np.abs(want)))
     agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
     print(f"\n{name}: {len(ids)} tokens, max abs diff {diff:.3g}, logit scale {scale:.3g}, "
-          f"argmax agreement {agree:.3f}, cached load {info['load_s']:.1f}s")
+          f"argmax agreement {agree:.3f}, load {info['load_s']:.1f}s")
     assert np.isfinite(got).all()
     assert diff <= 5e-4, f"{name}: max abs diff {diff:.3g} (logit scale {scale:.3g})"
     assert agree == 1.0, f"{name}: argmax agreement {agree:.3f}"
@@ -110,12 +123,10 @@ print("RESULT " + json.dumps(m.tokenizer.decode(np.asarray(out.sequences[0, best
 """
 
 
-def test_gemma3_270m_generates():
+def test_gemma3_270m_generates(tmp_path):
     """A real generation offline with the Gemma 3 preset (beam sampling, 2 beams, 8 tokens):
     the continuation of a count (a broken model loses it; measured output: ' 6, 7, 8')."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env = _env(tmp_path / "cache")
     proc = subprocess.run([sys.executable, "-c", _GENERATE, "gemma3-270m"], capture_output=True,
                           text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
