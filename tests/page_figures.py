@@ -32,6 +32,9 @@ TERMS = "results/draft_terms_head.json"
 TERMS2 = "results/draft_terms_head_rollouts.json"
 PROFILE = "results/profile_float32_host.json"
 DTYPE_RUNS = "results/dtype_runs.json"
+DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
+DTYPES_EPYC = "results/speed_dtypes_epyc.json"
+FLOOR_EPYC = "results/pass_floor_epyc.json"
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
 HELDOUT = "results/head_heldout.json"
@@ -83,11 +86,11 @@ def span(values):
     return (min(values), max(values))
 
 
-def probe(model: str):
-    """``dsbd host``'s passes in each run of ``results/dtype_runs.json`` for ``model``: per run
-    ``{dtype: (one token ms, 12-node forest ms)}``, read from the choice's ``why``."""
+def probe(model: str, rel: str = DTYPE_RUNS):
+    """``dsbd host``'s passes in each run of ``rel`` (``results/dtype_runs.json``) for ``model``:
+    per run ``{dtype: (one token ms, 12-node forest ms)}``, read from the choice's ``why``."""
     out = []
-    for run in load(DTYPE_RUNS)["runs"]:
+    for run in load(rel)["runs"]:
         why = run["choices"][model]["why"]
         out.append({d: (float(a), float(b))
                     for d, a, b in re.findall(r"(float32|bfloat16) ([\d.]+) / ([\d.]+) ms", why)})
@@ -113,9 +116,17 @@ def faster(model: str, both: bool):
     return out
 
 
+def floor_ratios(model: str, dtype: str, rel: str = FLOOR_EPYC):
+    """``pass_over_floor`` of every row count of ``benchmarks/pass_floor.py``'s run ``rel`` for
+    ``model`` (``target`` / ``draft``) in ``dtype``, in the host's kernel form."""
+    (entry,) = load(rel)["results"][model][dtype].values()
+    return [r["pass_over_floor"] for r in entry["rows"].values()]
+
+
 HELPERS = {"span": span, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
            "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
-           "TARGET": TARGET, "DRAFT": DRAFT}
+           "TARGET": TARGET, "DRAFT": DRAFT, "DTYPE_RUNS_EPYC": DTYPE_RUNS_EPYC,
+           "floor_ratios": floor_ratios}
 
 # --- the registry ---------------------------------------------------------------------------
 
@@ -269,6 +280,46 @@ add(PRECISION_MD, DTYPES,
     "({prompt_lengths.0:d} and {prompt_lengths.1:d} tokens, one 256-token bucket)",
     "the KV cache of DSBD g2 / W_S 4 / t 0.7 / W_min 2 takes {=v('rows.3.kv_cache_bytes') / 1e6:.1f}"
     " MB in float32 and {=v('rows.7.kv_cache_bytes') / 1e6:.1f} MB in bfloat16")
+# the AVX512-BF16 host (AMD EPYC)
+for label, model in [("1.5B target", TARGET), ("0.5B draft", DRAFT)]:
+    m = repr(model)
+    add(PRECISION_MD, DTYPE_RUNS_EPYC,
+        f"| {label} | {{=span(r['float32'][0] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} / "
+        f"{{=span(r['float32'][1] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} | "
+        f"{{=span(r['bfloat16'][0] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} / "
+        f"{{=span(r['bfloat16'][1] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} | "
+        f"{{=span(sum(r['bfloat16']) / sum(r['float32']) for r in probe({m}, DTYPE_RUNS_EPYC))"
+        f":.2f}} |")
+for i, label in enumerate(["sampling", "beam sampling W=4", "speculative, gamma 4",
+                           "DSBD g2 / W_S 4 / t 0.7 / W_min 2"]):
+    j = i + 4  # the bfloat16 row of the same decoder
+    method = load(DTYPES_EPYC)["rows"][i]["method"]
+    add(PRECISION_MD, DTYPES_EPYC,
+        f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
+        f"{{rows.{j}.tokens_per_s:.2f}} ({{rows.{j}.decode_tokens_per_s:.2f}}) | "
+        f"{{ratios.tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x "
+        f"({{ratios.decode_tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x) |")
+add(PRECISION_MD, DTYPES_EPYC,
+    "In bfloat16 DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x beam sampling W=4 end to end on this host "
+    "({ratios.bfloat16: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x "
+    "decode), in float32 at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x decode)")
+add("docs/performance.md", FLOOR_EPYC,
+    "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
+    "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "
+    "{=span(floor_ratios('draft', 'float32')):.2f}x and "
+    "{=span(floor_ratios('draft', 'bfloat16')):.2f}x",
+    "the target's one-token pass {results.target.bfloat16.transposed.rows.1.pass_ms:.0f} ms in "
+    "bfloat16 against {results.target.float32.transposed.rows.1.pass_ms:.0f} ms in float32, a "
+    "12-token forest {results.target.bfloat16.transposed.rows.12.pass_ms:.0f} against "
+    "{results.target.float32.transposed.rows.12.pass_ms:.0f} ms")
+add(README, DTYPES_EPYC,
+    "DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
+    ":.2f}x our beam sampling W=4 (two prompts of 32 new tokens")
+add(INDEX_MD, DTYPES_EPYC, "| AMD EPYC | \"AMD EPYC\", AVX512F, VNNI and AVX512-BF16, no AMX "
+    "| {machine.cpu_count:d} |")
 add(PRECISION_MD, H100,
     "On one H100 a 12-node forest costs {=forest12(H100):.2f}x a one-token pass of the target in "
     "bfloat16",

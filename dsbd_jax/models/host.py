@@ -8,10 +8,10 @@ shape and cached under ``$DSBD_JAX_CACHE`` (default ``~/.cache/dsbd_jax``):
   head as a mixed-precision product (:func:`dsbd_jax.models.products.is_mixed`: the input cast
   to 16 bits, float32 accumulation, a float32 result); the norms, RoPE, attention, softmax and
   the logits stay float32, and so do warping, beam scores and verification. On hosts with fast
-  16-bit products (AMX-BF16; accelerators) a 2-16-row product then costs about what one row
-  does, at half the memory; on hosts without them it can be slower than float32. So ``"auto"``
-  starts from the host's flags (:func:`prior_dtype`: bfloat16 where the CPU has AMX-BF16, else
-  float32) and times both dtypes on the passes the decoders run, at the model's shapes cut to
+  16-bit products (AMX-BF16, AVX512-BF16's bfloat16 dot products; accelerators) a 2-16-row
+  product then costs about what one row does, at half the memory; on hosts without them it can
+  be slower than float32. So ``"auto"`` starts from the host's flags (:func:`prior_dtype`:
+  bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else float32) and times both dtypes on the passes the decoders run, at the model's shapes cut to
   a few blocks (:func:`measure_dtypes`: one new token and a 12-node forest over a cache); the
   other dtype wins only when it is ``DECISIVE`` faster over both passes together, a margin
   that run-to-run noise does not cross, so the choice is the same on every run of a host. Off
@@ -81,12 +81,15 @@ def cache_file():
 
 def prior_dtype(flags=None) -> tuple:
     """``(dtype, why)`` the CPU's flags suggest (``cpu_options.cpu_flags``): bfloat16 with
-    AMX-BF16 (16-bit tile products: a forest costs about a token), else float32 (without AMX
-    the 16-bit products are no faster, and without AVX512-BF16 they are emulated)."""
+    AMX-BF16 (16-bit tile products: a forest costs about a token) or AVX512-BF16 (bfloat16 dot
+    products: the host's probe and its decoders run faster in bfloat16 end to end, see the
+    precision results page), else float32 (without either the 16-bit products are emulated)."""
     flags = cpu_flags() if flags is None else flags
     if "amx_bf16" in flags:
         return "bfloat16", "the CPU has AMX-BF16"
-    return "float32", "the CPU has no AMX-BF16"
+    if "avx512_bf16" in flags:
+        return "bfloat16", "the CPU has AVX512-BF16"
+    return "float32", "the CPU has neither AMX-BF16 nor AVX512-BF16"
 
 
 def measure_dtypes(config, rows=PROBE_ROWS, layers=PROBE_LAYERS,

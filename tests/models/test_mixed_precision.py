@@ -121,7 +121,8 @@ def test_pick_dtype_keeps_the_flags_choice_unless_decisively_slower():
                            "bfloat16") == "bfloat16"
     assert host.pick_dtype({"float32": f32, "bfloat16": {1: 1.5, 12: 1.5}}, "bfloat16") == "float32"
     assert host.prior_dtype(("avx512f", "amx_tile", "amx_bf16"))[0] == "bfloat16"
-    assert host.prior_dtype(("avx512f", "avx512_bf16"))[0] == "float32"
+    assert host.prior_dtype(("avx512f", "avx512_bf16"))[0] == "bfloat16"
+    assert host.prior_dtype(("avx512f", "avx512_vnni"))[0] == "float32"
     assert host.prior_dtype(())[0] == "float32"
 
 
