@@ -247,65 +247,50 @@ for i, label in enumerate(["sampling", "beam sampling W=4", "speculative g4",
     add(MEMORY_MD, SPEED, f"| {label} | {{=v('kv_cache_bytes') / 1e6:.1f}} MB |", at=f"rows.{i}")
 
 # docs/results/precision.md -------------------------------------------------------------------
-for label, model in [("1.5B target", TARGET), ("0.5B draft", DRAFT)]:
-    m = repr(model)
-    add(PRECISION_MD, DTYPE_RUNS,
-        f"| {label} | {{=span(r['float32'][0] for r in probe({m})):.1f}} / "
-        f"{{=span(r['float32'][1] for r in probe({m})):.1f}} | "
-        f"{{=span(r['bfloat16'][0] for r in probe({m})):.1f}} / "
-        f"{{=span(r['bfloat16'][1] for r in probe({m})):.1f}} | "
-        f"{{=span(sum(r['bfloat16']) / sum(r['float32']) for r in probe({m})):.2f}} |")
+def dtype_tables(runs: str, speed: str) -> None:
+    """The two tables of a host's section: ``dsbd host``'s passes per dtype (lowest-highest of
+    the runs of ``runs``), and the decoders' tokens/s in both dtypes (``speed``)."""
+    for label, model in [("1.5B target", TARGET), ("0.5B draft", DRAFT)]:
+        m, r_ = repr(model), repr(runs)
+        add(PRECISION_MD, runs,
+            f"| {label} | {{=span(r['float32'][0] for r in probe({m}, {r_})):.1f}} / "
+            f"{{=span(r['float32'][1] for r in probe({m}, {r_})):.1f}} | "
+            f"{{=span(r['bfloat16'][0] for r in probe({m}, {r_})):.1f}} / "
+            f"{{=span(r['bfloat16'][1] for r in probe({m}, {r_})):.1f}} | "
+            f"{{=span(sum(r['bfloat16']) / sum(r['float32']) for r in probe({m}, {r_})):.2f}} |")
+    for i, label in enumerate(["sampling", "beam sampling W=4", "speculative, gamma 4",
+                               "DSBD g2 / W_S 4 / t 0.7 / W_min 2"]):
+        j = i + 4  # the bfloat16 row of the same decoder
+        method = load(speed)["rows"][i]["method"]
+        add(PRECISION_MD, speed,
+            f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
+            f"{{rows.{j}.tokens_per_s:.2f}} ({{rows.{j}.decode_tokens_per_s:.2f}}) | "
+            f"{{ratios.tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x "
+            f"({{ratios.decode_tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x) |")
+
+
+_DSBD_VS_BEAM = (
+    "In bfloat16 DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x beam sampling W=4 end to end %s "
+    "({ratios.bfloat16: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x "
+    "decode), in float32 at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
+    "beam_sample_W4 (ours):.2f}x decode)")
+dtype_tables(DTYPE_RUNS, DTYPES)
 add(PRECISION_MD, DTYPE_RUNS,
     "bfloat16 runs the forest {=span(faster(TARGET, False) + faster(DRAFT, False)):.0f} % faster "
     "here and the one-token pass at float32's speed, "
     "{=span(faster(TARGET, True) + faster(DRAFT, True)):.0f} % faster over both",
     "about {=sum(r['wall_s'] for r in v('runs')) / len(v('runs')) / 60:.0f} minute per run")
-for i, label in enumerate(["sampling", "beam sampling W=4", "speculative, gamma 4",
-                           "DSBD g2 / W_S 4 / t 0.7 / W_min 2"]):
-    j = i + 4  # the bfloat16 row of the same decoder
-    method = load(DTYPES)["rows"][i]["method"]
-    add(PRECISION_MD, DTYPES,
-        f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
-        f"{{rows.{j}.tokens_per_s:.2f}} ({{rows.{j}.decode_tokens_per_s:.2f}}) | "
-        f"{{ratios.tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x "
-        f"({{ratios.decode_tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x) |")
 add(PRECISION_MD, DTYPES,
-    "In bfloat16 DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x beam sampling W=4 end to end here "
-    "({ratios.bfloat16: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x "
-    "decode), in float32 at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x decode)",
+    _DSBD_VS_BEAM % "here",
     "--out results/speed_dtypes_host.json`, {=v('wall_s') / 60:.0f} minutes)",
     "({prompt_lengths.0:d} and {prompt_lengths.1:d} tokens, one 256-token bucket)",
     "the KV cache of DSBD g2 / W_S 4 / t 0.7 / W_min 2 takes {=v('rows.3.kv_cache_bytes') / 1e6:.1f}"
     " MB in float32 and {=v('rows.7.kv_cache_bytes') / 1e6:.1f} MB in bfloat16")
 # the AVX512-BF16 host (AMD EPYC)
-for label, model in [("1.5B target", TARGET), ("0.5B draft", DRAFT)]:
-    m = repr(model)
-    add(PRECISION_MD, DTYPE_RUNS_EPYC,
-        f"| {label} | {{=span(r['float32'][0] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} / "
-        f"{{=span(r['float32'][1] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} | "
-        f"{{=span(r['bfloat16'][0] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} / "
-        f"{{=span(r['bfloat16'][1] for r in probe({m}, DTYPE_RUNS_EPYC)):.1f}} | "
-        f"{{=span(sum(r['bfloat16']) / sum(r['float32']) for r in probe({m}, DTYPE_RUNS_EPYC))"
-        f":.2f}} |")
-for i, label in enumerate(["sampling", "beam sampling W=4", "speculative, gamma 4",
-                           "DSBD g2 / W_S 4 / t 0.7 / W_min 2"]):
-    j = i + 4  # the bfloat16 row of the same decoder
-    method = load(DTYPES_EPYC)["rows"][i]["method"]
-    add(PRECISION_MD, DTYPES_EPYC,
-        f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
-        f"{{rows.{j}.tokens_per_s:.2f}} ({{rows.{j}.decode_tokens_per_s:.2f}}) | "
-        f"{{ratios.tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x "
-        f"({{ratios.decode_tokens_per_s: {method}: ours bfloat16 / ours float32:.2f}}x) |")
-add(PRECISION_MD, DTYPES_EPYC,
-    "In bfloat16 DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x beam sampling W=4 end to end on this host "
-    "({ratios.bfloat16: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x "
-    "decode), in float32 at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x decode)")
+dtype_tables(DTYPE_RUNS_EPYC, DTYPES_EPYC)
+add(PRECISION_MD, DTYPES_EPYC, _DSBD_VS_BEAM % "on this host")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "
