@@ -107,7 +107,7 @@ def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
     why = ""
     if backend == "cpu":
         why = (f"; on this CPU the target's pass over a forest costs more than a one-token pass "
-               f"({dtype}: about twice on the 2-core hosts measured, docs/results/precision.md), "
+               f"({dtype}; what it costs per host and dtype: docs/results/precision.md), "
                f"so verifying a forest in one pass does not pay for itself")
     return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
             f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
