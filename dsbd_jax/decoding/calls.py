@@ -25,28 +25,33 @@ logger = logging.getLogger("dsbd_jax")
 
 
 # ---------------------------------------------------------------------------------------------
-# ahead-of-time compilation: every public decoder is ``@prepared_by(prepare)``: ``prepare`` validates
-# the inputs on the host and returns the ``CoreCall`` of one jitted core (``@core`` on top of
-# ``jax.jit``), which a caller can run, lower or compile: the very program a real call runs.
+# ahead-of-time compilation: every public decoder is ``@prepared_by(prepare)``: ``prepare``
+# validates the inputs on the host and returns the ``CoreCall`` of one jitted core (``@core`` on
+# top of ``jax.jit``), which a caller can run, lower or compile: the very program a real call
+# runs.
 class CoreCall(NamedTuple):
     """A decoder's jitted core with the arguments its public function prepared.
 
-    ``core`` is the jit object (``tuned_jit``), ``args`` / ``kwargs`` its arguments; calling the
-    ``CoreCall`` runs it as the public function would (counted, through the program store)."""
+    ``via`` is the decoder's ``@core`` (which counts the call and reads the program store),
+    ``core`` its jit object (``tuned_jit``), ``args`` / ``kwargs`` the arguments; calling the
+    ``CoreCall`` runs it as the public function would."""
 
-    core: Callable
+    via: "_Core"
     args: tuple
     kwargs: dict
-    via: Any = None   # the decoder's ``_Core`` (counts the call, reads the program store)
 
     def __call__(self):
-        runner = self.via if self.via is not None else self.core
-        return runner(*self.args, **self.kwargs)
+        return self.via(*self.args, **self.kwargs)
+
+    @property
+    def core(self) -> Callable:
+        """The jit object the call compiles and runs (``tuned_jit``)."""
+        return self.via.__wrapped__
 
     @property
     def decoder(self) -> str:
         """The public decoder's name (``"dsbd_generate"``, ...)."""
-        return getattr(self.via, "decoder", getattr(self.core, "__name__", "core"))
+        return self.via.decoder
 
     @property
     def options(self) -> Dict[str, Any]:
@@ -80,7 +85,7 @@ class _Core:
 
     def bind(self, *args, **kwargs) -> CoreCall:
         """The call of this core with these arguments, not run."""
-        return CoreCall(self._jitted, args, kwargs, self)
+        return CoreCall(self, args, kwargs)
 
     def __call__(self, *args, **kwargs):
         note_core_call(self.decoder, args)

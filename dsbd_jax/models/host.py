@@ -8,13 +8,15 @@ shape and cached under ``$DSBD_JAX_CACHE`` (default ``~/.cache/dsbd_jax``):
   head as a mixed-precision product (:func:`dsbd_jax.models.products.is_mixed`: the input cast
   to 16 bits, float32 accumulation, a float32 result); the norms, RoPE, attention, softmax and
   the logits stay float32, and so do warping, beam scores and verification. On hosts with fast
-  16-bit products (AMX-BF16, AVX512-BF16's bfloat16 dot products; accelerators) a 2-16-row
-  product then costs about what one row does, at half the memory; on hosts without them it can
-  be slower than float32. So ``"auto"`` starts from the host's flags (:func:`prior_dtype`:
-  bfloat16 where the CPU has AMX-BF16 or AVX512-BF16, else float32) and times both dtypes on the passes the decoders run, at the model's shapes cut to
-  a few blocks (:func:`measure_dtypes`: one new token and a 12-node forest over a cache); the
-  other dtype wins only when it is ``DECISIVE`` faster over both passes together, a margin
-  that run-to-run noise does not cross, so the choice is the same on every run of a host. Off
+  16-bit products (AMX-BF16; accelerators) a 2-16-row product then costs about what one row
+  does, at half the memory; AVX512-BF16's bfloat16 dot products are not flat in rows, but a
+  forest still runs faster than in float32; on hosts without either it can be slower than
+  float32. So ``"auto"`` starts from the host's flags (:func:`prior_dtype`: bfloat16 where the
+  CPU has AMX-BF16 or AVX512-BF16, else float32) and times both dtypes on the passes the
+  decoders run, at the model's shapes cut to a few blocks (:func:`measure_dtypes`: one new
+  token and a 12-node forest over a cache); the other dtype wins only when it is
+  ``DECISIVE`` faster over both passes together, a margin that run-to-run noise does not
+  cross, so the choice is the same on every run of a host. Off
   the CPU (GPU, TPU) it is bfloat16; models whose MLP has
   under :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) stay
   float32 on the CPU. ``$DSBD_JAX_DTYPE``
