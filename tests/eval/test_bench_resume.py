@@ -109,7 +109,19 @@ def test_batched_run_matches_batch_one(tmp_path, pair, gsm_file):
     row = {r["label"]: r for r in two["rows"]}["sample"]
     secs = sum(v[0]["batch_seconds"] for (lab, _), v in batches.items() if lab == "sample")
     assert row["tokens_per_s"] == pytest.approx(5 * 6 / secs)
-    assert row["batch_size"] == 2 and row["decode_tokens_per_s"] > row["tokens_per_s"]
+    # decode speed = tokens / (batch seconds - the prompt passes' seconds, timed alone): the
+    # records carry each batch's prefill share, and the row is that arithmetic (which of the two
+    # times is longer is the host's timing, not a property to assert on tiny models)
+    pres = [r["prefill_s"] for r in r2.values() if r["label"] == "sample"]
+    assert all(isinstance(p, float) and p > 0 for p in pres)
+    for rs in batches.values():
+        assert len({r["prefill_s"] for r in rs}) == 1  # the batch's prompt pass, shared out
+    decode = secs - sum(pres)
+    assert row["batch_size"] == 2
+    if decode > 0:
+        assert row["decode_tokens_per_s"] == pytest.approx(5 * 6 / decode)
+    else:
+        assert row["decode_tokens_per_s"] is None
     assert row["target_calls_per_token"] == pytest.approx(1.0)
     assert {r["label"]: r for r in one["rows"]}["sample"]["batch_size"] == 1
     assert two["complete"] and two["done"] == two["total"] == 15
