@@ -364,6 +364,8 @@ def main(argv=None):
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT), "bucket": P,
            "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
                             for k, m in (("target", target), ("draft", draft))},
+           "dtypes": {k: {"dtype": m.info.get("dtype"), "why": m.info.get("dtype_why")}
+                      for k, m in (("target", target), ("draft", draft))},
            "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}
     if head_config is not None:
         from dsbd_jax.models import head as mhead

@@ -29,7 +29,6 @@ def main(argv=None):
     ap.add_argument("--unroll", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -52,18 +51,7 @@ def main(argv=None):
                     "counted_positions": int(held["mask"].sum())}, "heads": {}}
     for name in args.heads:
         hc, hp, meta = load_head(name, target.config)
-        fn = jax.jit(lambda p, b, hc=hc: th.head_losses(hc, p, shared, b, cfg,
-                                                         context="target")[1])
-        sums, count = {}, 0.0
-        for i in range(n):   # one text at a time: each counted position weighs the same
-            w = float(held["mask"][i].sum())
-            if w == 0:
-                continue
-            m = jax.device_get(fn(hp, {k: jnp.asarray(v[i:i + 1]) for k, v in held.items()}))
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * w
-            count += w
-        res = {k: v / count for k, v in sums.items()}
+        res = th.heldout_metrics(hc, hp, shared, held, cfg)
         res["trained"] = {k: meta.get(k) for k in ("recipe", "steps", "data")}
         out["heads"][name] = res
         print(f"{name}: acceptance {res['acceptance_1']:.3f} / "

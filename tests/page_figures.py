@@ -30,6 +30,7 @@ SPEED = "results/speed_float32_host.json"
 DTYPES = "results/speed_dtypes_host.json"
 TERMS = "results/draft_terms_head.json"
 TERMS2 = "results/draft_terms_head_rollouts.json"
+TERMS_EPYC = "results/draft_terms_head_epyc.json"   # the AMD EPYC host, bfloat16
 PROFILE = "results/profile_float32_host.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
@@ -37,6 +38,7 @@ DTYPES_EPYC = "results/speed_dtypes_epyc.json"
 FLOOR_EPYC = "results/pass_floor_epyc.json"
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
+TRAINING_EPYC = "results/head_qwen_training_epyc.json"
 HELDOUT = "results/head_heldout.json"
 CLI = "results/cli_latency.json"
 HEAD_DATA = "results/head_data_speed.json"
@@ -166,6 +168,13 @@ add(README, TERMS2,
     "iteration at the beam-W4 point, {batches.b1.drafts.head.targets.dsbd_w4_vs_beam_w4."
     "dsbd_beamW4_point.end_to_end:.2f}x beam sampling W=4 end to end")
 add(README, TRAINING, "trained for {=v('wall_s') / 60:.0f} minutes on this CPU")
+add(README, TRAINING_EPYC, "the same recipe gives the same head in {=v('wall_s') / 60:.0f} "
+    "minutes")
+add(README, TERMS_EPYC,
+    "costs {batches.b1.draft_pass_vs_target.head:.3f}x the target's there, and DSBD with it runs "
+    "at {batches.b1.drafts.head.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.end_to_end:.2f}x "
+    "beam sampling W=4 ({batches.b1.drafts.base.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point."
+    "end_to_end:.2f}x with the")
 add(README, ACCEPT, "it is accepted at {summary.head.continuation:.3f} on the target's "
     "continuations of benchmark prompts (the 0.5B draft: {summary.draft.continuation:.3f};")
 add(README, H100_DSBD,
@@ -457,6 +466,12 @@ add(DRAFT_MD, TRAINING,
     "for loading the target and its rollouts",
     "then {=v('parts.1.wall_s') / 60:.1f} for loading again, the evaluations and the "
     "{log.6.step:d} steps")
+add(DRAFT_MD, TRAINING_EPYC,
+    "shared the machine for the first 9.6 minutes of the rollouts): {=v('wall_s') / 60:.0f} "
+    "minutes in one run, at a peak of {=v('peak_rss_kb') / 1e6:.1f} GB, the steps at "
+    "{=v('log.6.seconds') / v('log.6.step'):.1f} s each.",
+    "the Intel Xeon's to two decimals ({=v('log.6.heldout_acceptance_1'):.3f} and "
+    "{=v('log.6.heldout_acceptance_2'):.3f} after {log.6.step:d} steps, as there)")
 add(DRAFT_MD, HELDOUT,
     "| this recipe (`head_qwen`) | {heads.head_qwen.acceptance_1:.3f} | "
     "{heads.head_qwen.acceptance_2:.3f} | {heads.head_qwen.kl_1:.2f} |",
@@ -515,6 +530,58 @@ for label, method in [("speculative, gamma 4", "speculative_g4"),
     add(DRAFT_MD, TERMS2, f"| head | {label} | {{tokens_per_s:.2f}} | "
         f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
         f"{rest_cell} |", at=f"batches.b1.drafts.head.{method}")
+
+# the head against the 0.5B draft on the AVX512-BF16 host (one run)
+_B1 = "batches.b1."
+add(DRAFT_MD, TERMS_EPYC,
+    "| target (1.5B) | {batches.b1.one_token_pass_ms.target:.1f} | "
+    "{=v(_B1 + 'one_token_pass_ms.target') / v(_B1 + 'one_token_pass_ms.target'):.0f} |",
+    "| 0.5B draft model | {batches.b1.one_token_pass_ms.base:.1f} | "
+    "{batches.b1.draft_pass_vs_target.base:.3f} |",
+    "| draft head | {batches.b1.one_token_pass_ms.head:.1f} | "
+    "**{batches.b1.draft_pass_vs_target.head:.3f}** |",
+    "| (none) | sampling | {=v(_B1 + 'references.sample.tokens_per_s'):.2f} | "
+    "{=v(_B1 + 'references.sample.tokens_per_iteration'):.0f} | "
+    "{=v(_B1 + 'references.sample.decode_ms_per_token'):.0f} per token |",
+    "| (none) | beam sampling W=4 | {=v(_B1 + 'references.beam_sample_W4.tokens_per_s'):.2f} | "
+    "{=v(_B1 + 'references.beam_sample_W4.tokens_per_iteration'):.0f} | {=v(_B1 + 'references.beam_sample_W4.decode_ms_per_token'):.0f} per token |",
+    "With the head, end to end: speculative / sampling {=v(_B1 + 'drafts.head.targets."
+    "speculative_vs_sample.speculative_g4.end_to_end'):.2f}x, DSBD at the beam-W4 point / beam "
+    "sampling W=4 {=v(_B1 + 'drafts.head.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point."
+    "end_to_end'):.2f}x, single-beam DSBD / speculative {=v(_B1 + 'drafts.head.targets."
+    "single_beam_vs_speculative.speculative_g4.end_to_end'):.2f}x; with the 0.5B draft in the "
+    "same run {=v(_B1 + 'drafts.base.targets.speculative_vs_sample.speculative_g4.end_to_end')"
+    ":.2f}x, {=v(_B1 + 'drafts.base.targets.dsbd_w4_vs_beam_w4.dsbd_beamW4_point.end_to_end')"
+    ":.2f}x and {=v(_B1 + 'drafts.base.targets.single_beam_vs_speculative.speculative_g4."
+    "end_to_end'):.2f}x.",
+    "({=v(_B1 + 'drafts.head.dsbd_beamW4_point.draft_passes_ms'):.0f} ms of a "
+    "{=v(_B1 + 'drafts.head.dsbd_beamW4_point.decode_ms_per_iteration'):.0f} ms DSBD iteration, "
+    "against the 0.5B draft's {=v(_B1 + 'drafts.base.dsbd_beamW4_point.draft_passes_ms'):.0f} "
+    "of {=v(_B1 + 'drafts.base.dsbd_beamW4_point.decode_ms_per_iteration'):.0f})",
+    "it proposes {=v(_B1 + 'drafts.head.dsbd_beamW4_point.tokens_per_iteration'):.2f} tokens "
+    "per DSBD iteration where the 0.5B draft proposes "
+    "{=v(_B1 + 'drafts.base.dsbd_beamW4_point.tokens_per_iteration'):.2f}.",
+    "DSBD with the head would decode at {=v(_B1 + 'drafts.head.targets.dsbd_w4_vs_beam_w4."
+    "dsbd_beamW4_point.all_accepted'):.2f}x beam sampling W=4 and speculative sampling at "
+    "{=v(_B1 + 'drafts.head.targets.speculative_vs_sample.speculative_g4.all_accepted'):.2f}x "
+    "our sampling; free draft passes alone give {=v(_B1 + 'drafts.head.targets."
+    "dsbd_w4_vs_beam_w4.dsbd_beamW4_point.free_draft'):.2f}x and {=v(_B1 + 'drafts.head."
+    "targets.speculative_vs_sample.speculative_g4.free_draft'):.2f}x.",
+    "12-node forest pass costs {=v(_B1 + 'drafts.head.dsbd_beamW4_point.target_passes_ms') / "
+    "v(_B1 + 'target_one_row_pass_ms'):.2f}x the target's one-token pass here in bfloat16 "
+    "({=v(_B1 + 'drafts.head.dsbd_beamW4_point.target_passes_ms'):.0f} ms against "
+    "{batches.b1.target_one_row_pass_ms:.0f}), less than the Intel Xeon's "
+    "{=w(TERMS2, _H2 + 'dsbd_beamW4_point.target_passes_ms') / w(TERMS2, "
+    "'batches.b1.target_one_row_pass_ms'):.1f}x in float32")
+for draft, label in (("base", "0.5B draft"), ("head", "head")):
+    for name, method in [("speculative, gamma 4", "speculative_g4"),
+                         ("single-beam DSBD", "dsbd_single_beam"),
+                         ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
+        rest = load(TERMS_EPYC)["batches"]["b1"]["drafts"][draft][method]["rest_ms"]
+        rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
+        add(DRAFT_MD, TERMS_EPYC, f"| {label} | {name} | {{tokens_per_s:.2f}} | "
+            f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
+            f"{rest_cell} |", at=f"batches.b1.drafts.{draft}.{method}")
 
 # docs/draft_tools.md -------------------------------------------------------------------------
 add(DRAFT_TOOLS_MD, TERMS,

@@ -270,3 +270,13 @@ def test_the_scan_sees_ratio_and_table_figures(tmp_path):
     found = [m.group() for m in RATIO.finditer(text)]
     assert found == ["1.57x", "3x"], found
     assert [f for _, f in table_numbers(text)] == ["2.54"]
+
+
+def test_head_recipe_gives_the_same_head_on_both_hosts():
+    """docs/results/draft.md: the EPYC run of configs/head_qwen.yaml logged the Intel Xeon's
+    held-out acceptance at every step, to two decimals."""
+    xeon, epyc = pf.load(pf.TRAINING)["log"], pf.load(pf.TRAINING_EPYC)["log"]
+    assert [r["step"] for r in xeon] == [r["step"] for r in epyc]
+    for a, b in zip(xeon, epyc):
+        for k in ("heldout_acceptance_1", "heldout_acceptance_2"):
+            assert round(a[k], 2) == round(b[k], 2), (a["step"], k)

@@ -74,6 +74,7 @@ from dsbd_jax.models.llama import causal_mask
 from dsbd_jax.models.head_registry import (  # noqa: F401
     cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, register,
     trained_heads)
+from dsbd_jax.training.head_log import plot_log, read_log  # noqa: F401
 from dsbd_jax.training.head_data import (  # noqa: F401
     prepare_data, recipe_data, rollout_data, rollouts_of, target_rollouts, texts_of, warped_topk)
 
@@ -295,9 +296,12 @@ def _batches(data, idx):
 
 
 def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
-          cfg: HeadTrainConfig, run_dir, progress: bool = True, stop_after: Optional[int] = None):
+          cfg: HeadTrainConfig, run_dir, progress: bool = True, stop_after: Optional[int] = None,
+          stop_at: Optional[int] = None):
     """Train ``params`` (resuming from ``RUN/checkpoint.msgpack``); returns
-    ``{"params", "step", "log"}``. ``stop_after``: stop after that many steps of this call."""
+    ``{"params", "step", "log"}``. ``stop_after``: stop after that many steps of this call;
+    ``stop_at``: stop at that step (the schedule stays ``cfg.steps``' long: the first steps of
+    a full run, resumable)."""
     from flax import serialization
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -353,7 +357,8 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
         if progress:
             print(f"train-head: step 0 held-out acceptance "
                   f"{rec['heldout_acceptance_1']:.3f}", flush=True)
-    for s in range(state["step"], cfg.steps):
+    last = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
+    for s in range(state["step"], last):
         idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
         p, o, m = step_fn(p, o, fixed, _batches(train_data, idx))
         s1 = s + 1
@@ -368,50 +373,46 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
                       f"acceptance {rec['heldout_acceptance_1']:.3f} / "
                       f"{rec.get('heldout_acceptance_2', float('nan')):.3f} "
                       f"({rec['seconds']:.0f} s)", flush=True)
-        if s1 % cfg.checkpoint_every == 0 or s1 == cfg.steps:
+        if s1 % cfg.checkpoint_every == 0 or s1 == last:
             ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
         done_here += 1
         if stop_after is not None and done_here >= stop_after:
             return {"params": {**p, **frozen}, "step": s1, "log": read_log(run_dir)}
-    return {"params": {**p, **frozen}, "step": cfg.steps, "log": read_log(run_dir)}
+    return {"params": {**p, **frozen}, "step": max(last, state["step"]),
+            "log": read_log(run_dir)}
 
 
-def read_log(run_dir) -> List[dict]:
-    path = Path(run_dir) / "log.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def heldout_metrics(hc: mhead.HeadConfig, params, target_params, held, cfg: HeadTrainConfig,
+                    fn=None) -> Dict[str, float]:
+    """:func:`head_losses`' metrics over held-out data, one text at a time so that every counted
+    position weighs the same, the unrolled steps attending as draft tokens do (``cfg.unroll``
+    steps: a second draft token's acceptance needs 2). ``fn``: a jitted metrics function to
+    reuse across calls with heads of one shape."""
+    fn = fn or jax.jit(lambda p, b: head_losses(hc, p, target_params, b, cfg, context="target")[1])
+    sums, count = {}, 0.0
+    for i in range(held["tokens"].shape[0]):
+        w = float(held["mask"][i].sum())
+        if w == 0:
+            continue
+        m = jax.device_get(fn(params, {k: jnp.asarray(v[i:i + 1]) for k, v in held.items()}))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * w
+        count += w
+    return {k: v / count for k, v in sums.items()}
 
 
-def plot_log(run_dir) -> Optional[Path]:
-    """``RUN/training.png``: training loss and held-out acceptance by step."""
-    log = [r for r in read_log(run_dir) if "heldout_acceptance_1" in r]
-    if not log:
-        return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    steps = [r["step"] for r in log]
-    for key, lab in (("loss", "train loss"), ("heldout_loss", "held-out loss")):
-        pts = [(r["step"], r[key]) for r in log if key in r]
-        if pts:
-            a.plot(*zip(*pts), marker="o", label=lab)
-    a.set_xlabel("step")
-    a.set_ylabel("loss")
-    a.legend()
-    for k in (1, 2):
-        key = f"heldout_acceptance_{k}"
-        if key in log[0]:
-            b.plot(steps, [r[key] for r in log], marker="o", label=f"draft step {k}")
-    b.set_xlabel("step")
-    b.set_ylabel("held-out acceptance")
-    b.legend()
-    fig.tight_layout()
-    out = Path(run_dir) / "training.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+def initial_params(hc: mhead.HeadConfig, head: Dict[str, Any], target, seed: int,
+                   target_name) -> Dict[str, Any]:
+    """A recipe's ``head:`` settings as the head's starting parameters: random or the target's
+    last layer (``init``), truncated to the ``vocab_rows`` most frequent tokens of
+    ``vocab_table`` (default: the target's own table)."""
+    params = mhead.init_params(hc, jax.random.PRNGKey(seed), target.params
+                               if head.get("init", "target_last") == "target_last" else None)
+    if head.get("vocab_rows"):
+        rows = _vocab_rows(head.get("vocab_table", target_name), int(head["vocab_rows"]),
+                           target.config.vocab_size)
+        params = mhead.truncate(hc, params, target.params, rows)
+    return params
 
 
 def recipes_for(target_source, configs_dir=None) -> List[Path]:
@@ -468,13 +469,7 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
         train_data, held_data = recipe_data(r, target, hc.feature_layers, cfg, progress)
         np.savez(data_path, **{f"train_{k}": v for k, v in train_data.items()},
                  **{f"held_{k}": v for k, v in held_data.items()})
-    key = jax.random.PRNGKey(cfg.seed)
-    init = h.get("init", "target_last")
-    params = mhead.init_params(hc, key, target.params if init == "target_last" else None)
-    if h.get("vocab_rows"):
-        rows = _vocab_rows(h.get("vocab_table", r["target"]), int(h["vocab_rows"]),
-                           target.config.vocab_size)
-        params = mhead.truncate(hc, params, target.params, rows)
+    params = initial_params(hc, h, target, cfg.seed, r["target"])
     # training reads only the target's embedding and vocabulary head: free its layers
     shared = {k: v for k, v in target.params.items() if k in ("embed", "lm_head")}
     del target

@@ -1,0 +1,99 @@
+"""Head-training choices side by side: the recipe and variants of it (another initialisation,
+another loss) trained from the same data (the recipe's ``RUN/data.npz``, written by
+``dsbd train-head``), the same seed, data order and learning-rate schedule, for the first
+``--steps`` steps of the recipe's run, then counted on the same held-out positions the way
+``benchmarks/head_heldout.py`` counts (every counted position weighs the same; the second draft
+token read through the first's chain, whatever the variant trained).
+
+    .venv/bin/python benchmarks/head_ablation.py configs/head_qwen.yaml --steps 40 \\
+        --out results/head_ablation.json          # ~8 min per variant on a 2-core CPU
+
+Variants (``--variants``, default all): ``recipe`` (as written), ``random_init`` (the block
+initialised at random instead of from the target's last layer), ``no_feature_loss`` (token KL
+only: ``feature_weight: 0``), ``one_step`` (no unrolled second step: ``unroll: 1``). Each trains
+in ``--run-dir/VARIANT`` (resumable: a killed run picks up at its last checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+VARIANTS = {
+    "recipe": {},
+    "random_init": {"head": {"init": "random"}},
+    "no_feature_loss": {"train": {"feature_weight": 0.0}},
+    "one_step": {"train": {"unroll": 1}},
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recipe")
+    ap.add_argument("--steps", type=int, required=True,
+                    help="train each variant for the first STEPS steps of the recipe's schedule")
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--run-dir", default=None, help="default: RUN_ablation beside the recipe's")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    from dsbd_jax.models import head as mhead
+    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.training import head as th
+    r = th.load_recipe(args.recipe)
+    if not 0 < args.steps <= r["train"].steps:
+        raise SystemExit(f"--steps must be within the recipe's 1..{r['train'].steps}")
+    data_path = Path(r["run_dir"]) / "data.npz"
+    if not data_path.is_file():
+        raise SystemExit(f"no data at {data_path}: run `dsbd train-head {args.recipe}` first "
+                         f"(its data are written before its first step)")
+    z = np.load(data_path)
+    train_data = {k[6:]: z[k] for k in z.files if k.startswith("train_")}
+    held = {k[5:]: z[k] for k in z.files if k.startswith("held_")}
+    run_root = Path(args.run_dir or f"{r['run_dir']}_ablation")
+    target = load_model(r["target"], jnp.dtype(r["dtype"]), progress=False)
+    shared = {k: v for k, v in target.params.items() if k in ("embed", "lm_head")}
+    count_cfg = dataclasses.replace(r["train"], unroll=2)
+    out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "recipe": {"head": r["head"], "train": dataclasses.asdict(r["train"])},
+           "data": {"path": os.path.relpath(data_path, _ROOT),
+                    "train_texts": int(train_data["tokens"].shape[0]),
+                    "heldout_texts": int(held["tokens"].shape[0]),
+                    "counted_positions": int(held["mask"].sum())},
+           "variants": {}}
+    for name in args.variants:
+        over = VARIANTS[name]
+        h = {**r["head"], **over.get("head", {})}
+        cfg = dataclasses.replace(r["train"], **over.get("train", {}))
+        hc = mhead.HeadConfig(target.config, intermediate_size=h.get("intermediate_size"),
+                              feature_layers=tuple(h.get("feature_layers") or ()))
+        params = th.initial_params(hc, h, target, cfg.seed, r["target"])
+        t0 = time.perf_counter()
+        res = th.train(hc, params, shared, train_data, held, cfg, run_root / name,
+                       progress=True, stop_at=args.steps)
+        if res["step"] != args.steps:
+            raise SystemExit(f"{run_root / name} holds a checkpoint at step {res['step']}, not "
+                             f"{args.steps}: delete it to train this variant again")
+        metrics = th.heldout_metrics(hc, res["params"], shared, held, count_cfg)
+        out["variants"][name] = {"overrides": over, "steps": args.steps, **metrics,
+                                 "seconds_this_run": time.perf_counter() - t0,
+                                 "log": res["log"]}
+        print(f"{name}: acceptance {metrics['acceptance_1']:.3f} / "
+              f"{metrics['acceptance_2']:.3f}, kl {metrics['kl_1']:.3f}", flush=True)
+        write_json(args.out, out)   # after each variant: a partial file is a valid one
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
