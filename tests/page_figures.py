@@ -40,6 +40,7 @@ ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
 TRAINING_EPYC = "results/head_qwen_training_epyc.json"
 HELDOUT = "results/head_heldout.json"
+ABLATION = "results/head_ablation.json"
 CLI = "results/cli_latency.json"
 HEAD_DATA = "results/head_data_speed.json"
 H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
@@ -472,6 +473,32 @@ add(DRAFT_MD, TRAINING_EPYC,
     "{=v('log.6.seconds') / v('log.6.step'):.1f} s each.",
     "the Intel Xeon's to two decimals ({=v('log.6.heldout_acceptance_1'):.3f} and "
     "{=v('log.6.heldout_acceptance_2'):.3f} after {log.6.step:d} steps, as there)")
+_AV = "variants."
+add(DRAFT_MD, ABLATION,
+    "each for the first {variants.recipe.steps:d} of the recipe's {recipe.train.steps:d} steps",
+    "counts each on the same {data.heldout_texts:d} held-out continuations ({data.counted_positions:d}"
+    " positions)",
+    "the recipe's own data file (the {data.train_texts:d} training",
+    "two unrolled steps | {variants.recipe.acceptance_1:.3f} | {variants.recipe.acceptance_2:.3f} | "
+    "{variants.recipe.kl_1:.2f} |",
+    "(`init: random`) | {variants.random_init.acceptance_1:.3f} | "
+    "{variants.random_init.acceptance_2:.3f} | {variants.random_init.kl_1:.2f} |",
+    "(`feature_weight: 0`) | {variants.no_feature_loss.acceptance_1:.3f} | "
+    "{variants.no_feature_loss.acceptance_2:.3f} | {variants.no_feature_loss.kl_1:.2f} |",
+    "(`unroll: 1`) | {variants.one_step.acceptance_1:.3f} | {variants.one_step.acceptance_2:.3f} | "
+    "{variants.one_step.kl_1:.2f} |",
+    "without it the second token is accepted at {variants.one_step.acceptance_2:.3f}, with it at "
+    "{variants.recipe.acceptance_2:.3f}, for {=v(_AV + 'one_step.acceptance_1') - "
+    "v(_AV + 'recipe.acceptance_1'):.3f} less on the first.",
+    "gives the first token {=v(_AV + 'recipe.acceptance_1') - v(_AV + 'random_init.acceptance_1')"
+    ":.3f} more and a lower KL; a random block does better on the second token "
+    "({variants.random_init.acceptance_2:.3f}),",
+    "first + first x second, gives {=v(_AV + 'recipe.acceptance_1') * (1 + v(_AV + "
+    "'recipe.acceptance_2')):.3f} for the recipe and {=v(_AV + 'random_init.acceptance_1') * "
+    "(1 + v(_AV + 'random_init.acceptance_2')):.3f} for the random block.",
+    "moves each token's acceptance by {=max(abs(v(_AV + 'no_feature_loss.acceptance_1') - "
+    "v(_AV + 'recipe.acceptance_1')), abs(v(_AV + 'no_feature_loss.acceptance_2') - "
+    "v(_AV + 'recipe.acceptance_2'))):.3f} at most")
 add(DRAFT_MD, HELDOUT,
     "| this recipe (`head_qwen`) | {heads.head_qwen.acceptance_1:.3f} | "
     "{heads.head_qwen.acceptance_2:.3f} | {heads.head_qwen.kl_1:.2f} |",
