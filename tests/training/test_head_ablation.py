@@ -12,14 +12,6 @@ from dsbd_jax.training import head as th
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from dsbd_jax.testing import make_tiny_pair
-    d = tmp_path_factory.mktemp("pair")
-    make_tiny_pair(d)
-    return d
-
-
 def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
     text = (ROOT / "configs" / "head_tiny.yaml").read_text()

@@ -16,14 +16,6 @@ from dsbd_jax.training import head as th
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from dsbd_jax.testing import make_tiny_pair
-    d = tmp_path_factory.mktemp("pair")
-    make_tiny_pair(d)
-    return d
-
-
 def _recipe(tmp_path, tiny, steps=20):
     text = (ROOT / "configs" / "head_tiny.yaml").read_text()
     text = text.replace("/tmp/dsbd_tiny/target", str(tiny / "target"))
