@@ -48,7 +48,6 @@ def main(argv=None):
     import numpy as np
 
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
-    from dsbd_jax.models import head as mhead
     from dsbd_jax.models.loading import load_model
     from dsbd_jax.training import head as th
     r = th.load_recipe(args.recipe)
@@ -76,8 +75,7 @@ def main(argv=None):
         over = VARIANTS[name]
         h = {**r["head"], **over.get("head", {})}
         cfg = dataclasses.replace(r["train"], **over.get("train", {}))
-        hc = mhead.HeadConfig(target.config, intermediate_size=h.get("intermediate_size"),
-                              feature_layers=tuple(h.get("feature_layers") or ()))
+        hc = th.head_config(target.config, h)
         params = th.initial_params(hc, h, target, cfg.seed, r["target"])
         t0 = time.perf_counter()
         res = th.train(hc, params, shared, train_data, held, cfg, run_root / name,

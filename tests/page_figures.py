@@ -549,14 +549,21 @@ add(DRAFT_MD, TERMS2,
     "({=span(v(_H2 + m + '.target_passes_ms') for m in ('dsbd_single_beam', "
     "'dsbd_beamW4_point')):.0f} ms against {batches.b1.target_one_row_pass_ms:.0f}; beam "
     "sampling's four rows: {batches.b1.references.beam_sample_W4.target_passes_ms:.0f})")
-for label, method in [("speculative, gamma 4", "speculative_g4"),
-                      ("single-beam DSBD", "dsbd_single_beam"),
-                      ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
-    rest = load(TERMS2)["batches"]["b1"]["drafts"]["head"][method]["rest_ms"]
-    rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
-    add(DRAFT_MD, TERMS2, f"| head | {label} | {{tokens_per_s:.2f}} | "
-        f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
-        f"{rest_cell} |", at=f"batches.b1.drafts.head.{method}")
+def _drafted_rows(rel: str, drafts) -> None:
+    """The rows ``| draft | method | tok/s | tokens / iteration | draft + target + rest |`` of
+    ``benchmarks/draft_terms.py``'s run ``rel`` for each ``(draft key, label)`` of ``drafts``."""
+    for draft, label in drafts:
+        for name, method in [("speculative, gamma 4", "speculative_g4"),
+                             ("single-beam DSBD", "dsbd_single_beam"),
+                             ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
+            rest = load(rel)["batches"]["b1"]["drafts"][draft][method]["rest_ms"]
+            rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
+            add(DRAFT_MD, rel, f"| {label} | {name} | {{tokens_per_s:.2f}} | "
+                f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + "
+                f"{{target_passes_ms:.0f}} {rest_cell} |", at=f"batches.b1.drafts.{draft}.{method}")
+
+
+_drafted_rows(TERMS2, [("head", "head")])
 
 # the head against the 0.5B draft on the AVX512-BF16 host (one run)
 _B1 = "batches.b1."
@@ -600,15 +607,7 @@ add(DRAFT_MD, TERMS_EPYC,
     "{batches.b1.target_one_row_pass_ms:.0f}), less than the Intel Xeon's "
     "{=w(TERMS2, _H2 + 'dsbd_beamW4_point.target_passes_ms') / w(TERMS2, "
     "'batches.b1.target_one_row_pass_ms'):.1f}x in float32")
-for draft, label in (("base", "0.5B draft"), ("head", "head")):
-    for name, method in [("speculative, gamma 4", "speculative_g4"),
-                         ("single-beam DSBD", "dsbd_single_beam"),
-                         ("DSBD at the beam-W4 point", "dsbd_beamW4_point")]:
-        rest = load(TERMS_EPYC)["batches"]["b1"]["drafts"][draft][method]["rest_ms"]
-        rest_cell = ("+ {rest_ms:.0f}" if rest >= 0 else "- {=-v('rest_ms'):.0f}")
-        add(DRAFT_MD, TERMS_EPYC, f"| {label} | {name} | {{tokens_per_s:.2f}} | "
-            f"{{tokens_per_iteration:.2f}} | {{draft_passes_ms:.0f}} + {{target_passes_ms:.0f}} "
-            f"{rest_cell} |", at=f"batches.b1.drafts.{draft}.{method}")
+_drafted_rows(TERMS_EPYC, [("base", "0.5B draft"), ("head", "head")])
 
 # docs/draft_tools.md -------------------------------------------------------------------------
 add(DRAFT_TOOLS_MD, TERMS,

@@ -382,13 +382,12 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
             "log": read_log(run_dir)}
 
 
-def heldout_metrics(hc: mhead.HeadConfig, params, target_params, held, cfg: HeadTrainConfig,
-                    fn=None) -> Dict[str, float]:
+def heldout_metrics(hc: mhead.HeadConfig, params, target_params, held,
+                    cfg: HeadTrainConfig) -> Dict[str, float]:
     """:func:`head_losses`' metrics over held-out data, one text at a time so that every counted
     position weighs the same, the unrolled steps attending as draft tokens do (``cfg.unroll``
-    steps: a second draft token's acceptance needs 2). ``fn``: a jitted metrics function to
-    reuse across calls with heads of one shape."""
-    fn = fn or jax.jit(lambda p, b: head_losses(hc, p, target_params, b, cfg, context="target")[1])
+    steps: a second draft token's acceptance needs 2)."""
+    fn = jax.jit(lambda p, b: head_losses(hc, p, target_params, b, cfg, context="target")[1])
     sums, count = {}, 0.0
     for i in range(held["tokens"].shape[0]):
         w = float(held["mask"][i].sum())
@@ -399,6 +398,12 @@ def heldout_metrics(hc: mhead.HeadConfig, params, target_params, held, cfg: Head
             sums[k] = sums.get(k, 0.0) + float(v) * w
         count += w
     return {k: v / count for k, v in sums.items()}
+
+
+def head_config(target_config, head: Dict[str, Any]) -> mhead.HeadConfig:
+    """A recipe's ``head:`` settings as the head's config, bound to the target's."""
+    return mhead.HeadConfig(target_config, intermediate_size=head.get("intermediate_size"),
+                            feature_layers=tuple(head.get("feature_layers") or ()))
 
 
 def initial_params(hc: mhead.HeadConfig, head: Dict[str, Any], target, seed: int,
@@ -455,8 +460,7 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
     if target.tokenizer is None:
         raise ValueError(f"{path}: the target has no tokenizer; cannot encode the texts")
     h = r["head"]
-    hc = mhead.HeadConfig(target.config, intermediate_size=h.get("intermediate_size"),
-                          feature_layers=tuple(h.get("feature_layers") or ()))
+    hc = head_config(target.config, h)
     data_path = run_dir / "data.npz"
     if data_path.is_file():
         z = np.load(data_path)
