@@ -159,7 +159,7 @@ class _Head(nn.Module):
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
                          embedding_init=nn.initializers.normal(0.02))
-        e = embed(tokens).astype(llama.ACT)
+        e = llama.embed_rows(embed, tokens)
         if cfg.embed_scale:
             e = e * jnp.asarray(math.sqrt(cfg.hidden_size), dt).astype(llama.ACT)
         f = feats.astype(llama.ACT)

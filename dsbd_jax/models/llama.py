@@ -285,7 +285,7 @@ class LlamaForCausalLM(nn.Module):
         dt = cfg.jnp_dtype
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dt, param_dtype=dt, name="embed",
                          embedding_init=nn.initializers.normal(0.02))
-        h = embed(tokens).astype(ACT)
+        h = embed_rows(embed, tokens)
         if cfg.embed_scale:
             h = h * jnp.asarray(math.sqrt(cfg.hidden_size), dt).astype(ACT)
         rope = rope_cos_sin(cfg, positions)
@@ -333,6 +333,21 @@ class LlamaForCausalLM(nn.Module):
             feats = jnp.concatenate(taps, axis=-1) if feature_layers else h
             return _vocab_logits(cfg, embed, h, logits_at, head), KVCache(new_k, new_v), feats
         return _vocab_logits(cfg, embed, h, logits_at, head), KVCache(new_k, new_v)
+
+
+def embed_rows(embed, tokens):
+    """``tokens``' rows of the embedding ``embed`` (an ``nn.Embed``) in the activations' dtype.
+
+    A 16-bit table's rows are gathered as their bits (``uint16``), then cast: XLA:CPU runs a
+    16-bit float gather in float32, converting the whole ``[V, d]`` table first, and hoists that
+    conversion into the decoders' loops, where it runs again on every iteration
+    (``tests/models/test_embed_rows.py`` checks the compiled programs). Same rows, bit for bit;
+    an index out of range still gives NaN (the all-ones bit pattern)."""
+    table = embed.embedding
+    if jnp.dtype(table.dtype).itemsize != 2:
+        return embed(tokens).astype(ACT)
+    bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), tokens, axis=0)
+    return jax.lax.bitcast_convert_type(bits, table.dtype).astype(ACT)
 
 
 def _vocab_logits(cfg: ModelConfig, embed, h, logits_at, head):
