@@ -8,10 +8,16 @@ token read through the first's chain, whatever the variant trained).
     .venv/bin/python benchmarks/head_ablation.py configs/head_qwen.yaml --steps 40 \\
         --out results/head_ablation.json          # ~8 min per variant on a 2-core CPU
 
-Variants (``--variants``, default all): ``recipe`` (as written), ``random_init`` (the block
-initialised at random instead of from the target's last layer), ``no_feature_loss`` (token KL
-only: ``feature_weight: 0``), ``one_step`` (no unrolled second step: ``unroll: 1``). Each trains
-in ``--run-dir/VARIANT`` (resumable: a killed run picks up at its last checkpoint).
+Variants (``--variants``; default: the first four): ``recipe`` (as written), ``random_init``
+(the block initialised at random instead of from the target's last layer), ``no_feature_loss``
+(token KL only: ``feature_weight: 0``), ``one_step`` (no unrolled second step: ``unroll: 1``),
+``half_data`` / ``quarter_data`` (every second / fourth training text only: both tasks stay in,
+the same steps and schedule; how acceptance grows with the data), ``fused_layers`` (the block
+reads a fusion of a low, a middle and the last target layer, EAGLE-3's choice, instead of the
+final hidden state: layers ``L // 10``, ``L // 2``, ``L - 1`` of ``L``; their features come from
+one more target pass over each stored text, cached in ``--run-dir/fused_layers/features.npz``,
+the continuations and the target's distributions unchanged). Each trains in
+``--run-dir/VARIANT`` (resumable: a killed run picks up at its last checkpoint).
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ VARIANTS = {
     "random_init": {"head": {"init": "random"}},
     "no_feature_loss": {"train": {"feature_weight": 0.0}},
     "one_step": {"train": {"unroll": 1}},
+    "half_data": {"data_stride": 2},
+    "quarter_data": {"data_stride": 4},
+    "fused_layers": {"head": {"feature_layers": "low_mid_high"}},
 }
+CHOICES = ("recipe", "random_init", "no_feature_loss", "one_step")   # the default set
 
 
 def main(argv=None):
@@ -40,7 +50,8 @@ def main(argv=None):
     ap.add_argument("recipe")
     ap.add_argument("--steps", type=int, required=True,
                     help="train each variant for the first STEPS steps of the recipe's schedule")
-    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(CHOICES),
+                    help="default: the training choices (%(default)s); the others on request")
     ap.add_argument("--run-dir", default=None, help="default: RUN_ablation beside the recipe's")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -74,23 +85,53 @@ def main(argv=None):
     for name in args.variants:
         over = VARIANTS[name]
         h = {**r["head"], **over.get("head", {})}
+        data, held_v = train_data, held
+        if h.get("feature_layers") == "low_mid_high":
+            L = target.config.num_layers
+            h["feature_layers"] = sorted({L // 10, L // 2, L - 1})
+            data, held_v = _with_layer_features(target, train_data, held, h["feature_layers"],
+                                                run_root / name)
         cfg = dataclasses.replace(r["train"], **over.get("train", {}))
         hc = th.head_config(target.config, h)
         params = th.initial_params(hc, h, target, cfg.seed, r["target"])
+        stride = over.get("data_stride", 1)
+        data = {k: v[::stride] for k, v in data.items()}
         t0 = time.perf_counter()
-        res = th.train(hc, params, shared, train_data, held, cfg, run_root / name,
+        res = th.train(hc, params, shared, data, held_v, cfg, run_root / name,
                        progress=True, stop_at=args.steps)
         if res["step"] != args.steps:
             raise SystemExit(f"{run_root / name} holds a checkpoint at step {res['step']}, not "
                              f"{args.steps}: delete it to train this variant again")
-        metrics = th.heldout_metrics(hc, res["params"], shared, held, count_cfg)
-        out["variants"][name] = {"overrides": over, "steps": args.steps, **metrics,
+        metrics = th.heldout_metrics(hc, res["params"], shared, held_v, count_cfg)
+        out["variants"][name] = {"overrides": over,
+                                 "feature_layers": h.get("feature_layers", []),
+                                 "steps": args.steps,
+                                 "train_texts": int(data["tokens"].shape[0]),
+                                 "train_positions": int(data["mask"].sum()), **metrics,
                                  "seconds_this_run": time.perf_counter() - t0,
                                  "log": res["log"]}
         print(f"{name}: acceptance {metrics['acceptance_1']:.3f} / "
               f"{metrics['acceptance_2']:.3f}, kl {metrics['kl_1']:.3f}", flush=True)
         write_json(args.out, out)   # after each variant: a partial file is a valid one
     print(f"wrote {args.out}")
+
+
+def _with_layer_features(target, train_data, held, layers, run_dir: Path):
+    """The recipe's data with the features of ``layers`` in place of the stored ones (one target
+    pass per text, cached in ``run_dir/features.npz``)."""
+    import numpy as np
+
+    from dsbd_jax.training.head_data import layer_features
+    path = run_dir / "features.npz"
+    if path.is_file():
+        z = np.load(path)
+        if list(z["layers"]) == list(layers):
+            return ({**train_data, "feats": z["train"]}, {**held, "feats": z["held"]})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = {part: layer_features(target.config, target.params, d["tokens"], d["lengths"], layers)
+         for part, d in (("train", train_data), ("held", held))}
+    np.savez(path, layers=np.asarray(layers), **f)
+    return {**train_data, "feats": f["train"]}, {**held, "feats": f["held"]}
 
 
 if __name__ == "__main__":

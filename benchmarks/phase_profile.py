@@ -118,6 +118,7 @@ def main(argv=None):
            "new_tokens": args.new, "eos": "off", "warping": "top-k 10, top-p 0.8",
            "batch": args.batch,
            "layout": {k: sorted(m.params)[-1] for k, m in (("target", target), ("draft", draft))},
+           "dtypes": {"target": target.config.dtype, "draft": draft.config.dtype},
            "runs": []}
     models = {"target": target, "draft": draft}
     for name in args.methods.split(","):

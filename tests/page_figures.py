@@ -32,6 +32,8 @@ TERMS = "results/draft_terms_head.json"
 TERMS2 = "results/draft_terms_head_rollouts.json"
 TERMS_EPYC = "results/draft_terms_head_epyc.json"   # the AMD EPYC host, bfloat16
 PROFILE = "results/profile_float32_host.json"
+PROFILE_EPYC = "results/profile_bfloat16_epyc.json"   # the AMD EPYC host, bfloat16
+PROFILE_EPYC_BEFORE = "results/profile_bfloat16_epyc_before_embed_rows.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
 DTYPES_EPYC = "results/speed_dtypes_epyc.json"
@@ -245,6 +247,28 @@ _PROFILE_ROWS = [
 ]
 for i, (label, cells) in enumerate(_PROFILE_ROWS):
     add(SPEED_MD, PROFILE, f"| {label} " + cells, at=f"runs.{i}")
+def _two(key: str, first: int, pct: bool = False, fmt: str = ".2f") -> str:
+    """A placeholder for ``key``'s lowest and highest over the profile's runs ``first`` and
+    ``first + 1`` (one decoder's two prompts), as a percentage with ``pct``."""
+    s = "100 * " if pct else ""
+    return (f"{{=span([{s}v('runs.{first}.{key}'), {s}v('runs.{first + 1}.{key}')])"
+            f":{'.1f' if pct else fmt}}}")
+
+
+for first, label, one in [(0, "sampling", True), (2, "beam sampling W=4", True),
+                          (4, "speculative, gamma 4", False),
+                          (8, "tree speculative, gamma 3, 2 children per level", False),
+                          (6, "DSBD g2 / W_S 4 / t 0.7 / W_min 2", False)]:
+    tokens = (f"{{runs.{first}.tokens_per_iteration:.2f}}" if one
+              else _two("tokens_per_iteration", first))
+    add(SPEED_MD, PROFILE_EPYC, f"| {label} | {tokens} | "
+        f"{_two('decode_per_iteration_ms', first, fmt='.0f')} | "
+        f"{_two('overhead_frac', first, pct=True)} % |")
+add(SPEED_MD, PROFILE_EPYC_BEFORE,
+    f"The drafted decoders spent {_two('overhead_frac', 4, pct=True)} % (speculative), "
+    f"{_two('overhead_frac', 8, pct=True)} % (tree) and {_two('overhead_frac', 6, pct=True)} % "
+    "(DSBD) of their iteration outside the passes",
+    f"DSBD {_two('decode_per_iteration_ms', 6, fmt='.0f')} ms per iteration")
 add(SPEED_MD, H100_DSBD,
     "on one H100 the same DSBD spends {=100 * v('dsbd_g2_WS4_t0.7_Wmin2.overhead_share'):.0f} % of "
     "its iteration outside them, {=100 * v('dsbd_g2_WS4_t0.7_Wmin2_head.overhead_share'):.0f} % "

@@ -133,6 +133,38 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
     return _pack(rows, cfg.store_k, T)
 
 
+def layer_features(target_config, target_params, tokens: np.ndarray, lengths: np.ndarray,
+                   feature_layers, progress: bool = True) -> np.ndarray:
+    """The features of other target layers for texts already in :func:`prepare_data`'s layout
+    (``tokens [n, T]``, ``lengths [n]``): the outputs of ``feature_layers``, concatenated, from
+    one pass per text, ``[n, T, F]`` float32 (zeros past each text). A recipe's data then serve
+    a head that reads other layers, the continuations and their distributions unchanged."""
+    if not feature_layers:
+        raise ValueError("layer_features needs the layers to fuse (feature_layers)")
+    n, T = tokens.shape
+    params = convert_layout(target_params, "per_layer")
+
+    @jax.jit
+    def one(params, toks, length):
+        pos = jnp.arange(T, dtype=jnp.int32)[None]
+        _, _, f = forward(target_config, params, toks[None], pos, causal_mask(length[None], T),
+                          None, feature_layers=tuple(feature_layers))
+        return f[0]
+
+    out = None
+    t0 = time.perf_counter()
+    for i in range(n):
+        L = int(lengths[i])
+        f = np.asarray(jax.device_get(one(params, jnp.asarray(tokens[i]), jnp.int32(L))))
+        if out is None:
+            out = np.zeros((n, T, f.shape[-1]), np.float32)
+        out[i, :L] = f[:L]
+        if progress and (i + 1) % max(1, n // 10) == 0:
+            print(f"train-head: layer features {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # data from the rollouts' own passes: no second pass over the texts
 ROLLOUT_BUCKET = 64   # prompts sorted by length, each batch padded to a multiple of this

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dsbd_jax.training import head as th
@@ -48,3 +49,32 @@ def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
     main([str(recipe), "--steps", "10", "--variants", "recipe", "--out", str(out)])
     again = json.loads(out.read_text())["variants"]["recipe"]
     assert again["acceptance_1"] == pytest.approx(v["recipe"]["acceptance_1"])
+    # the data variants train on every second text, both tasks kept, same steps
+    main([str(recipe), "--steps", "10", "--variants", "half_data", "--out", str(out)])
+    half = json.loads(out.read_text())["variants"]["half_data"]
+    n = v["recipe"]["train_texts"]
+    assert half["train_texts"] == (n + 1) // 2 and half["steps"] == 10
+    assert 0 < half["train_positions"] < v["recipe"]["train_positions"]
+    assert half["log"][-1]["heldout_kl_1"] != pytest.approx(got[10]["heldout_kl_1"], rel=1e-4)
+    # fused layers: the stored texts' features of other layers, from one pass each (cached)
+    main([str(recipe), "--steps", "10", "--variants", "fused_layers", "--out", str(out)])
+    fused = json.loads(out.read_text())["variants"]["fused_layers"]
+    z = np.load(tmp_path / "run_ablation" / "fused_layers" / "features.npz")
+    layers = fused["feature_layers"]
+    assert len(layers) >= 2 and list(z["layers"]) == layers
+    d = np.load(tmp_path / "run" / "data.npz")
+    n, T, dm = d["train_feats"].shape
+    assert z["train"].shape == (n, T, len(layers) * dm)
+    # the last fused layer is the last layer: final-normed, its features are the stored ones
+    # (the continuations' features came from the rollouts' own passes), zeros past each text
+    from dsbd_jax.models.loading import load_model
+    t = load_model(str(tiny / "target"), "float32", progress=False)
+    assert layers[-1] == t.config.num_layers - 1
+    assert dm == t.config.hidden_size
+    last = z["train"][..., -dm:]
+    normed = last / np.sqrt(np.mean(last ** 2, -1, keepdims=True) + t.config.rms_norm_eps)
+    normed = normed * np.asarray(t.params["final_norm"]["weight"], np.float32)
+    for i, L in enumerate(d["train_lengths"]):
+        np.testing.assert_allclose(normed[i, :L], d["train_feats"][i, :L], rtol=2e-3, atol=2e-4)
+        assert not z["train"][i, L:].any()
+    assert 0.0 <= fused["acceptance_1"] <= 1.0 and fused["steps"] == 10
