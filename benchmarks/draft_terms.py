@@ -249,6 +249,13 @@ def report(out) -> str:
     return "\n".join(lines)
 
 
+def _no_paths(text):
+    """``text`` with each absolute path replaced by its file name (a result names no path of
+    the measuring machine)."""
+    import re
+    return None if text is None else re.sub(r"/\S*/([^/\s)]+)", r"\1", text)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     from benchmarks.draft_levers import pair_args
@@ -364,7 +371,8 @@ def main(argv=None):
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT), "bucket": P,
            "kernel_forms": {k: m.info.get("kernel_transposed") or "plain"  # load_model's choice
                             for k, m in (("target", target), ("draft", draft))},
-           "dtypes": {k: {"dtype": m.info.get("dtype"), "why": m.info.get("dtype_why")}
+           "dtypes": {k: {"dtype": m.info.get("dtype"),
+                          "why": _no_paths(m.info.get("dtype_why"))}
                       for k, m in (("target", target), ("draft", draft))},
            "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}
     if head_config is not None:

@@ -6,7 +6,7 @@ Qwen2.5-Coder 1.5B / 0.5B pair in bfloat16, end to end (the benchmark prompts, b
 top-k 10 / top-p 0.8, each prompt timed after a warm-up call), every variant in its own process,
 alternating (``--rounds`` pairs); each compiled program's whole-table conversions are counted.
 
-    .venv/bin/python benchmarks/embed_gather.py --out results/embed_gather_epyc.json   # ~14 min
+    .venv/bin/python benchmarks/embed_gather.py --out results/embed_gather_epyc.json   # ~7 min
     .venv/bin/python benchmarks/embed_gather.py --small --rounds 1 --out /tmp/embed_gather.json
 """
 

@@ -33,6 +33,7 @@ TERMS2 = "results/draft_terms_head_rollouts.json"
 TERMS_EPYC = "results/draft_terms_head_epyc.json"   # the AMD EPYC host, bfloat16
 PROFILE = "results/profile_float32_host.json"
 PROFILE_EPYC = "results/profile_bfloat16_epyc.json"   # the AMD EPYC host, bfloat16
+GATHER_EPYC = "results/embed_gather_epyc.json"
 PROFILE_EPYC_BEFORE = "results/profile_bfloat16_epyc_before_embed_rows.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
@@ -43,6 +44,7 @@ TRAINING = "results/head_qwen_training.json"
 TRAINING_EPYC = "results/head_qwen_training_epyc.json"
 HELDOUT = "results/head_heldout.json"
 ABLATION = "results/head_ablation.json"
+ABLATION2 = "results/head_ablation_data_layers.json"   # 120 steps: the data size, fused layers
 CLI = "results/cli_latency.json"
 HEAD_DATA = "results/head_data_speed.json"
 H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
@@ -683,3 +685,30 @@ ALLOWED = [
 # decoder settings in table cells (gamma 4, W_S 4, t 0.7, W_min 2, W=4, tree (2, 2)): settings,
 # not measurements
 SETTING = re.compile(r"\b(?:gamma|W_S|W_min|W =|W=|t) ?\d+(?:\.\d+)?|\(\d+, \d+\)")
+
+# the data size and the fused layers, all 120 steps (docs/results/draft.md)
+add(DRAFT_MD, ABLATION2,
+    "| the recipe | {variants.recipe.train_texts:d} ({variants.recipe.train_positions:d}) | "
+    "{variants.recipe.acceptance_1:.3f} | {variants.recipe.acceptance_2:.3f} | "
+    "{variants.recipe.kl_1:.2f} |",
+    "| every second text (`half_data`) | {variants.half_data.train_texts:d} "
+    "({variants.half_data.train_positions:d}) | {variants.half_data.acceptance_1:.3f} | "
+    "{variants.half_data.acceptance_2:.3f} | {variants.half_data.kl_1:.2f} |",
+    "| layers {=v(_AV + 'fused_layers.feature_layers')[0]:d}, "
+    "{=v(_AV + 'fused_layers.feature_layers')[1]:d} and "
+    "{=v(_AV + 'fused_layers.feature_layers')[2]:d} fused, not the final hidden state "
+    "(`fused_layers`) | {variants.fused_layers.train_texts:d} "
+    "({variants.fused_layers.train_positions:d}) | {variants.fused_layers.acceptance_1:.3f} | "
+    "{variants.fused_layers.acceptance_2:.3f} | {variants.fused_layers.kl_1:.2f} |",
+    "Twice the data gives the first draft token {=v(_AV + 'recipe.acceptance_1') - "
+    "v(_AV + 'half_data.acceptance_1'):.3f} and the second {=v(_AV + 'recipe.acceptance_2') - "
+    "v(_AV + 'half_data.acceptance_2'):.3f};",
+    "(training acceptance {=v(_AV + 'half_data.log')[-1]['acceptance_1']:.3f} against "
+    "{=v(_AV + 'recipe.log')[-1]['acceptance_1']:.3f})",
+    "is {=v(_AV + 'recipe.acceptance_1') - v(_AV + 'fused_layers.acceptance_1'):.3f} below the "
+    "recipe at {variants.recipe.steps:d} steps")
+add(SPEED_MD, GATHER_EPYC,
+    "--rounds 1 --out results/embed_gather_epyc.json`, {=v('wall_s') / 60:.0f} minutes), gathering "
+    "the rows as bits takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: rows_as_bits / plain_lookup, "
+    "seconds'):.3f}x the time of the plain lookup for DSBD and {=v('ratios.speculative_g4: "
+    "rows_as_bits / plain_lookup, seconds'):.3f}x for speculative sampling")
