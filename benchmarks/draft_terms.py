@@ -250,10 +250,10 @@ def report(out) -> str:
 
 
 def _no_paths(text):
-    """``text`` with each absolute path replaced by its file name (a result names no path of
-    the measuring machine)."""
-    import re
-    return None if text is None else re.sub(r"/\S*/([^/\s)]+)", r"\1", text)
+    """``load_model``'s dtype reason with the host's dtype cache named by its file name only (a
+    result names no path of the measuring machine; ``benchmarks/dtype_runs.py`` does the same)."""
+    from dsbd_jax.models.host import cache_file
+    return None if text is None else text.replace(str(cache_file()), cache_file().name)
 
 
 def main(argv=None):
