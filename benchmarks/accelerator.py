@@ -6,7 +6,10 @@ pair) and weight layout (``per_layer``, the default on CPU and GPU, then ``stack
 weights:
 
 1. **forward** of the target and the draft: 1 token, 4 and 16 rows of 1 token, forests of 12 and
-   16 nodes, at 512 and 4096 cache slots; compile time reported apart.
+   16 nodes, at 512 and 4096 cache slots; compile time reported apart. The target also over
+   forests of 24, 32, 48 and 64 nodes at the first slot count: ``forest_curve`` (each as a
+   multiple of the one-token pass) and ``node_budget``, the forest DSBD's ``--node-budget auto``
+   would grow to (:func:`dsbd_jax.models.forest_budget.pick_budget`).
 2. **decoders**: every method (sample, beam sampling W=4, speculative gamma 4, tree, DSBD
    g2 / W_S 4 / t 0.7 / W_min 2) at batch 1 and 8, EOS off: the cost of one iteration inside its
    compiled loop = (run time - prefill time) / iterations (``None`` where the difference is at or
@@ -59,6 +62,7 @@ import numpy as np  # noqa: E402
 from dsbd_jax.decoding import common, methods  # noqa: E402
 from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
+from dsbd_jax.models import forest_budget  # noqa: E402
 from dsbd_jax.models import head as mhead  # noqa: E402
 from dsbd_jax.models import llama  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
@@ -83,6 +87,7 @@ SMALL_PAIRS = {"tiny": (dict(SMALL, hidden_size=64, intermediate_size=128, num_l
                              num_heads=4, head_dim=16),
                         dict(SMALL, hidden_size=32, intermediate_size=64, num_layers=1,
                              num_heads=4, head_dim=8))}
+BUDGET_FORESTS = (24, 32, 48, 64)   # with 12 and 16: the node budget's curve (target only)
 FORWARD_SHAPES = {"1 token": (1, 1), "4 rows": (4, 1), "16 rows": (16, 1), "forest 12": (1, 12),
                   "forest 16": (1, 16)}
 GAMMA, WIDTH = 4, 4
@@ -374,6 +379,21 @@ def main(argv=None):
             print(f"  {label} forward {m}: " + ", ".join(
                 f"{k.split(' ', 1)[1]} {v['ms']:.2f} ms" for k, v in run["forward"].items()
                 if k.startswith(m)), flush=True)
+        # DSBD's node budget: the target's forests up to 64 nodes, the rule of --node-budget
+        curve = {1: run["forward"].get(f"target 1 token @{slots[0]}"),
+                 12: run["forward"].get(f"target forest 12 @{slots[0]}"),
+                 16: run["forward"].get(f"target forest 16 @{slots[0]}")}
+        for T in BUDGET_FORESTS:
+            if budget.ok(f"{label} forward target forest {T} {slots[0]}"):
+                curve[T] = run["forward"][f"target forest {T} @{slots[0]}"] = \
+                    timers["target"](1, T, slots[0])
+        if all(curve.get(T) for T in (1,) + forest_budget.NODES):
+            ms = {T: v["ms"] for T, v in curve.items()}
+            run["forest_curve"] = {str(T): ms[T] / ms[1] for T in forest_budget.NODES}
+            run["node_budget"] = forest_budget.pick_budget(ms)
+            print(f"  {label} target forests: " + ", ".join(
+                f"{k} {v:.2f}x" for k, v in run["forest_curve"].items())
+                + f" a token; node budget {run['node_budget']}", flush=True)
         # decoders once per pair and dtype, in the first layout (their cost follows the forward's)
         if layout == args.layouts[0]:
             run["decoders"] = {str(b): decoder_costs(pair, params, timers, b, new_tokens, repeats,

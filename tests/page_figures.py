@@ -34,6 +34,8 @@ TERMS_EPYC = "results/draft_terms_head_epyc.json"   # the AMD EPYC host, bfloat1
 PROFILE = "results/profile_float32_host.json"
 PROFILE_EPYC = "results/profile_bfloat16_epyc.json"   # the AMD EPYC host, bfloat16
 GATHER_EPYC = "results/embed_gather_epyc.json"
+FOREST_EPYC = "results/forest_budget_epyc.json"   # the node budget on the AMD EPYC host
+FOREST_EPYC_NR = "results/forest_budget_epyc_no_replacement.json"
 PROFILE_EPYC_BEFORE = "results/profile_bfloat16_epyc_before_embed_rows.json"
 DTYPE_RUNS = "results/dtype_runs.json"
 DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
@@ -130,7 +132,15 @@ def floor_ratios(model: str, dtype: str, rel: str = FLOOR_EPYC):
     return [r["pass_over_floor"] for r in entry["rows"].values()]
 
 
-HELPERS = {"span": span, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
+def probe_gap(rel: str) -> float:
+    """The largest relative gap, over dtypes and forest sizes, between the probe's ratio to a
+    token and the whole pass's in ``benchmarks/forest_budget.py``'s run ``rel``."""
+    d = load(rel)
+    return max(abs(c["over_one_token"][n] / d["probe"][dt]["over_one_token"][n] - 1)
+               for dt, c in d["curve"].items() for n in c["over_one_token"])
+
+
+HELPERS = {"span": span, "probe_gap": probe_gap, "FOREST_EPYC": FOREST_EPYC, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
            "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
            "TARGET": TARGET, "DRAFT": DRAFT, "DTYPE_RUNS_EPYC": DTYPE_RUNS_EPYC,
            "floor_ratios": floor_ratios}
@@ -677,6 +687,9 @@ ALLOWED = [
     ("docs/loading.md", "(~3.7x)", "parameter counts of a model pair, a size ratio"),
     ("docs/results/draft.md", "0.78x the full draft's pass is the floor if time were bytes",
      "a bound computed from parameter counts, not a timing"),
+    ("docs/dsbd.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
+    ("docs/performance.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
+    ("docs/results/speed.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/results/accelerators.md", "table:| tests/decoding | 95 |",
      "test counts of one run of the suite under jax 0.11.2 (scripts/jax011_check.sh), not a "
      "timing"),
@@ -712,3 +725,30 @@ add(SPEED_MD, GATHER_EPYC,
     "the rows as bits takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: rows_as_bits / plain_lookup, "
     "seconds'):.3f}x the time of the plain lookup for DSBD and {=v('ratios.speculative_g4: "
     "rows_as_bits / plain_lookup, seconds'):.3f}x for speculative sampling")
+
+# the node budget (docs/results/speed.md, docs/performance.md) --------------------------------
+_NODES = ("12", "16", "24", "32", "48", "64")
+add(SPEED_MD, FOREST_EPYC,
+    "results/forest_budget_epyc.json`, {=v('wall_s') / 60:.0f} minutes)",
+    *[f"| {dt} | " + " | ".join(f"{{curve.{dt}.over_one_token.{n}:.2f}}x" for n in _NODES) + " |"
+      for dt in ("float32", "bfloat16")],
+    "| bfloat16, the probe (4 of 28 blocks) | "
+    + " | ".join(f"{{probe.bfloat16.over_one_token.{n}:.2f}}x" for n in _NODES) + " |",
+    "is within {=100 * probe_gap(FOREST_EPYC):.0f} % of the whole pass's",
+    "a 16-node pass costs less than a 12-node one on this host ({curve.float32.ms.16:.0f} against "
+    "{curve.float32.ms.12:.0f} ms)",
+    "(beam sampling W=4: {decoders.beam_W4.loglik_per_token:.3f}.)")
+for _b, _w in (("off", 4), ("16", 6), ("24", 10), ("32", 14)):
+    _k = f"decoders.dsbd_w4_budget_{_b}"
+    add(SPEED_MD, FOREST_EPYC,
+        f"| {'none (12 nodes)' if _b == 'off' else _b} | {{{_k}.layer_width:d}} | "
+        f"{{{_k}.vs_beam_W4:.3f}}x | {{{_k}.tokens_per_target_call:.2f}} | "
+        f"{{{_k}.loglik_per_token:.3f}} |")
+add(SPEED_MD, FOREST_EPYC_NR,
+    "DSBD took {decoders.dsbd_w4_budget_off.tokens_per_target_call:.2f} tokens per target pass "
+    "with 12 nodes and {decoders.dsbd_w4_budget_24.tokens_per_target_call:.2f} with 24, at "
+    "{decoders.dsbd_w4_budget_off.vs_beam_W4:.3f}x and {decoders.dsbd_w4_budget_24.vs_beam_W4:"
+    ".3f}x beam")
+add("docs/performance.md", FOREST_EPYC,
+    "a 12-node forest of the 1.5B target costs {curve.bfloat16.over_one_token.12:.2f}x a token in "
+    "bfloat16 and {curve.float32.over_one_token.12:.2f}x in float32")

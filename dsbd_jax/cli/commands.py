@@ -63,7 +63,8 @@ def cmd_demo(args) -> int:
           f"{max(args.beams, args.draft_width)}, the width of the layer a run ends on), draft look-ahead gamma={args.gamma}, draft beam "
           f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
           f"{args.min_width}..{max(args.beams, args.draft_width)}"
-          f"{', single-beam' if args.single_beam else ''}; beam sampling: W={args.beams} "
+          f"{', single-beam' if args.single_beam else ''}; {forest_line(decoders['dsbd'].config)}"
+          f"; beam sampling: W={args.beams} "
           f"; both with temperature {args.temperature}, "
           f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
     results = {}
@@ -86,6 +87,15 @@ def cmd_demo(args) -> int:
     if hint:
         print(hint)
     return 0
+
+
+def forest_line(config) -> str:
+    """What DSBD's target pass verifies per prompt: its nodes and layers, and the node budget
+    that widened them."""
+    grown = config.layer_width > config.draft_width
+    return (f"a forest of {config.forest_nodes} nodes ({config.gamma} layers of "
+            f"{config.layer_width}" + (f", widened from W_S by the node budget "
+                                        f"{config.node_budget}" if grown else "") + ")")
 
 
 def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
@@ -281,9 +291,12 @@ def cmd_train_head(args) -> int:
 
 
 def cmd_host(args) -> int:
-    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only)."""
+    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only), and the DSBD
+    node budget of a forest it verifies as a target
+    (:func:`dsbd_jax.models.forest_budget.node_budget`)."""
     import jax
     from dsbd_jax.models import host
+    from dsbd_jax.models.forest_budget import node_budget
     from dsbd_jax.models.cpu_options import host_key
     from dsbd_jax.models.loading import read_config
     print(f"host: {host_key()}, backend {jax.default_backend()}")
@@ -294,6 +307,8 @@ def cmd_host(args) -> int:
               f"({plan.why}); kernels {plan.form}"
               f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
               f"compiler options {plan.options}")
+        nodes, why = node_budget(config.replace(dtype=plan.dtype))
+        print(f"  as a DSBD target: {why}")
     return 0
 
 

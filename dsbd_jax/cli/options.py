@@ -50,6 +50,12 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
     p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
     p.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
+    p.add_argument("--node-budget", type=node_budget_arg, default="auto",
+                   help="DSBD forest nodes (input beams + gamma layers) to fill by widening "
+                        "each draft layer past --draft-width: auto = the largest forest the "
+                        "target verifies for free on this host (measured once per host and "
+                        "model, cached; `dsbd host` prints it; none where no forest is free), "
+                        "off = the --draft-width x --gamma forest, or a number")
     p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
@@ -185,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     th.add_argument("--stop-after", type=int, default=None,
                     help="stop after N steps of this call (checkpointed; run again to go on)")
     hst = add("host", help="how this host runs a model: its dtype (float32 or bfloat16), kernel "
-                           "form and compiler options, measured once and cached")
+                           "form and compiler options, and the DSBD forest it verifies for free "
+                           "as a target (--node-budget auto), measured once and cached")
     hst.add_argument("--model", action="append", default=None,
                      help="a preset, HF directory, .gguf or hub id (repeatable; default: the "
                           "default target and draft); only its config is read")
@@ -200,15 +207,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(name: str, args) -> dict:
-    """The method's settings (``dsbd_jax.decoding.methods``) from the CLI flags."""
+def node_budget_arg(text: str):
+    """``--node-budget``: ``"auto"``, ``None`` (``off``) or an int >= 1."""
+    if text in ("auto", "off"):
+        return None if text == "off" else text
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a number of nodes >= 1, got "
+                                         f"{text!r}")
+    return n
+
+
+def _settings(name: str, args, node_budget=None) -> dict:
+    """The method's settings (``dsbd_jax.decoding.methods``) from the CLI flags;
+    ``node_budget``: the DSBD budget ``--node-budget auto`` resolved to (``None`` until the
+    target's config is read)."""
     s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k or None, top_p=args.top_p, replacement=not args.no_replacement,
              eos_token_id=() if args.no_eos else None)
     if name == "dsbd":
         s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,
                  min_width=args.min_width, num_beams=args.beams,
-                 max_width=max(args.beams, args.draft_width), single_beam=args.single_beam)
+                 max_width=max(args.beams, args.draft_width), single_beam=args.single_beam,
+                 node_budget=(node_budget if args.node_budget == "auto" else args.node_budget))
     elif name in ("beam", "beam_search"):
         s.update(num_beams=args.beams)
     elif name in ("spec", "tree"):

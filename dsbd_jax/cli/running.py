@@ -78,11 +78,25 @@ class ProgressBar:
         self.bar.close()
 
 
-def build_decoder(name, args, target_config, draft_config, progress: bool):
+def build_decoder(name, args, target_config, draft_config, progress: bool, node_budget=None):
     """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
-    validated here, from the model configs alone, before any weights are loaded."""
+    validated here, from the model configs alone, before any weights are loaded.
+    ``node_budget``: what ``--node-budget auto`` resolved to (:func:`auto_node_budget`)."""
     from dsbd_jax.decoding.methods import build
-    return build(name, target_config, draft_config, progress=progress, **_settings(name, args))
+    return build(name, target_config, draft_config, progress=progress,
+                 **_settings(name, args, node_budget))
+
+
+def auto_node_budget(args, methods, target_config):
+    """``--node-budget auto`` for DSBD: the target's free forest on this host
+    (:func:`dsbd_jax.models.forest_budget.node_budget`: measured once per host and shape, a few
+    seconds on a cut model, then cached), with a status line; ``None`` otherwise."""
+    if "dsbd" not in methods or getattr(args, "node_budget", None) != "auto":
+        return None
+    from dsbd_jax.models.forest_budget import node_budget
+    nodes, why = node_budget(target_config)
+    _status(f"DSBD forest: {why} (--node-budget off or a number overrides it)")
+    return nodes
 
 
 # A stand-in model for checking the settings alone (``check_options``): a vocabulary and
@@ -134,6 +148,11 @@ def prepare(args, methods, prompts, raw: bool = False):
         raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
     cap = min(max_prompt_length(d.config) for d in decoders.values())
     ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
+    # everything checked: now the (first run: measured) node budget, for the DSBD decoder
+    budget = auto_node_budget(args, methods, target_config)
+    if budget is not None:
+        decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
+                                         node_budget=budget)
     return configs, decoders, tokenizer, ids, lens
 
 

@@ -80,6 +80,10 @@ class DSBDConfig(DecodeConfig):
         num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
           default) = the last layer's width. Must be <= ``max_width``.
         single_beam: keep one cache row per prompt (the paper's memory-saving mode).
+        node_budget: forest nodes (input beams + ``gamma`` layers) to fill, e.g. what
+          :func:`dsbd_jax.models.forest_budget.node_budget` finds free: each draft layer widens
+          to ``(node_budget - cache_rows) // gamma`` nodes (:attr:`layer_width`) if wider than
+          ``W_S``; more candidates for the same beams (``max_width``), the same output law.
     """
 
     num_beams: Optional[int] = None
@@ -88,6 +92,7 @@ class DSBDConfig(DecodeConfig):
     min_width: int = 1
     max_width: Optional[int] = None
     single_beam: bool = False
+    node_budget: Optional[int] = None
 
     def _check_num_beams(self) -> None:
         """``None`` (the last layer's width) or an int >= 1 (at most ``max_width``: below)."""
@@ -121,6 +126,22 @@ class DSBDConfig(DecodeConfig):
                              f"max_width to draw more beams in the extra layer")
         if not isinstance(self.single_beam, bool):
             raise ValueError(f"single_beam must be a bool, got {self.single_beam!r}")
+        b = self.node_budget
+        if b is not None and (not isinstance(b, (int, np.integer)) or isinstance(b, bool)
+                              or b < 1):
+            raise ValueError(f"node_budget must be None or an int >= 1, got {b!r}")
+
+    @property
+    def layer_width(self) -> int:
+        """Draft nodes per forest layer: ``W_S``, widened to fill ``node_budget``."""
+        if self.node_budget is None:
+            return self.draft_width
+        return max(self.draft_width, (int(self.node_budget) - self.cache_rows) // self.gamma)
+
+    @property
+    def forest_nodes(self) -> int:
+        """Nodes of the target's pass per prompt: the input beams and ``gamma`` layers."""
+        return self.cache_rows + self.gamma * self.layer_width
 
     @property
     def cache_rows(self) -> int:
@@ -135,7 +156,7 @@ def num_slots(config: DSBDConfig, prompt_len: int) -> int:
 
 
 def layout(config: DSBDConfig, prompt_len: int) -> Layout:
-    return Layout(Wc=config.cache_rows, C=config.draft_width, G=config.gamma,
+    return Layout(Wc=config.cache_rows, C=config.layer_width, G=config.gamma,
                   S=num_slots(config, prompt_len), V=config.target.vocab_size)
 
 
@@ -219,7 +240,7 @@ def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
 
     Returns ``(forest, draft buffer, layout, randoms, base slots, input-beam fields)``."""
     B, W, N = state.sequences.shape
-    G, C, V = config.gamma, config.draft_width, config.target.vocab_size
+    G, C, V = config.gamma, config.layer_width, config.target.vocab_size
     Wc = config.cache_rows
     S = state.target_cache.k.shape[2] // Wc
     lay = Layout(Wc=Wc, C=C, G=G, S=S, V=V)
@@ -240,7 +261,7 @@ def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
 def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
     """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
     B, W, N = state.sequences.shape
-    G, C, V = config.gamma, config.draft_width, config.target.vocab_size
+    G, C, V = config.gamma, config.layer_width, config.target.vocab_size
     pad = config.pad_id
     active = ~state.done
     budget = jnp.where(active, N - state.generated, 0)

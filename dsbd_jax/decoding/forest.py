@@ -137,7 +137,7 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
       dict of ``[B, C]`` arrays (parent, token, flat, valid, dscore, finished) and ``q [B, P*V]``.
     """
     B, n, V = logits.shape
-    C = config.draft_width
+    C = config.layer_width
     logq = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), finished, config.pad_id)
     joint = jnp.where(ok[..., None], dscore[..., None] + logq, NEG_INF).reshape(B, n * V)
     # computed once: left to fusion, XLA:CPU recomputes it inside each consumer (the warp and

@@ -21,7 +21,7 @@ _COMMON = {"max_new_tokens", "temperature", "top_k", "top_p", "replacement", "eo
            "pad_token_id", "progress"}
 _ALLOWED = {
     "dsbd": _COMMON | {"gamma", "draft_width", "threshold", "min_width", "max_width", "num_beams",
-                       "single_beam"},
+                       "single_beam", "node_budget"},
     "beam": _COMMON | {"num_beams"},
     "beam_search": _COMMON | {"num_beams", "length_penalty", "early_stopping"},
     "sample": _COMMON,
@@ -29,9 +29,10 @@ _ALLOWED = {
     "tree": _COMMON | {"gamma", "tree_widths"},
 }
 # label order (independent of the order a config file lists settings in) and short names
-_ORDER = ("num_beams", "gamma", "draft_width", "threshold", "min_width", "max_width", "tree_widths")
+_ORDER = ("num_beams", "gamma", "draft_width", "threshold", "min_width", "max_width", "node_budget",
+          "tree_widths")
 _ABBREV = {"num_beams": "W", "gamma": "g", "draft_width": "WS", "threshold": "t",
-           "min_width": "Wmin", "max_width": "Wmax", "tree_widths": "tree"}
+           "min_width": "Wmin", "max_width": "Wmax", "node_budget": "NB", "tree_widths": "tree"}
 
 
 @dataclasses.dataclass(frozen=True)

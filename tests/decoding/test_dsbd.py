@@ -88,6 +88,10 @@ EXACT_CASES = {
                         warp=dict(top_k=8, temperature=1.3), replacement=True, eos=(4,)),
     "no_replacement": dict(gamma=3, draft_width=4, min_width=3, vocab=5,
                            warp=dict(top_p=0.9, temperature=1.3), replacement=False, eos=(4,)),
+    # a node budget widens each layer from W_S 2 to (12 - 2) // 2 = 5 candidates for 2 beams
+    "node_budget": dict(gamma=2, draft_width=2, min_width=2, vocab=5,
+                        warp=dict(top_k=8, temperature=1.3), replacement=False, eos=(4,),
+                        extra=dict(max_width=2, node_budget=12), layer_width=5),
 }
 
 
@@ -100,7 +104,8 @@ def test_fixed_width_is_exact_beam_sampling(case):
     config = DSBDConfig(target=tc, draft=dc, max_new_tokens=N, gamma=c["gamma"],
                         draft_width=c["draft_width"], min_width=c["min_width"], threshold=1.0,
                         replacement=c["replacement"], eos_token_id=c["eos"] or None,
-                        pad_token_id=0, **c["warp"])
+                        pad_token_id=0, **c["warp"], **c.get("extra", {}))
+    assert config.layer_width == c.get("layer_width", c["draft_width"])
     out = dsbd_generate({"target": tp, "draft": dp}, _same_prompt(ROWS),
                         jax.random.PRNGKey(11), config)
     stats = out.stats
@@ -286,6 +291,27 @@ def test_single_beam_keeps_one_cache_row():
     _check_beams(out, config, params, np.asarray(ids), np.asarray(lengths))
 
 
+@pytest.mark.parametrize("single_beam", [False, True])
+def test_a_node_budget_widens_every_layer(single_beam):
+    """W_S 3, gamma 3: a budget of 21 nodes gives layers of (21 - Wc) // 3 drafted nodes (6 with
+    3 input beams, 6 in single-beam mode: (21 - 1) // 3); a budget under the settings' forest
+    keeps W_S. The beams still pass every check, and the first forest has the wider layers."""
+    config, params = _misc(node_budget=21, single_beam=single_beam)
+    assert config.layer_width == 6 and config.max_width == 3
+    assert config.forest_nodes == config.cache_rows + 18
+    assert _misc(node_budget=5)[0].layer_width == 3
+    ids, lengths = common.pad_prompts(MISC_PROMPTS, length=8)
+    keys = jax.random.split(jax.random.PRNGKey(12), len(MISC_PROMPTS))
+    forest = dsbd.first_forest(params, ids, keys, config, prompt_lengths=lengths)
+    chex.assert_shape(forest.tokens, (len(MISC_PROMPTS), 3, 6))
+    out = dsbd_generate(params, ids, keys, config, prompt_lengths=lengths)
+    _check_beams(out, config, params, ids, lengths)
+    st = {k: np.asarray(v) for k, v in out.stats.items()}
+    assert st["layer_candidates"].max() <= 6 * st["layer_verified"].max()
+    assert st["layer_candidates"][0] > 3 * st["layer_verified"][0]   # more than W_S candidates
+    assert np.all(st["step_widths"] <= config.max_width)
+
+
 def test_bad_configs_raise():
     tc, tp = ref.toy_model(6, seed=0)
     dc, dp = ref.toy_model(6, seed=7)
@@ -294,7 +320,8 @@ def test_bad_configs_raise():
     bad = [dict(draft_width=1), dict(threshold=1.5), dict(threshold=-0.1),
            dict(threshold=float("nan")), dict(gamma=0), dict(min_width=0),
            dict(max_width=1), dict(num_beams=4), dict(draft=None), dict(temperature=-1.0),
-           dict(draft=ref.toy_model(7, seed=1)[0])]
+           dict(draft=ref.toy_model(7, seed=1)[0]), dict(node_budget=0),
+           dict(node_budget=True), dict(node_budget=12.0)]
     for change in bad:
         with pytest.raises(ValueError):
             DSBDConfig(**{**ok, **change})

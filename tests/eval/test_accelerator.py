@@ -34,7 +34,11 @@ def test_small_run_writes_every_section(tmp_path, monkeypatch):
     first = runs[0]
     assert set(first["param_bytes"]) == {"target", "draft", "head"} and first["head_rows"] == 256
     # target, draft and the head, one slot size
-    assert len(first["forward"]) == 3 * len(bench.FORWARD_SHAPES)
+    # + the target's forests of the node budget's curve
+    assert len(first["forward"]) == 3 * len(bench.FORWARD_SHAPES) + len(bench.BUDGET_FORESTS)
+    assert set(first["forest_curve"]) == {"12", "16", "24", "32", "48", "64"}
+    assert first["node_budget"] == bench.forest_budget.pick_budget(
+        {1: 1.0, **{int(k): v for k, v in first["forest_curve"].items()}})
     assert set(first["head_vs_target"]) == {"draft", "head"}
     assert all(v > 0 for v in first["head_vs_target"].values())
     assert all(v["ms"] > 0 and v["compile_s"] > 0 for v in first["forward"].values())

@@ -212,5 +212,6 @@ def test_cli_host_prints_the_plan(tmp_path, capsys):
     assert cli.main(["host", "--model", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "host: " in out and "dtype float32 (a small model" in out and "kernels plain" in out
+    assert "as a DSBD target: a small model: not measured" in out
     assert cli.main(["host", "--model", str(tmp_path), "--dtype", "bfloat16"]) == 0
     assert "dtype bfloat16 (given)" in capsys.readouterr().out

@@ -29,7 +29,7 @@ METHOD_SETTINGS = {
     "beam_search": dict(num_beams=2),
     "spec": dict(gamma=2),
     "tree": dict(gamma=2, tree_widths=(2, 1)),
-    "dsbd": dict(gamma=2, draft_width=3, threshold=0.9, min_width=1),
+    "dsbd": dict(gamma=2, draft_width=3, threshold=0.9, min_width=1, node_budget=13),  # 5 per layer
 }
 # (method, (data, model), uneven_batch): every decoder on the (2, 4) mesh (a batch of 3 that does
 # not divide the data axis, KV heads 2 that do not divide the model axis); DSBD on every mesh

@@ -1,0 +1,139 @@
+"""How many forest nodes the target's pass verifies for free on this host: DSBD's node budget.
+
+DSBD's target pass runs over ``Wc + gamma * W_S`` nodes per prompt (the input beams and the
+draft forest). Where a model's products are flat in rows (AMX-BF16 in bfloat16, GPUs), a pass
+over 24-64 nodes costs about what one token does, and wider draft layers buy accepted tokens
+for nothing; where they are not (float32 on any CPU, AVX512-BF16), every node costs time.
+:func:`node_budget` measures the curve once per host, dtype and model shape: the passes of the
+model cut to a few blocks (:func:`dsbd_jax.models.pass_probe.time_passes`, the probe behind
+``dtype="auto"``) over one token and over each forest size of :data:`NODES`, in the model's
+dtype and kernel form; the budget is the largest size, growing through :data:`NODES` in
+order, whose pass costs at most :data:`FREE` times the one-token pass. ``None`` when not even
+the smallest is free: the settings' own forest stays.
+
+The answer is cached under ``$DSBD_JAX_CACHE`` in ``forest_budget.json``, keyed by the host
+(CPU model and deciding flags, cores, jax and jaxlib, ``XLA_FLAGS``: ``cpu_options.host_key``),
+the backend's device, the dtype, the kernel form and its options, and the shape; ``dsbd host``
+prints it with its figures. :attr:`dsbd_jax.DSBDConfig.node_budget` takes it (or any number:
+the budget is a setting, the measurement only its default on the command line).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import Dict, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from dsbd_jax.models import kernels, pass_probe
+from dsbd_jax.models.cpu_options import host_key, options_name, read_cache, write_cache
+from dsbd_jax.models.products import TRANSPOSED
+
+logger = logging.getLogger("dsbd_jax")
+
+NODES = (12, 16, 24, 32, 48, 64)   # forest sizes measured, smallest first
+FREE = 1.3        # a forest is free while its pass costs at most this times a one-token pass
+REPEATS = 5
+
+
+def cache_file():
+    """The JSON cache of the node budgets (beside the dtype, kernel and options caches)."""
+    return kernels.cache_file().with_name("forest_budget.json")
+
+
+def pick_budget(times: Mapping[int, float], nodes=None, free: float = FREE) -> Optional[int]:
+    """The largest of ``nodes`` (default :data:`NODES`), in order, whose pass (``times[n]`` seconds) stays within
+    ``free`` times the one-token pass ``times[1]``; the first that does not stops the growth.
+    ``None`` when the smallest is not free."""
+    best = None
+    for n in NODES if nodes is None else nodes:
+        if times[n] > free * times[1]:
+            break
+        best = n
+    return best
+
+
+def _device() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform} {getattr(d, 'device_kind', '')}".strip()
+
+
+def _dtype(config) -> str:
+    return jnp.dtype(config.dtype).name
+
+
+def _form(config) -> Tuple[str, str]:
+    """``(kernel form, compiler options name)`` a load gives ``config`` (its dtype) here."""
+    dt = _dtype(config)
+    form = kernels.choose_form(config, dt)
+    rows = (form == TRANSPOSED and jnp.dtype(dt).itemsize == 2) or bool(config.tie_word_embeddings)
+    opts = options_name(form, dt, rows) if jax.default_backend() == "cpu" else "default"
+    return form, opts
+
+
+def budget_key(config) -> str:
+    """The cache key of a shape's node budget (module doc)."""
+    form, opts = _form(config)
+    shape = (config.hidden_size, config.intermediate_size, config.num_layers, config.num_heads,
+             config.num_kv_heads, config.head_dim, config.vocab_size,
+             bool(config.tie_word_embeddings))
+    return (f"forest nodes | {host_key()} | {_device()} | {_dtype(config)} {form} options {opts} | "
+            + "x".join(str(int(v)) for v in shape))
+
+
+def measure(config, nodes=None, repeats: int = REPEATS) -> Dict[int, float]:
+    """``{tokens: min seconds}`` of the cut model's passes over 1 token and each of ``nodes``
+    (``config``'s dtype, the kernel form a load gives it)."""
+    dt = _dtype(config)
+    form, _ = _form(config)
+    nodes = NODES if nodes is None else nodes
+    return pass_probe.time_passes(config, (dt,), {dt: form}, rows=(1,) + tuple(nodes),
+                                  repeats=repeats)[dt]
+
+
+def _figures(ms: Mapping, config) -> str:
+    n = pass_probe.cut_config(config).num_layers
+    one = float(ms["1"] if "1" in ms else ms[1])
+    rel = " / ".join(f"{float(v) / one:.2f}" for k, v in ms.items() if str(k) != "1")
+    sizes = " / ".join(str(k) for k in ms if str(k) != "1")
+    return (f"passes of {n} of {config.num_layers} blocks over {sizes} nodes cost {rel}x a "
+            f"token ({one:.2f} ms) in {_dtype(config)}; free up to {FREE}x")
+
+
+def _answer(nodes: Optional[int]) -> str:
+    return (f"node budget {nodes}" if nodes is not None
+            else "no forest of 12 or more nodes is free here: the settings' forest")
+
+
+@functools.lru_cache(maxsize=None)
+def _budget(config) -> Tuple[Optional[int], str]:
+    key, cached = budget_key(config), read_cache(cache_file())
+    got = cached.get(key, {})
+    ms = got.get("min_ms", {}).get("passes")
+    if "choice" in got and ms and set(ms) == {"1", *map(str, NODES)}:
+        return got["choice"], (f"{_answer(got['choice'])}: {_figures(ms, config)} "
+                               f"(cached in {cache_file()})")
+    t0 = time.perf_counter()
+    times = measure(config)
+    nodes = pick_budget(times)
+    error = write_cache(cache_file(), key, nodes, {"passes": times})
+    where = f"written to {cache_file()}" if error is None else f"not cached ({error})"
+    ms = {str(k): 1e3 * s for k, s in times.items()}
+    why = (f"{_answer(nodes)}: {_figures(ms, config)} (measured in "
+           f"{time.perf_counter() - t0:.0f} s, {where})")
+    logger.info("DSBD forest on this host for %dx%d %s models: %s", config.hidden_size,
+                config.intermediate_size, _dtype(config), why)
+    return nodes, why
+
+
+def node_budget(config) -> Tuple[Optional[int], str]:
+    """``(nodes or None, how it was decided)``: the forest size the target ``config`` (in its
+    dtype) verifies for free on this host (module doc). Models whose MLP has under
+    :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) are not
+    measured: ``None``."""
+    if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
+        return None, "a small model: not measured, the settings' forest"
+    return _budget(config)
