@@ -50,12 +50,14 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
     p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
     p.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
-    p.add_argument("--node-budget", type=node_budget_arg, default="auto",
+    p.add_argument("--node-budget", type=node_budget_arg, default="off",
                    help="DSBD forest nodes (input beams + gamma layers) to fill by widening "
-                        "each draft layer past --draft-width: auto = the largest forest the "
-                        "target verifies for free on this host (measured once per host and "
-                        "model, cached; `dsbd host` prints it; none where no forest is free), "
-                        "off = the --draft-width x --gamma forest, or a number")
+                        "each draft layer past --draft-width with leaf candidates: off = the "
+                        "--draft-width x --gamma forest; auto = the largest forest the target "
+                        "verifies for free on this host (measured once per host and model, "
+                        "cached; `dsbd host` prints it; none where no forest is free); or a "
+                        "number. Off by default: wider forests verified no more tokens per "
+                        "target pass at the beam-W4 point (docs/results/speed.md)")
     p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
     p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")

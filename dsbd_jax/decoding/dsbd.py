@@ -80,10 +80,9 @@ class DSBDConfig(DecodeConfig):
         num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
           default) = the last layer's width. Must be <= ``max_width``.
         single_beam: keep one cache row per prompt (the paper's memory-saving mode).
-        node_budget: forest nodes (input beams + ``gamma`` layers) to fill, e.g. what
-          :func:`dsbd_jax.models.forest_budget.node_budget` finds free: each draft layer widens
-          to ``(node_budget - cache_rows) // gamma`` nodes (:attr:`layer_width`) if wider than
-          ``W_S``; more candidates for the same beams (``max_width``), the same output law.
+        node_budget: forest nodes to fill (e.g. :func:`dsbd_jax.models.forest_budget.node_budget`):
+          layers widen to ``(node_budget - cache_rows) // gamma`` nodes (:attr:`layer_width`),
+          the first ``W_S`` the next layer's parents, the rest leaves (docs/algorithm.md).
     """
 
     num_beams: Optional[int] = None

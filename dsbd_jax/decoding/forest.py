@@ -199,7 +199,10 @@ def buffer_positions(lay: Layout, base: jax.Array) -> jax.Array:
 def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
                  prev: jax.Array, pending: jax.Array, scores: jax.Array, finished: jax.Array,
                  live: jax.Array, draft_u: jax.Array, draft_g: jax.Array, feats=None):
-    """Run the draft: ``gamma`` forward calls, ``gamma`` layers of ``W_S`` nodes each.
+    """Run the draft: ``gamma`` forward calls, ``gamma`` layers of ``C`` nodes each (``W_S``;
+    with a node budget, ``config.layer_width``: then only each layer's first ``W_S`` nodes are
+    the next layer's parents, the draft's beam of width ``W_S``, and the others are leaves,
+    candidates for their own layer's verification only).
 
     Args:
       params: ``{"target": .., "draft": ..}`` (a draft head reads the target's embedding and
@@ -217,6 +220,7 @@ def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
       ``(Forest, buffer)``; the buffer's scratch holds prev, pending and layers ``1 .. G-1``.
     """
     Wc, C, G, S = lay.Wc, lay.C, lay.G, lay.S
+    Wp = min(config.draft_width, C)        # parents of the next layer in each layer
     B = base.shape[0]
     off = Wc * S
     has_prev = base >= 1
@@ -267,12 +271,15 @@ def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
                                 visible(ids, ok, lay.Td),
                                 jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
         pos = jnp.broadcast_to((base + l)[:, None], (B, C))
-        logits, buffer, out = _draft_forward(config, params, buffer, cur["token"],
-                                             cur_feat if d else None, pos, mask,
-                                             off + 2 * Wc + (l - 1) * C, key_pos)
+        # the next layer's parents: the layer's first W_S nodes (all of it without a node
+        # budget); the budget's extra nodes are leaves, candidates of this layer only
+        logits, buffer, out = _draft_forward(
+            config, params, buffer, cur["token"], cur_feat if d else None, pos, mask,
+            off + 2 * Wc + (l - 1) * C, key_pos,
+            logits_at=None if Wp == C else jnp.broadcast_to(jnp.arange(Wp), (B, Wp)))
         pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
-        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"],
-                          cur["finished"], cur["valid"], lay.P)
+        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"][:, :Wp],
+                          cur["finished"][:, :Wp], cur["valid"][:, :Wp], lay.P)
         nxt_anc = new_anc(cur_anc, l + 1, nxt["parent"])
         nxt_feat = (cur_feat if out is None else
                     jnp.take_along_axis(out, nxt["parent"][..., None], axis=1))

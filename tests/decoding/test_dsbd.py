@@ -295,7 +295,8 @@ def test_single_beam_keeps_one_cache_row():
 def test_a_node_budget_widens_every_layer(single_beam):
     """W_S 3, gamma 3: a budget of 21 nodes gives layers of (21 - Wc) // 3 drafted nodes (6 with
     3 input beams, 6 in single-beam mode: (21 - 1) // 3); a budget under the settings' forest
-    keeps W_S. The beams still pass every check, and the first forest has the wider layers."""
+    keeps W_S. The beams still pass every check, and the first forest has the wider layers,
+    each grown from the first W_S nodes of the layer before."""
     config, params = _misc(node_budget=21, single_beam=single_beam)
     assert config.layer_width == 6 and config.max_width == 3
     assert config.forest_nodes == config.cache_rows + 18
@@ -304,6 +305,9 @@ def test_a_node_budget_widens_every_layer(single_beam):
     keys = jax.random.split(jax.random.PRNGKey(12), len(MISC_PROMPTS))
     forest = dsbd.first_forest(params, ids, keys, config, prompt_lengths=lengths)
     chex.assert_shape(forest.tokens, (len(MISC_PROMPTS), 3, 6))
+    # deeper layers grow from each layer's first W_S nodes (the draft's beam); the rest are leaves
+    parents = np.asarray(forest.parent)[:, 1:]
+    assert parents.max() < config.draft_width and parents.min() >= 0
     out = dsbd_generate(params, ids, keys, config, prompt_lengths=lengths)
     _check_beams(out, config, params, ids, lengths)
     st = {k: np.asarray(v) for k, v in out.stats.items()}

@@ -52,14 +52,15 @@ def test_chain_and_tree_with_a_head_are_exact(decoder):
     ts.check_exact_case(f"{decoder} with a draft head", cfg, result, out)
 
 
-def _dsbd_case(single_beam: bool, replacement: bool):
+def _dsbd_case(single_beam: bool, replacement: bool, node_budget=None):
     tc, tp = ref.toy_model(5, seed=0)
     hc, hp = toy_head(tc, seed=3)
     width = 1 if single_beam else 2
     warp = dict(top_k=8, temperature=1.3) if replacement else dict(top_p=0.9, temperature=1.3)
     config = DSBDConfig(target=tc, draft=hc, max_new_tokens=3, gamma=2, draft_width=3,
                         min_width=width, threshold=1.0, replacement=replacement,
-                        eos_token_id=(4,), pad_token_id=0, single_beam=single_beam, **warp)
+                        eos_token_id=(4,), pad_token_id=0, single_beam=single_beam,
+                        node_budget=node_budget, **warp)
     exact = ref.exact_beam_sample_dist(ref.make_lp_fn(tc, tp), DSBD_PROMPT, [width] * 3,
                                        replacement=replacement, eos_ids=(4,), pad_id=0, **warp)
     return config, {"target": tp, "draft": hp}, exact
@@ -72,11 +73,15 @@ def _dsbd_run(config, params, key=11):
     return out, collections.Counter(ref.beam_key(s, l) for s, l in zip(seqs, ll))
 
 
-@pytest.mark.parametrize("mode", ["replacement", "no_replacement", "single_beam"])
+@pytest.mark.parametrize("mode", ["replacement", "no_replacement", "single_beam",
+                                  "node_budget"])
 def test_dsbd_with_a_head_is_exact_beam_sampling(mode):
     """Threshold 1 (fixed width): DSBD with the head is beam sampling of width W_min (2; 1 in
-    single-beam mode), with and without replacement, with EOS."""
-    config, params, exact = _dsbd_case(mode == "single_beam", mode != "no_replacement")
+    single-beam mode), with and without replacement, with EOS; ``node_budget``: layers of 7
+    nodes, the first 3 of each the next layer's parents."""
+    config, params, exact = _dsbd_case(mode == "single_beam", mode != "no_replacement",
+                                       node_budget=17 if mode == "node_budget" else None)
+    assert config.layer_width == (7 if mode == "node_budget" else 3)
     out, samples = _dsbd_run(config, params)
     rate = float(np.asarray(out.stats["layer_acceptance_rate"])[0])
     assert 0.05 < rate < 0.95, rate

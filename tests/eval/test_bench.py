@@ -280,7 +280,12 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     # one tokens/s figure per run (README): in the summary line only, not in the bar
     assert out.count("tokens/s") == 1 and "tok/s" not in err and "tokens/s" not in err
     assert "loading target" in err and "loaded draft" in err  # status lines with timing
-    assert "DSBD forest: a small model: not measured" in err   # --node-budget auto
+    assert "DSBD forest" not in err   # --node-budget off, the default: nothing measured
+    code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
+                             "--max-new-tokens", "5", "--no-eos", "--node-budget", "auto",
+                             "--progress", "none")
+    assert code == 0 and "best beam" in out, err
+    assert "DSBD forest: a small model: not measured" in err
     code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
                              "--max-new-tokens", "5", "--no-eos", "--node-budget", "12",
                              "--progress", "none")

@@ -67,8 +67,10 @@ def test_cli_node_budget_option(tmp_path):
 
     from dsbd_jax.cli import _settings, build_parser
     parse = lambda *a: build_parser().parse_args(["generate", "--prompt", "hi", *a])  # noqa: E731
-    assert _settings("dsbd", parse())["node_budget"] is None          # auto, not yet resolved
-    assert _settings("dsbd", parse(), node_budget=24)["node_budget"] == 24
+    assert _settings("dsbd", parse(), node_budget=24)["node_budget"] is None   # off: the default
+    auto = parse("--node-budget", "auto")
+    assert _settings("dsbd", auto)["node_budget"] is None          # auto, not yet resolved
+    assert _settings("dsbd", auto, node_budget=24)["node_budget"] == 24
     assert _settings("dsbd", parse("--node-budget", "off"), node_budget=24)["node_budget"] is None
     assert _settings("dsbd", parse("--node-budget", "40"), node_budget=24)["node_budget"] == 40
     for bad in ("0", "-3", "many"):

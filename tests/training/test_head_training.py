@@ -86,7 +86,7 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     assert "draft: the trained draft head head_tiny" in r.stdout and "=== dsbd" in r.stdout, \
         r.stdout
     assert "dsbd train-head" not in r.stdout
-    assert "a forest of " in r.stdout and "small model: not measured" in r.stderr, r.stderr[-2000:]
+    assert "a forest of " in r.stdout, r.stdout
     assert demo_draft(str(tiny / "target"), "other")[0] == "other"   # --draft wins
 
 
