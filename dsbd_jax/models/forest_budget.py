@@ -28,9 +28,8 @@ from typing import Dict, Mapping, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.models import kernels, pass_probe
-from dsbd_jax.models.cpu_options import host_key, options_name, read_cache, write_cache
-from dsbd_jax.models.products import TRANSPOSED
+from dsbd_jax.models import host, kernels, pass_probe
+from dsbd_jax.models.cpu_options import host_key, read_cache, write_cache
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -45,9 +44,9 @@ def cache_file():
 
 
 def pick_budget(times: Mapping[int, float], nodes=None, free: float = FREE) -> Optional[int]:
-    """The largest of ``nodes`` (default :data:`NODES`), in order, whose pass (``times[n]`` seconds) stays within
-    ``free`` times the one-token pass ``times[1]``; the first that does not stops the growth.
-    ``None`` when the smallest is not free."""
+    """The largest of ``nodes`` (default :data:`NODES`), in order, whose pass (``times[n]``
+    seconds) stays within ``free`` times the one-token pass ``times[1]``; the first that does
+    not stops the growth. ``None`` when the smallest is not free."""
     best = None
     for n in NODES if nodes is None else nodes:
         if times[n] > free * times[1]:
@@ -65,40 +64,29 @@ def _dtype(config) -> str:
     return jnp.dtype(config.dtype).name
 
 
-def _form(config) -> Tuple[str, str]:
-    """``(kernel form, compiler options name)`` a load gives ``config`` (its dtype) here."""
-    dt = _dtype(config)
-    form = kernels.choose_form(config, dt)
-    rows = (form == TRANSPOSED and jnp.dtype(dt).itemsize == 2) or bool(config.tie_word_embeddings)
-    opts = options_name(form, dt, rows) if jax.default_backend() == "cpu" else "default"
-    return form, opts
-
-
 def budget_key(config) -> str:
     """The cache key of a shape's node budget (module doc)."""
-    form, opts = _form(config)
-    shape = (config.hidden_size, config.intermediate_size, config.num_layers, config.num_heads,
-             config.num_kv_heads, config.head_dim, config.vocab_size,
-             bool(config.tie_word_embeddings))
-    return (f"forest nodes | {host_key()} | {_device()} | {_dtype(config)} {form} options {opts} | "
-            + "x".join(str(int(v)) for v in shape))
+    plan = host.plan(config, _dtype(config))
+    return (f"forest nodes | {host_key()} | {_device()} | {plan.dtype} {plan.form} options "
+            f"{plan.options} | " + "x".join(str(int(v)) for v in host._shape(config)))
 
 
 def measure(config, nodes=None, repeats: int = REPEATS) -> Dict[int, float]:
     """``{tokens: min seconds}`` of the cut model's passes over 1 token and each of ``nodes``
     (``config``'s dtype, the kernel form a load gives it)."""
     dt = _dtype(config)
-    form, _ = _form(config)
+    form = host.plan(config, dt).form
     nodes = NODES if nodes is None else nodes
     return pass_probe.time_passes(config, (dt,), {dt: form}, rows=(1,) + tuple(nodes),
                                   repeats=repeats)[dt]
 
 
-def _figures(ms: Mapping, config) -> str:
+def _figures(ms: Mapping[str, float], config) -> str:
+    """``ms``: ``{tokens (str): ms}`` as the cache stores them."""
     n = pass_probe.cut_config(config).num_layers
-    one = float(ms["1"] if "1" in ms else ms[1])
-    rel = " / ".join(f"{float(v) / one:.2f}" for k, v in ms.items() if str(k) != "1")
-    sizes = " / ".join(str(k) for k in ms if str(k) != "1")
+    one = float(ms["1"])
+    rel = " / ".join(f"{float(v) / one:.2f}" for k, v in ms.items() if k != "1")
+    sizes = " / ".join(k for k in ms if k != "1")
     return (f"passes of {n} of {config.num_layers} blocks over {sizes} nodes cost {rel}x a "
             f"token ({one:.2f} ms) in {_dtype(config)}; free up to {FREE}x")
 
