@@ -98,16 +98,19 @@ def floor_products(config, params):
 
 
 def product_list(config, params):
-    """:func:`floor_products` as the JSON records it: name, stored key and stored shape."""
-    from dsbd_jax.models.products import T_KEY
+    """:func:`floor_products` as the JSON records it: name, stored kind (``"plain"``, a typed
+    kernel's kind: ``"RowBlocks"``, ``"Rows"``; or ``"embedding"``), stored shape and dtype."""
+    from dsbd_jax.models import weights
     out = []
     for name, leaf in floor_products(config, params):
         if isinstance(leaf, dict) or hasattr(leaf, "keys"):
-            key = T_KEY if T_KEY in leaf else "kernel"
-            arr = leaf[key]
+            arr = leaf["kernel"]
+            kind = type(arr).__name__ if weights.is_kernel(arr) else "plain"
+            if weights.is_kernel(arr):
+                arr = getattr(arr, arr.fields[0])
         else:
-            key, arr = "embedding", leaf
-        out.append({"name": name, "stored": key, "shape": list(arr.shape),
+            kind, arr = "embedding", leaf
+        out.append({"name": name, "stored": kind, "shape": list(arr.shape),
                     "dtype": str(arr.dtype)})
     return out
 

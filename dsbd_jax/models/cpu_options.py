@@ -43,14 +43,15 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Mapping, Optional
+from typing import Any, Callable, Dict, Hashable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (TRANSPOSED, program_kind, project,
-                                      project_t, transpose_block, transposed_width)
+from dsbd_jax.models.products import (TRANSPOSED, project, project_t, transpose_block,
+                                      transposed_width)
+from dsbd_jax.models.weights import program_kind
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -253,15 +254,44 @@ def write_cache(path: Path, key: str, choice, times: Mapping) -> Optional[OSErro
     may have added entries). Returns the error when the file cannot be written (a read-only
     home: the choice then holds for this process only), else ``None``."""
     cached = read_cache(path)
-    cached[key] = {"choice": choice, "min_ms": {str(c): {str(m): round(1e3 * s, 3)
-                                                         for m, s in t.items()}
-                                                for c, t in times.items()}}
+    cached[key] = {"choice": choice, "min_ms": _ms(times)}
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(cached, indent=2))
     except OSError as e:
         return e
     return None
+
+
+class Cached(NamedTuple):
+    """A per-host choice (:func:`cached_choice`): the choice, its figures as the cache stores
+    them (``{candidate: {M: ms}}``, string keys), where it came from (``"cached in PATH"``,
+    ``"written to PATH"``, ``"not cached (error)"``) and whether it was measured now."""
+    choice: Any
+    min_ms: Dict[str, Any]
+    where: str
+    measured: bool
+
+
+def cached_choice(path: Path, key: str, valid: Callable[[Any], bool],
+                  measure: Callable[[], Mapping], pick: Callable[[Mapping], Any],
+                  valid_ms: Callable[[Mapping], bool] = lambda ms: True) -> Cached:
+    """The one measure / pick / cache step behind every per-host choice (the compiler options,
+    the kernel form, block widths, the dtype, DSBD's node budget): the choice stored under
+    ``key`` in the JSON cache at ``path`` when ``valid(choice)`` and ``valid_ms(figures)``
+    hold; else ``measure()`` (``{candidate: {M: seconds}}``), ``pick`` of it, written back
+    (:func:`write_cache`: a read-only home keeps the choice for this process only)."""
+    got = read_cache(path).get(key, {})
+    if "choice" in got and valid(got["choice"]) and valid_ms(got.get("min_ms", {})):
+        return Cached(got["choice"], got.get("min_ms", {}), f"cached in {path}", False)
+    times = measure()
+    chosen = pick(times)
+    error = write_cache(path, key, chosen, times)
+    return Cached(chosen, _ms(times), f"written to {path}" if error is None else f"not cached ({error})", True)
+
+
+def _ms(times: Mapping) -> Dict[str, Dict[str, float]]:
+    return {str(c): {str(m): round(1e3 * s, 3) for m, s in t.items()} for c, t in times.items()}
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,15 +310,9 @@ def choice(form: str = PLAIN) -> str:
     elif forced != "auto":
         name, how = forced, f"${ENV}"
     else:
-        key, cached = options_key(form), read_cache(cache_file())
-        if cached.get(key, {}).get("choice") in candidates():
-            name, how = cached[key]["choice"], f"cached in {cache_file()}"
-        else:
-            times = measure(form=form)
-            name, how = pick(times), f"measured, written to {cache_file()}"
-            error = write_cache(cache_file(), key, name, times)
-            if error is not None:
-                how = f"measured, not cached ({error})"
+        got = cached_choice(cache_file(), options_key(form), lambda c: c in candidates(),
+                            lambda: measure(form=form), pick)
+        name, how = got.choice, ("measured, " if got.measured else "") + got.where
     logger.info("XLA:CPU compiler options for %s kernels: %s %s (%s)", form, name,
                 dict(CANDIDATES[name]), how)
     return name
@@ -308,7 +332,7 @@ def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> 
 def options_of(tree) -> str:
     """:func:`options_name` for a program over the parameters (or call arguments) ``tree``:
     their kernel form, kernel dtype and head, read in one walk
-    (:func:`dsbd_jax.models.products.program_kind`)."""
+    (:func:`dsbd_jax.models.weights.program_kind`)."""
     return options_name(*program_kind(tree))
 
 
@@ -316,7 +340,7 @@ def compiler_options(form: str = PLAIN, dtype="float32",
                      row_head: bool = False) -> Dict[str, object]:
     """The ``compiler_options`` in use for kernels in ``form`` stored in ``dtype``, with or
     without a row-stored head (:func:`options_name`; ``{}`` off the CPU). For a parameter tree:
-    ``compiler_options(*products.program_kind(params))``."""
+    ``compiler_options(*weights.program_kind(params))``."""
     return dict(CANDIDATES[options_name(form, dtype, row_head)])
 
 
@@ -332,7 +356,7 @@ class tuned_jit:
     ``@functools.partial(tuned_jit, static_argnames=...)`` where ``jax.jit`` would go.
 
     ``form`` is the form of the projection kernels among the call's arguments
-    (:func:`dsbd_jax.models.products.program_kind`: ``"transposed"`` when any is transposed), so a
+    (:func:`dsbd_jax.models.weights.program_kind`: ``"transposed"`` when any is transposed), so a
     program runs under the options measured for its own products. One ``jax.jit`` per distinct
     choice of options: when both forms choose the same options, both share one jit object.
 

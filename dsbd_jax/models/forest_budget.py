@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models import host, kernels, pass_probe
-from dsbd_jax.models.cpu_options import host_key, read_cache, write_cache
+from dsbd_jax.models.cpu_options import cached_choice, host_key
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -98,20 +98,16 @@ def _answer(nodes: Optional[int]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _budget(config) -> Tuple[Optional[int], str]:
-    key, cached = budget_key(config), read_cache(cache_file())
-    got = cached.get(key, {})
-    ms = got.get("min_ms", {}).get("passes")
-    if "choice" in got and ms and set(ms) == {"1", *map(str, NODES)}:
-        return got["choice"], (f"{_answer(got['choice'])}: {_figures(ms, config)} "
-                               f"(cached in {cache_file()})")
     t0 = time.perf_counter()
-    times = measure(config)
-    nodes = pick_budget(times)
-    error = write_cache(cache_file(), key, nodes, {"passes": times})
-    where = f"written to {cache_file()}" if error is None else f"not cached ({error})"
-    ms = {str(k): 1e3 * s for k, s in times.items()}
+    got = cached_choice(cache_file(), budget_key(config), lambda n: True,
+                        lambda: {"passes": measure(config)},
+                        lambda t: pick_budget(t["passes"]),
+                        valid_ms=lambda ms: set(ms.get("passes", {})) == {"1", *map(str, NODES)})
+    nodes, ms = got.choice, got.min_ms["passes"]
+    if not got.measured:
+        return nodes, f"{_answer(nodes)}: {_figures(ms, config)} ({got.where})"
     why = (f"{_answer(nodes)}: {_figures(ms, config)} (measured in "
-           f"{time.perf_counter() - t0:.0f} s, {where})")
+           f"{time.perf_counter() - t0:.0f} s, {got.where})")
     logger.info("DSBD forest on this host for %dx%d %s models: %s", config.hidden_size,
                 config.intermediate_size, _dtype(config), why)
     return nodes, why

@@ -47,7 +47,8 @@ import numpy as np
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
-from dsbd_jax.models.kernels import PROJECTIONS, T_KEY, plain_shape, unblock_params
+from dsbd_jax.models import weights
+from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.models.vocab import VOCAB_HEAD, split_head
 
 CONFIG_FILE = "head_config.json"
@@ -266,15 +267,10 @@ def check_params(config: HeadConfig, params) -> None:
     want_leaves = {jax.tree_util.keystr(p): tuple(x.shape)
                    for p, x in jax.tree_util.tree_flatten_with_path(want)[0]}
     try:
-        have = {jax.tree_util.keystr(p): tuple(np.shape(x))
-                for p, x in jax.tree_util.tree_flatten_with_path(own)[0]}
+        have = {jax.tree_util.keystr(p): weights.shape_of(x)     # kernels of any kind
+                for p, x in weights.leaves_with_path(own)}
     except Exception:  # noqa: BLE001
         have = {}
-    for path in list(have):  # a block copied from a transposed or blocked target: plain shapes
-        key = path[path.rfind("['") + 2:-2]
-        if key in ("kernel", T_KEY) and any(f"['{p}']" in path for p in PROJECTIONS):
-            plain = path[:-len(f"['{key}']")] + "['kernel']"
-            have[plain] = plain_shape(key, have.pop(path), 2)
     for path, shape in want_leaves.items():
         if have.get(path) != shape:
             raise ValueError(f"draft head parameters do not match the HeadConfig: {path} should "

@@ -45,8 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models import kernels, pass_probe
-from dsbd_jax.models.cpu_options import (choice, cpu_flags, host_key, options_name, read_cache,
-                                         write_cache)
+from dsbd_jax.models.cpu_options import cached_choice, choice, cpu_flags, host_key, options_name
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -139,17 +138,11 @@ def _figures(times: Mapping, config) -> str:
 def _choose_dtype(config) -> tuple:
     """``(dtype, how)`` for a model shape on this CPU host (cached; measured once)."""
     prior, why = prior_dtype()
-    key, cached = dtype_key(config), read_cache(cache_file())
-    got = cached.get(key, {})
-    if got.get("choice") in DTYPES and set(got.get("min_ms", {})) == set(DTYPES):
-        return got["choice"], (f"{why}; {_figures(got['min_ms'], config)} "
-                                f"(cached in {cache_file()})")
-    times = measure_dtypes(config)
-    dt = pick_dtype(times, prior)
-    error = write_cache(cache_file(), key, dt, times)
-    where = f"written to {cache_file()}" if error is None else f"not cached ({error})"
-    ms = {d: {t: 1e3 * s for t, s in times[d].items()} for d in DTYPES}
-    return dt, f"{why}; {_figures(ms, config)} (measured, {where})"
+    got = cached_choice(cache_file(), dtype_key(config), lambda d: d in DTYPES,
+                        lambda: measure_dtypes(config), lambda t: pick_dtype(t, prior),
+                        valid_ms=lambda ms: set(ms) == set(DTYPES))
+    return got.choice, (f"{why}; {_figures(got.min_ms, config)} "
+                        f"({'measured, ' if got.measured else ''}{got.where})")
 
 
 def choose_dtype(config) -> str:

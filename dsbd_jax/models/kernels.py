@@ -11,9 +11,11 @@ the blocks are put back side by side. One row is padded to two (XLA:CPU takes a 
 matrix-vector path for a single row). The result is the same product up to float rounding (the
 sums run in another order).
 
-* :func:`project`: ``x [..., in]`` times a kernel in either form, told apart by its rank
-  (2: ``[in, out]``; 3: blocked). The model's projections call it, so a parameter tree may mix
-  both forms; a stacked tree (``params["layers"]``) carries the layer axis in front of either.
+* Each form is a kind of kernel leaf (:mod:`dsbd_jax.models.weights`): a plain ``[in, out]``
+  array, or a typed leaf that says its form (:class:`~dsbd_jax.models.weights.ColBlocks`,
+  :class:`~dsbd_jax.models.weights.RowBlocks`, :class:`~dsbd_jax.models.weights.Rows`). The
+  model's projections call :func:`dsbd_jax.models.weights.product`, so a parameter tree may
+  mix the forms; a stacked tree (``params["layers"]``) carries the layer axis in front of any.
 * :func:`block_params` / :func:`unblock_params`: convert the attention and MLP projection kernels
   of a tree (either weight layout) to blocks of given widths and back; :func:`blocks_of` reads
   the widths back. The embeddings, norms, biases and the vocabulary head are never blocked.
@@ -28,7 +30,7 @@ sums run in another order).
   under), and the cache key names them.
 * **Transposed kernels**: :func:`transpose_params` stores a projection's kernel as
   its ``[out, in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`),
-  under the key ``"kernel_t"``; :func:`project_t` runs one row as a matrix-vector product over
+  a :class:`~dsbd_jax.models.weights.RowBlocks`; :func:`project_t` runs one row as a matrix-vector product over
   contiguous rows and more rows as one batched product per block. :func:`unblock_params`
   converts back. The products live in :mod:`dsbd_jax.models.products`.
 * **The form follows the host, the options follow the form**. The best compiler
@@ -64,11 +66,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
-from dsbd_jax.models.cpu_options import (choice, compiler_options, host_key, interleaved_min,
-                                         mlp_pairs, read_cache, write_cache)
-from dsbd_jax.models.products import (T_KEY, T_MAX_WIDTH, TRANSPOSED, block, form_of,  # noqa: F401
-                                      project, project_t, transpose_block, transposed_width,
-                                      unblock, untranspose)
+from dsbd_jax.models.cpu_options import (cached_choice, choice, compiler_options, host_key,
+                                         interleaved_min, mlp_pairs)
+from dsbd_jax.models import weights
+from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, block, project,  # noqa: F401
+                                      project_t, transpose_block, transposed_width, unblock,
+                                      untranspose)
+from dsbd_jax.models.weights import ColBlocks, RowBlocks, Rows, form_of  # noqa: F401
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -114,38 +118,17 @@ def uniform_blocks(config, n: Union[int, str]) -> Dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# parameter trees
-def _is_blocked(w, stacked: bool) -> bool:
-    """Whether a projection kernel is in blocked form (one more axis than ``[in, out]``)."""
-    return w.ndim == (4 if stacked else 3)
-
-
-def plain_shape(key: str, shape: tuple, plain_rank: int) -> tuple:
-    """The ``[..., in, out]`` shape of a projection kernel stored under ``key`` (``"kernel"``
-    or ``T_KEY``) with ``shape``, whose plain form has rank ``plain_rank`` (2, or 3 with a
-    stacked layer axis): blocked ``[.., c, in, n]`` and transposed ``[.., c, n, in]`` kernels
-    have one axis more; any other shape is returned as it is."""
-    shape = tuple(shape)
-    if len(shape) != plain_rank + 1:
-        return shape
-    if key == T_KEY:
-        c, n, din = shape[-3:]
-    else:
-        c, din, n = shape[-3:]
-    return shape[:-3] + (din, c * n)
-
-
-def _projections(params, key: str = "kernel"):
-    """``[(path tuple, stacked?)]`` of every projection kernel of a tree (either layout) stored
-    under ``key`` (``"kernel"``, or ``T_KEY`` for transposed kernels)."""
+# parameter trees: each kernel a plain [in, out] array or a typed leaf (dsbd_jax.models.weights)
+def _projections(params):
+    """``[path tuple]`` of every projection kernel of a tree (either layout; any kind)."""
     out = []
 
     def walk(tree, path):
         for k, v in tree.items():
             if isinstance(v, Mapping):
                 walk(v, path + (k,))
-            elif k == key and path and path[-1] in PROJECTIONS:
-                out.append((path + (k,), path[0] == "layers"))
+            elif k == "kernel" and path and path[-1] in PROJECTIONS:
+                out.append(path + (k,))
     walk(params, ())
     return out
 
@@ -154,14 +137,6 @@ def _replace(params, path, value):
     if len(path) == 1:
         return {**params, path[0]: value}
     return {**params, path[0]: _replace(params[path[0]], path[1:], value)}
-
-
-def _rename(params, path, key: str, value):
-    """``params`` with the leaf at ``path`` removed and ``value`` put beside it under ``key``."""
-    parent = _get(params, path[:-1])
-    new = {k: v for k, v in parent.items() if k != path[-1]}
-    new[key] = value
-    return _replace(params, path[:-1], new) if len(path) > 1 else new
 
 
 def _get(params, path):
@@ -183,29 +158,29 @@ def _copy_dicts(tree):
 
 def block_params(params, blocks: Mapping[str, int]):
     """``params`` with the kernel of every projection named in ``blocks`` (``{"down_proj": 64,
-    ...}``; 0 = leave it) in blocks of that width. Already blocked kernels are re-blocked.
-    A new tree; the input is not changed."""
+    ...}``; 0 = leave it) in blocks of that width (:class:`~dsbd_jax.models.weights.ColBlocks`).
+    A kernel of another kind is made plain first. A new tree; the input is not changed."""
     _check_projections(blocks, "block_params")
-    for path, stacked in _projections(params):
+    for path in _projections(params):
         n = int(blocks.get(path[-2], 0))
         if n:
-            w = _get(params, path)
-            if _is_blocked(w, stacked):
-                w = unblock(w)
-            params = _replace(params, path, block(w, n))
+            params = _replace(params, path, ColBlocks(block(weights.plain(_get(params, path)), n)))
     return params
 
 
 def unblock_params(params):
-    """``params`` with every blocked or transposed projection kernel back in ``[in, out]`` form
-    under ``"kernel"`` (the same tree object when there is none)."""
-    for path, stacked in _projections(params):
-        w = _get(params, path)
-        if _is_blocked(w, stacked):
-            params = _replace(params, path, unblock(w))
-    for path, _ in _projections(params, T_KEY):
-        params = _rename(params, path, "kernel", untranspose(_get(params, path)))
-    return untranspose_head(params)
+    """``params`` with every typed kernel (blocked, transposed, a head's rows; any
+    :class:`~dsbd_jax.models.weights.Kernel`) back as its plain ``[in, out]`` array (the same
+    tree object when there is none)."""
+    if not isinstance(params, Mapping):
+        return params
+    out = None
+    for k, v in params.items():
+        new = unblock_params(v) if isinstance(v, Mapping) else weights.plain(v)
+        if new is not v:
+            out = dict(params) if out is None else out
+            out[k] = new
+    return params if out is None else out
 
 
 HEAD = "lm_head"
@@ -213,46 +188,34 @@ VOCAB_HEAD = "vocab_head"  # dsbd_jax.models.vocab.VOCAB_HEAD (a truncated head)
 
 
 def transpose_head(params):
-    """``params`` with the vocabulary head's kernel stored as its ``[out, in]`` rows under
-    ``"kernel_t"``: an untied ``lm_head`` ``[d, V]`` becomes ``[V, d]``, a truncated head's
-    ``"kernel"`` ``[d, N]`` becomes ``[N, d]`` (its ``"full_kernel"`` for prompt rows stays
-    ``[d, V]``: only ``B * P`` columns of it are gathered per call). The form 16-bit models run
-    fastest (:func:`dsbd_jax.models.products.mixed_rows`: one product over contiguous rows); a
-    tied head (the embedding ``[V, d]``) already has it. A new tree; :func:`unblock_params`
-    converts back."""
-    return _swap_head(params, "kernel", T_KEY)
-
-
-def untranspose_head(params):
-    """The inverse of :func:`transpose_head` (the same tree object when the head is plain)."""
-    return _swap_head(params, T_KEY, "kernel")
-
-
-def _swap_head(params, src: str, dst: str):
-    """``params`` with each vocabulary head's ``src`` matrix transposed under ``dst`` (the same
-    tree object when no head has ``src``)."""
+    """``params`` with the vocabulary head's kernel stored as its ``[out, in]`` rows
+    (:class:`~dsbd_jax.models.weights.Rows`): an untied ``lm_head`` ``[d, V]`` becomes
+    ``[V, d]``, a truncated head's ``[d, N]`` becomes ``[N, d]`` (its ``"full_kernel"`` for
+    prompt rows stays ``[d, V]``: only ``B * P`` columns of it are gathered per call). The form
+    16-bit models run fastest (:func:`dsbd_jax.models.products.mixed_rows`: one product over
+    contiguous rows); a tied head (the embedding ``[V, d]``) already has it. A new tree;
+    :func:`unblock_params` converts back."""
     if not isinstance(params, Mapping):
         return params
     out = params
     for name in (HEAD, VOCAB_HEAD):
         head = out.get(name)
-        if isinstance(head, Mapping) and src in head:
-            rest = {k: v for k, v in head.items() if k != src}
-            out = {**out, name: {**rest, dst: jnp.swapaxes(head[src], -1, -2)}}
+        if isinstance(head, Mapping) and "kernel" in head and not weights.is_kernel(head["kernel"]):
+            out = {**out, name: {**head, "kernel": Rows(jnp.swapaxes(head["kernel"], -1, -2))}}
     return out
 
 
 def head_transposed(params) -> bool:
     """Whether the vocabulary head is stored as ``[out, in]`` rows (:func:`transpose_head`)."""
-    return any(isinstance(params.get(n), Mapping) and T_KEY in params[n]
+    return any(isinstance(params.get(n), Mapping) and isinstance(params[n].get("kernel"), Rows)
                for n in (HEAD, VOCAB_HEAD)) if isinstance(params, Mapping) else False
 
 
 def transpose_params(params, widths: Mapping[str, int]):
     """``params`` with the kernel of every projection named in ``widths`` (``{"up_proj": 1280,
     ...}``, e.g. :func:`transposed_widths`) transposed into row blocks of that width
-    (:func:`transpose_block`) under the key ``"kernel_t"``; any form is accepted as input (a new
-    tree; the input is not changed). :func:`unblock_params` converts back."""
+    (:class:`~dsbd_jax.models.weights.RowBlocks`); any kind is accepted as input (a new tree;
+    the input is not changed). :func:`unblock_params` converts back."""
     return transpose_params_(_copy_dicts(unblock_params(params)), widths)
 
 
@@ -263,14 +226,14 @@ def transpose_params_(params: dict, widths: Mapping[str, int], head: bool = Fals
     the input would hold both copies of every kernel until it returned). Returns ``params``."""
     _check_projections(widths, "transpose_params")
     plain = unblock_params(params)
-    if plain is not params:   # blocked or transposed already: back to [in, out] first
+    if plain is not params:   # typed already: back to [in, out] first
         params.update(_copy_dicts(plain))
-    for path, _ in _projections(params):
+    for path in _projections(params):
         n = int(widths.get(path[-2], 0))
         if n:
             parent = _get(params, path[:-1])
             w = parent.pop(path[-1])
-            parent[T_KEY] = jax.block_until_ready(transpose_block(w, n))
+            parent["kernel"] = RowBlocks(jax.block_until_ready(transpose_block(w, n)))
             del w
     return transpose_head_(params) if head else params
 
@@ -278,23 +241,20 @@ def transpose_params_(params: dict, widths: Mapping[str, int], head: bool = Fals
 def transpose_head_(params: dict) -> dict:
     """:func:`transpose_head` IN PLACE (the head's old ``[d, V]`` kernel is dropped once its
     rows replace it). Returns ``params``."""
-    params.update(_swap_head(params, "kernel", T_KEY))
+    params.update(transpose_head(params))
     return params
 
 
 def transposed_of(params) -> Dict[str, int]:
     """``{projection: row-block width}`` of the transposed kernels of a tree (empty: none)."""
-    return {path[-2]: int(_get(params, path).shape[-2]) for path, _ in _projections(params, T_KEY)}
+    return {path[-2]: _get(params, path).width for path in _projections(params)
+            if isinstance(_get(params, path), RowBlocks)}
 
 
 def blocks_of(params) -> Dict[str, int]:
     """``{projection: block width}`` of the blocked kernels of a tree (empty: none blocked)."""
-    out = {}
-    for path, stacked in _projections(params):
-        w = _get(params, path)
-        if _is_blocked(w, stacked):
-            out[path[-2]] = int(w.shape[-1])
-    return out
+    return {path[-2]: _get(params, path).width for path in _projections(params)
+            if isinstance(_get(params, path), ColBlocks)}
 
 
 def projection_shapes(config) -> Dict[str, tuple]:
@@ -355,16 +315,12 @@ def cache_file():
     return _options_cache_file().with_name("kernel_blocks.json")
 
 
-def _read_cache() -> dict:
-    return read_cache(cache_file())
-
-
-def _store(key: str, chosen, times: Mapping) -> None:
-    """Write one measured choice and its figures to this module's cache
-    (:func:`dsbd_jax.models.cpu_options.write_cache`)."""
-    error = write_cache(cache_file(), key, chosen, times)
-    if error is not None:  # a read-only home: keep the choice for this process only
-        logger.info("kernel choice: not cached (%s)", error)
+def _cached(key: str, valid, measure, pick):
+    """A choice of this module's cache (:func:`dsbd_jax.models.cpu_options.cached_choice`)."""
+    got = cached_choice(cache_file(), key, valid, measure, pick)
+    if got.measured and got.where.startswith("not cached"):  # a read-only home
+        logger.info("kernel choice: %s", got.where)
+    return got.choice
 
 
 def _forced() -> Optional[str]:
@@ -387,14 +343,9 @@ def choose_key(din: int, dout: int, dtype: str) -> str:
 def _choose(din: int, dout: int, dtype: str) -> int:
     if din * dout < MIN_ELEMENTS:
         return 0
-    key, cached = choose_key(din, dout, dtype), _read_cache()
-    n = cached.get(key, {}).get("choice")
-    if isinstance(n, int) and (n == 0 or width_fits(n, dout)):
-        return n
-    times = measure(din, dout, dtype)
-    n = pick(times)
-    _store(key, n, times)
-    return n
+    return _cached(choose_key(din, dout, dtype),
+                   lambda n: isinstance(n, int) and (n == 0 or width_fits(n, dout)),
+                   lambda: measure(din, dout, dtype), pick)
 
 
 def choose_blocks(config, dtype=None) -> Dict[str, int]:
@@ -461,14 +412,8 @@ def form_key(din: int, dout: int, dtype: str) -> str:
 def _choose_form(din: int, dout: int, dtype: str) -> str:
     if din * dout < MIN_ELEMENTS:
         return "plain"
-    key, cached = form_key(din, dout, dtype), _read_cache()
-    form = cached.get(key, {}).get("choice")
-    if form in ("plain", TRANSPOSED):
-        return form
-    times = measure_forms(din, dout, dtype)
-    form = pick_form(times)
-    _store(key, form, times)
-    return form
+    return _cached(form_key(din, dout, dtype), lambda f: f in ("plain", TRANSPOSED),
+                   lambda: measure_forms(din, dout, dtype), pick_form)
 
 
 def choose_form(config, dtype=None) -> str:

@@ -41,14 +41,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.models import weights
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import tuned_jit
-from dsbd_jax.models.kernels import T_KEY, project, project_t
 from dsbd_jax.models.layout import (  # noqa: F401  (part of the model's API)
     LAYOUTS, check_layout, convert_layout, default_layout, num_layers_of, params_layout,
     unstack_layers_)
-from dsbd_jax.models.products import mixed_rows
 from dsbd_jax.models.vocab import split_head, tied_logits, truncated_logits
 
 _NEG = -0.7 * float(np.finfo(np.float32).max)  # finite "minus infinity": no NaN on empty rows
@@ -125,9 +124,10 @@ def softcap(x: jax.Array, cap) -> jax.Array:
 
 
 class Dense(nn.Module):
-    """``nn.Dense`` (same parameter names and ``[in, out]`` kernel, same product) that also runs
-    a blocked kernel ``[out / n, in, n]`` (:mod:`dsbd_jax.models.kernels`): the kernel's rank
-    tells which; or, under the key ``"kernel_t"``, a transposed kernel ``[out / n, n, in]``.
+    """``nn.Dense`` (same parameter names and ``[in, out]`` kernel, same product) whose kernel
+    may be any kind of :mod:`dsbd_jax.models.weights` (a plain array, or a typed leaf that says
+    its form: transposed row blocks, blocked columns, a head's rows): the leaf runs its own
+    product (:func:`dsbd_jax.models.weights.product`).
 
     ``dtype`` is the kernel's storage dtype. A 16-bit kernel (bfloat16, float16) runs in mixed
     precision: ``x`` cast to 16 bits, float32 accumulation, a float32 result
@@ -138,15 +138,12 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        if self.has_variable("params", T_KEY):  # a transposed kernel [out / n, n, in]
-            y = dense_product(x, {T_KEY: self.get_variable("params", T_KEY)}, self.dtype)
+        if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
+            kernel = self.get_variable("params", "kernel")
         else:
-            if self.has_variable("params", "kernel"):  # apply: take the tree's kernel as it is
-                kernel = self.get_variable("params", "kernel")
-            else:
-                kernel = self.param("kernel", nn.initializers.normal(0.02),
-                                    (x.shape[-1], self.features), self.dtype)
-            y = dense_product(x, {"kernel": kernel}, self.dtype)
+            kernel = self.param("kernel", nn.initializers.normal(0.02),
+                                (x.shape[-1], self.features), self.dtype)
+        y = dense_product(x, {"kernel": kernel}, self.dtype)
         if self.use_bias:
             y = y + self.param("bias", nn.initializers.zeros, (self.features,),
                                self.dtype).astype(y.dtype)
@@ -155,16 +152,10 @@ class Dense(nn.Module):
 
 def dense_product(x, params, dtype) -> jax.Array:
     """``x [..., in]`` times the kernel a :class:`Dense` stores in ``params`` (its parameter
-    dict: ``"kernel"`` plain or blocked, or ``T_KEY`` transposed, a head's ``[out, in]`` rows
-    when 2-D), without the bias: the product :class:`Dense` runs, in the same form, dtype
-    (``dtype``, the kernel's storage dtype) and precision. ``benchmarks/pass_floor.py`` chains
-    these products alone to time a forward pass's floor."""
-    if T_KEY in params:
-        kernel_t = params[T_KEY].astype(dtype)
-        if kernel_t.ndim == 2:  # a head's [out, in] rows (kernels.transpose_head)
-            return mixed_rows(x, kernel_t)
-        return project_t(_operand(x, dtype), kernel_t)
-    return project(_operand(x, dtype), params["kernel"].astype(dtype))
+    dict; the kernel of any kind), without the bias: the product :class:`Dense` runs, in the
+    same form, dtype (``dtype``, the kernel's storage dtype) and precision.
+    ``benchmarks/pass_floor.py`` chains these products alone to time a forward pass's floor."""
+    return weights.product(_operand(x, dtype), weights.astype(params["kernel"], dtype))
 
 
 def _operand(x, dtype):

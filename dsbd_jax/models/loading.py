@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import os
 import time
@@ -45,7 +46,8 @@ from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
                                    read_header, tokenizer_from_gguf)
 from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
-from dsbd_jax.models.host import AUTO, dtype_choice, resolve_dtype
+from dsbd_jax.models.host import AUTO, HostPlan, dtype_choice, resolve_dtype
+from dsbd_jax.models.host import plan as host_plan
 from dsbd_jax.models.hub import is_hub_id, snapshot
 from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params, choose_blocks,
                                      choose_form, head_transposed, transpose_params_,
@@ -186,7 +188,8 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                vocab_table: Optional[Union[str, os.PathLike]] = None,
                prompt_rows: bool = False,
                kernel_blocks: Union[str, Dict[str, int], None] = "measured",
-               untie_head: bool = False, place=None) -> LoadedModel:
+               untie_head: bool = False, place=None,
+               plan: Optional[HostPlan] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -200,6 +203,12 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         weights and KV cache in 16 bits and run the products in mixed precision (float32
         accumulation); activations, norms, attention and logits stay float32.
         ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
+      plan: a :class:`dsbd_jax.models.host.HostPlan` (``dsbd_jax.models.host.plan(config)``, or
+        one made on another host and passed on): its dtype and kernel form are applied as they
+        are, nothing is measured. ``None`` (default): with ``kernel_blocks="measured"`` the
+        plan is worked out here, once, by :func:`dsbd_jax.models.host.plan` (the dtype for
+        ``dtype="auto"``, the form for that dtype). ``info["plan"]`` records the plan applied
+        (``None`` where ``kernel_blocks`` or ``place`` decided the form instead).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
         ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default
@@ -226,8 +235,9 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         ``[in, out]`` kernels or transposed ones (``[out, in]`` rows in blocks,
         :func:`dsbd_jax.models.kernels.transpose_params`), whichever this host runs faster for
         this model's MLP shape, each form under its own compiler options
-        (:func:`dsbd_jax.models.kernels.choose_form`: a few seconds once per host and shape,
-        cached; plain off the CPU and for small models; ``$DSBD_JAX_KERNEL_FORM`` forces one).
+        (:func:`dsbd_jax.models.kernels.choose_form` through the host's plan: a few seconds once
+        per host and shape, cached; plain off the CPU and for small models;
+        ``$DSBD_JAX_KERNEL_FORM`` forces one).
         Where transposed kernels win, their few-row products make the forward passes and the
         decoders faster (what each host picks: ``docs/performance.md``; figures:
         ``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
@@ -250,7 +260,19 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     """
     layout = check_layout(layout)
     enable_compilation_cache(cache_dir)
-    if isinstance(dtype, str) and dtype == AUTO:
+    if plan is not None:
+        _check_plan(plan, dtype, kernel_blocks)
+    elif isinstance(kernel_blocks, str) and kernel_blocks == MEASURED and place is None:
+        t0 = time.perf_counter()
+        plan = host_plan(read_config(source, revision=revision), dtype)
+        if time.perf_counter() - t0 > 1.0:  # measured now (later loads read the caches)
+            notice(f"planned this host's run in {time.perf_counter() - t0:.0f} s: {plan.dtype} "
+                   f"({plan.why}), {plan.form} kernels, compiler options {plan.options} "
+                   f"(cached; `dsbd host` prints the figures)", progress)
+    if plan is not None:
+        dtype, dtype_why = plan.dtype, plan.why
+        kernel_blocks = TRANSPOSED if plan.form == TRANSPOSED and place is None else None
+    elif isinstance(dtype, str) and dtype == AUTO:
         t0 = time.perf_counter()
         config = read_config(source, revision=revision)
         dtype, dtype_why = dtype_choice(config)
@@ -259,6 +281,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                    f"({dtype_why})", progress)
     else:
         dtype_why = "given"
+    plan_info = None if plan is None else dataclasses.asdict(plan)
     if prompt_rows and head_rows is None:
         raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
@@ -275,6 +298,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["kernel_transposed"] = transposed_of(model.params)
             model.info["head_transposed"] = head_transposed(model.params)
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
+            model.info["plan"] = plan_info
             release_freed_memory()
             return model
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
@@ -334,6 +358,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
+    model.info["plan"] = plan_info
     if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]):
         name, folder, key = host_form
         with timed_step(f"cached {name} in this host's form ({folder}: later loads only read "
@@ -342,6 +367,19 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 name, folder, model.params, model.config, dtype, key, cache_dir))
     release_freed_memory()
     return model
+
+
+def _check_plan(plan, dtype, kernel_blocks) -> None:
+    """``TypeError`` / ``ValueError`` unless ``plan`` is a :class:`HostPlan` that nothing else
+    in the call contradicts (a different dtype, or a kernel form asked for by ``kernel_blocks``)."""
+    if not isinstance(plan, HostPlan):
+        raise TypeError(f"plan must be a dsbd_jax.models.host.HostPlan, got {type(plan).__name__}")
+    if not (isinstance(dtype, str) and dtype == AUTO) and jnp.dtype(dtype).name != plan.dtype:
+        raise ValueError(f"dtype={jnp.dtype(dtype).name} contradicts the plan's {plan.dtype}: "
+                         f"leave dtype at 'auto' when passing a plan")
+    if not (isinstance(kernel_blocks, str) and kernel_blocks == MEASURED):
+        raise ValueError(f"the plan decides the kernel form ({plan.form}); leave kernel_blocks "
+                         f"at 'measured' when passing a plan, got {kernel_blocks!r}")
 
 
 def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
@@ -367,7 +405,8 @@ def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_hea
     row_head = form == TRANSPOSED and jnp.dtype(dtype).itemsize == 2
     if layout == "stacked" and form != TRANSPOSED:
         return None                 # the form of the parameter cache itself
-    key = {"dtype": dtype_name, "layout": layout, "form": form, "row_head": row_head,
+    key = {"leaves": "typed kernels", "dtype": dtype_name, "layout": layout, "form": form,
+           "row_head": row_head,
            "widths": transposed_widths(config) if form == TRANSPOSED else {}}
     return where, host_layout_dir_name(dtype_name, layout, form, row_head), key
 

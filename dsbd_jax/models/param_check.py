@@ -1,6 +1,6 @@
 """A model's parameters checked against its config at trace time (shapes are static): every
-leaf a Llama-family tree of that config needs, in whatever kernel form it is stored (plain,
-transposed, blocked; :mod:`dsbd_jax.models.kernels`), with a truncated vocabulary head
+leaf a Llama-family tree of that config needs, its kernels of any kind (each typed kernel leaf
+answers with its plain shape: :func:`dsbd_jax.models.weights.shape_of`), with a truncated vocabulary head
 (:mod:`dsbd_jax.models.vocab`) in place of ``lm_head``. The decoders call :func:`check_params`
 on every input tree; the forms stay this layer's business."""
 
@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import PROJECTIONS, T_KEY, plain_shape
+from dsbd_jax.models import weights
+from dsbd_jax.models.kernels import PROJECTIONS
 from dsbd_jax.models.llama import init_params, params_layout
 from dsbd_jax.models.vocab import split_head
 
@@ -39,35 +40,25 @@ def check_params(name: str, config: ModelConfig, params) -> None:
     if head is not None:  # a truncated vocabulary head (dsbd_jax.models.vocab) replaces lm_head
         want.pop("['lm_head']['kernel']", None)
         n = int(np.shape(head["rows"])[0]) if "rows" in head else 0
-        mat = next((m for m in ("kernel", T_KEY) if m in head), "embedding")
+        mat = "kernel" if "kernel" in head else "embedding"
         need = (config.hidden_size, n) if mat == "kernel" else (n, config.hidden_size)
         full = {"full_kernel": (config.hidden_size, config.vocab_size),
                 "full_embedding": (config.vocab_size, config.hidden_size)}
         bad_full = [k for k in head if k in full and tuple(np.shape(head[k])) != full[k]]
         if (not 0 < n <= config.vocab_size or mat not in head or bad_full
                 or set(head) - {"rows", mat} - set(full)
-                or tuple(np.shape(head[mat])) != need):
+                or weights.shape_of(head[mat]) != need):
             raise ValueError(f"{name} parameters do not match config.{name}: the truncated head "
                              f"['vocab_head'] needs rows [N] with 0 < N <= {config.vocab_size} "
                              f"and a {mat} of shape {need}, got "
-                             f"{ {k: tuple(np.shape(v)) for k, v in head.items()} }")
-    got = {jax.tree_util.keystr(p): tuple(np.shape(x))
-           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+                             f"{ {k: weights.shape_of(v) for k, v in head.items()} }")
+    got = {jax.tree_util.keystr(p): weights.shape_of(x)
+           for p, x in weights.leaves_with_path(params)}
     for path, shape in want.items():
-        key = "kernel"
-        projection = any(f"['{p}']['kernel']" in path for p in PROJECTIONS)
-        if projection and path not in got:  # stored transposed (kernels.transpose_params)?
-            stored = path[:-len("['kernel']")] + f"['{T_KEY}']"
-            if stored in got:
-                got[path], key = got.pop(stored), T_KEY
-        if path == "['lm_head']['kernel']" and path not in got and \
-                f"['lm_head']['{T_KEY}']" in got:  # [V, d] rows (kernels.transpose_head)
-            got[path] = got.pop(f"['lm_head']['{T_KEY}']")[::-1]
         if path not in got:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} is "
                              f"missing (expected shape {shape})")
-        have = plain_shape(key, got[path], len(shape)) if projection else got[path]
-        if have != shape:
+        if got[path] != shape:
             raise ValueError(f"{name} parameters do not match config.{name}: leaf {path} expected "
                              f"shape {shape}, got {got[path]}")
     extra = sorted(set(got) - set(want))

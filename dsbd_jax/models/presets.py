@@ -39,6 +39,7 @@ from typing import Optional, Tuple
 
 import jax.numpy as jnp
 
+from dsbd_jax.models import weights
 from dsbd_jax.models.checkpoint import (LoadedModel, config_from_json, config_to_json,
                                          convert_saved_params, load_saved_params, notice)
 from dsbd_jax.models.config import ModelConfig
@@ -402,13 +403,18 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            leaves = []
+            leaves, kinds = [], {}
             for path, leaf in _flatten(params):
-                file = ".".join(path) + ".npy"
-                save_host(tmp / file, leaf, dtype)
+                if weights.is_kernel(leaf):  # a typed kernel: one file per array, its kind named
+                    kinds[".".join(path)] = type(leaf).__name__
+                    for field in leaf.fields:
+                        save_host(tmp / (".".join(path + (field,)) + ".npy"),
+                                  getattr(leaf, field), dtype)
+                else:
+                    save_host(tmp / (".".join(path) + ".npy"), leaf, dtype)
                 leaves.append(list(path))
             meta = {"preset": name, "sha256": get_preset(name).sha256, "key": key,
-                    "config": config_to_json(config), "leaves": leaves}
+                    "config": config_to_json(config), "leaves": leaves, "kinds": kinds}
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             os.replace(tmp, final)
         finally:
@@ -433,6 +439,9 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
         tree = params
         for k in path[:-1]:
             tree = tree.setdefault(k, {})
-        tree[path[-1]] = _to_device(tuple(path), load_host(final / (".".join(path) + ".npy")),
+        read = lambda p: _to_device(tuple(p), load_host(final / (".".join(p) + ".npy")),  # noqa: E731
                                     dtype)
+        kind = meta.get("kinds", {}).get(".".join(path))
+        tree[path[-1]] = (read(path) if kind is None else
+                          weights.kind(kind)(*(read(path + [f]) for f in weights.kind(kind).fields)))
     return config_from_json(meta["config"], dtype.name), params

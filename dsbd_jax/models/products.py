@@ -1,6 +1,7 @@
 """The projection products behind :mod:`dsbd_jax.models.kernels`: ``x`` times a kernel in
 each stored form (plain ``[in, out]``, blocked ``[out / n, in, n]``, transposed ``[out / n, n,
-in]`` under the key ``T_KEY``), and the conversions between the forms. Pure functions of
+in]``), and the conversions between the forms: the product rules of the kernel kinds of
+:mod:`dsbd_jax.models.weights`. Pure functions of
 arrays with no dependency inside the package, so that both the model (through
 :mod:`~dsbd_jax.models.kernels`) and the per-host measurement of compiler options
 (:mod:`~dsbd_jax.models.cpu_options`, which times each form under each candidate) use the
@@ -8,8 +9,6 @@ very same products. See :mod:`dsbd_jax.models.kernels` for what each form is for
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -97,9 +96,8 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return y.reshape(*lead, c * n)
 
 
-# transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks under the key "kernel_t"
+# transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks (weights.RowBlocks)
 TRANSPOSED = "transposed"
-T_KEY = "kernel_t"
 # transposed blocks of at most this many output rows (wider blocks are slower: docs/results/cpu.md)
 T_MAX_WIDTH = 1280
 
@@ -155,73 +153,3 @@ def transposed_width(dout: int) -> int:
     aligned = [n for n in divs if n % 64 == 0]
     return max(aligned or divs or [dout])
 
-
-def _mappings(tree):
-    """Every mapping in the pytree ``tree`` (a parameter tree, or a call's arguments), reached
-    through mappings, lists and tuples, depth first. No leaf is touched."""
-    stack = [tree]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, Mapping):
-            yield t
-            stack.extend(t.values())
-        elif isinstance(t, (list, tuple)):
-            stack.extend(t)
-
-
-def _sixteen_bit(m: Mapping):
-    """The dtype name of a projection kernel stored in 16 bits directly under ``m`` (key
-    ``"kernel"`` or ``T_KEY``), else ``None``. Reads dtypes only (tracers and shape structs
-    alike)."""
-    for k in ("kernel", T_KEY):
-        dt = getattr(m.get(k), "dtype", None)
-        if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize == 2:
-            return jnp.dtype(dt).name
-    return None
-
-
-def _row_head(m: Mapping) -> bool:
-    """Whether ``m`` is a model's parameters (it has ``"embed"``) whose vocabulary head is stored
-    as ``[V, d]`` rows (:func:`has_row_head`)."""
-    if "embed" not in m:
-        return False
-    head, vocab = m.get("lm_head"), m.get("vocab_head")
-    if isinstance(vocab, Mapping) and ("embedding" in vocab or T_KEY in vocab):
-        return True                                # truncated: tied, or stored transposed
-    if head is None:
-        return not isinstance(vocab, Mapping)      # tied (a truncated untied head is not)
-    return isinstance(head, Mapping) and T_KEY in head
-
-
-def program_kind(tree) -> tuple:
-    """``(form_of(tree), kernel_dtype(tree), has_row_head(tree))`` in one walk: what decides
-    the compiler options of a program over ``tree``
-    (:func:`dsbd_jax.models.cpu_options.options_name`)."""
-    form, dtype, row_head = "plain", None, False
-    for m in _mappings(tree):
-        if T_KEY in m:
-            form = TRANSPOSED
-        dtype = dtype or _sixteen_bit(m)
-        row_head = row_head or _row_head(m)
-    return form, dtype or "float32", row_head
-
-
-def form_of(tree) -> str:
-    """``"transposed"`` when any mapping in the pytree ``tree`` (a parameter tree, or a call's
-    arguments) holds a transposed kernel (key ``T_KEY``), else ``"plain"``."""
-    return TRANSPOSED if any(T_KEY in m for m in _mappings(tree)) else "plain"
-
-
-def kernel_dtype(tree) -> str:
-    """``"bfloat16"`` (or ``"float16"``) when a projection kernel in the pytree ``tree`` (an
-    array under the key ``"kernel"`` or ``T_KEY``: a parameter tree, or a call's arguments) is
-    stored in 16 bits, else ``"float32"``."""
-    return next(filter(None, map(_sixteen_bit, _mappings(tree))), "float32")
-
-
-def has_row_head(tree) -> bool:
-    """Whether a model in the pytree ``tree`` computes its vocabulary head over rows stored as
-    ``[V, d]`` (a product contracting the weight's last axis): a tied head (the embedding, no
-    ``"lm_head"``), a truncated tied head (``"vocab_head"`` holding an ``"embedding"``) or a head
-    stored transposed (``T_KEY`` under ``"lm_head"`` / ``"vocab_head"``)."""
-    return any(map(_row_head, _mappings(tree)))

@@ -6,8 +6,8 @@ of the models' own generations). :func:`truncate_head` gathers the draft's vocab
 
     params["vocab_head"] = {"rows": int32 [N],             # token ids, ascending, unique
                             "kernel": [d, N]}               # untied head: lm_head columns
-                     (or) {"rows": int32 [N],
-                           "kernel_t": [N, d]}              # untied head stored as rows
+                     (or) {"rows": int32 [N],                # (or the kernel kind the head had,
+                           "kernel": Rows([N, d])}          #  e.g. [N, d] rows: models.weights)
                      (or) {"rows": int32 [N],
                            "embedding": [N, d]}             # tied head: embedding rows
 
@@ -50,8 +50,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.products import (T_KEY, TRANSPOSED, is_mixed, mixed_cols, mixed_rows,
-                                      program_kind)
+from dsbd_jax.models import weights
+from dsbd_jax.models.products import TRANSPOSED, is_mixed, mixed_rows
+from dsbd_jax.models.weights import Rows, program_kind
 
 VOCAB_HEAD = "vocab_head"
 TABLE_NAME = "dsbd_vocab.npz"  # a table's default file name beside a model (see table_path)
@@ -106,7 +107,7 @@ def untie_head(params, config):
     untied before truncation (untie first, then :func:`truncate_head`).
 
     In a 16-bit tree with transposed projection kernels the new head is stored as its ``[V, d]``
-    rows (``lm_head["kernel_t"]``, a copy of the embedding), the form ``load_model`` gives every
+    rows (a :class:`~dsbd_jax.models.weights.Rows`, a copy of the embedding), the form ``load_model`` gives every
     untied head of such a model (:func:`dsbd_jax.models.kernels.transpose_head`): the result is
     the tree ``load_model(..., untie_head=True)`` gives."""
     if not isinstance(params, Mapping):
@@ -119,7 +120,7 @@ def untie_head(params, config):
     embedding = params["embed"]["embedding"]
     form, dtype, _ = program_kind(params)
     if form == TRANSPOSED and dtype != "float32":
-        head = {T_KEY: jnp.array(embedding, copy=True)}  # a new [V, d] array
+        head = {"kernel": Rows(jnp.array(embedding, copy=True))}  # a new [V, d] array
     else:
         head = {"kernel": jnp.transpose(embedding)}  # a new [d, V] array
     return dict(params, lm_head=head), dataclasses.replace(config, tie_word_embeddings=False)
@@ -130,15 +131,9 @@ def truncated_logits(h: jax.Array, head, vocab_size: int) -> jax.Array:
     The products are computed as ``nn.Dense`` / ``nn.Embed.attend`` compute the full head (same
     operand order and dtype), so ``N = V`` reproduces the full logits bit for bit. A 16-bit head
     runs in mixed precision as the full head does (:mod:`dsbd_jax.models.products`)."""
-    if "kernel" in head:
+    if "kernel" in head:  # any kind of kernel leaf (dsbd_jax.models.weights)
         kernel = head["kernel"]
-        if is_mixed(kernel):
-            part = mixed_cols(h, kernel)
-        else:
-            kernel = kernel.astype(h.dtype)
-            part = jax.lax.dot_general(h, kernel, (((h.ndim - 1,), (0,)), ((), ())))
-    elif "kernel_t" in head:  # [N, d] rows (a 16-bit head in the [out, in] form)
-        part = mixed_rows(h, head["kernel_t"])
+        part = weights.product(h, kernel if is_mixed(kernel) else weights.astype(kernel, h.dtype))
     else:
         embedding = head["embedding"]
         part = tied_logits(h, embedding if is_mixed(embedding) else embedding.astype(h.dtype))
@@ -161,11 +156,10 @@ def check_rows(rows, vocab_size: int) -> np.ndarray:
 
 def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
     """The draft's parameters with its vocabulary head gathered once to ``rows`` (module doc).
-    Works on both weight layouts and on every head form ``load_model`` stores; the other
-    parameters are shared, not copied. An untied head stored as ``[V, d]`` rows
-    (``lm_head["kernel_t"]``, a 16-bit model with transposed kernels) gives its ``N`` rows under
-    ``"kernel_t"``: the result is the tree ``load_model(..., head_rows=...)`` gives for the same
-    rows. ``prompt_rows``: keep the full head matrix too (``"full_kernel" [d, V]``, or
+    Works on both weight layouts and on every kind of head kernel: the kernel leaf keeps its
+    own form for its ``N`` outputs (:func:`dsbd_jax.models.weights.take_outputs`; ``[V, d]``
+    rows give ``[N, d]`` rows), so the result is the tree ``load_model(..., head_rows=...)``
+    gives for the same rows. ``prompt_rows``: keep the full head matrix too (``"full_kernel" [d, V]``, or
     ``"full_embedding"``), so that each call adds its prompts' tokens to the rows
     (:func:`with_prompt_rows`; module doc)."""
     if not isinstance(params, Mapping):
@@ -183,21 +177,14 @@ def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
             head["full_embedding"] = full
     else:
         lm_head = out.pop("lm_head", None)
-        if isinstance(lm_head, Mapping) and T_KEY in lm_head:
-            # [V, d] rows (kernels.transpose_head: a 16-bit model with transposed kernels): the
-            # truncated head keeps that form, as load_model(head_rows=...) stores it
-            full_t = lm_head[T_KEY]
-            head = {"rows": idx, T_KEY: jnp.take(full_t, idx, axis=0)}
+        if isinstance(lm_head, Mapping) and "kernel" in lm_head:
+            full = lm_head["kernel"]   # any kind: it keeps its form for the N outputs
+            head = {"rows": idx, "kernel": weights.take_outputs(full, idx)}
             if prompt_rows:
-                head["full_kernel"] = jnp.swapaxes(full_t, 0, 1)
-        elif isinstance(lm_head, Mapping) and "kernel" in lm_head:
-            full = lm_head["kernel"]
-            head = {"rows": idx, "kernel": jnp.take(full, idx, axis=1)}
-            if prompt_rows:
-                head["full_kernel"] = full
+                head["full_kernel"] = weights.plain(full)
         else:
             raise ValueError("config says the head is untied, but the parameters have no "
-                             f"lm_head kernel ('kernel' or {T_KEY!r}); got lm_head "
+                             "lm_head kernel; got lm_head "
                              f"{sorted(lm_head) if isinstance(lm_head, Mapping) else lm_head!r}")
     out[VOCAB_HEAD] = head
     return out
@@ -218,12 +205,13 @@ def with_prompt_rows(params, prompt_ids: jax.Array):
     head = params[VOCAB_HEAD]
     extra = jnp.reshape(jnp.asarray(prompt_ids), (-1,)).astype(head["rows"].dtype)
     new = {"rows": jnp.concatenate([head["rows"], extra])}
-    if "full_kernel" in head and "kernel_t" in head:  # [N, d] rows (kernels.transpose_head)
-        new["kernel_t"] = jnp.concatenate(
-            [head["kernel_t"], jnp.take(head["full_kernel"], extra, axis=1).T], axis=0)
+    if "full_kernel" in head and isinstance(head["kernel"], Rows):  # [N, d] rows
+        new["kernel"] = Rows(jnp.concatenate(
+            [head["kernel"].value, jnp.take(head["full_kernel"], extra, axis=1).T], axis=0))
     elif "full_kernel" in head:
         new["kernel"] = jnp.concatenate(
-            [head["kernel"], jnp.take(head["full_kernel"], extra, axis=1)], axis=1)
+            [weights.plain(head["kernel"]), jnp.take(head["full_kernel"], extra, axis=1)],
+            axis=1)
     else:
         new["embedding"] = jnp.concatenate(
             [head["embedding"], jnp.take(head["full_embedding"], extra, axis=0)], axis=0)

@@ -31,7 +31,7 @@ from dsbd_jax.decoding import common, inputs
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
-from dsbd_jax.models.products import program_kind
+from dsbd_jax.models.weights import program_kind
 from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,

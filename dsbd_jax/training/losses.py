@@ -17,12 +17,12 @@ Divergences (per position, :func:`divergence`), ``q`` the draft's distribution:
 * ``"rkl"``: reverse KL ``KL(q_S || p)`` with ``q_S`` the draft at the temperature restricted to
   ``p``'s stored support and renormalised (outside it ``p`` is zero).
 
-What each gradient can do (measured on the offline pair, ``benchmarks/distill_losses.py``,
+What each gradient can do (how much of it shows on the offline pair: ``benchmarks/distill_losses.py``,
 ``docs/results/draft.md``): ``"tv"`` is the quantity acceptance is one minus, but its gradient passes
 through the draft's warping. Top-k / top-p make the warped ``q`` constant outside the draft's
-kept tokens, so nothing pushes ``q`` towards a token the target keeps and the draft cut (4.1 of
-the 9.0 points the offline draft misses), and where the draft keeps one token (79 % of its
-positions at top-p 0.8) ``q`` is 1 whatever its logits: no gradient at all. What gradient it
+kept tokens, so nothing pushes ``q`` towards a token the target keeps and the draft cut, and
+where the draft keeps one token (common at top-p 0.8) ``q`` is 1 whatever its logits: no
+gradient at all. What gradient it
 has raises kept tokens with no view of the top-p boundary. ``"fkl"`` compares the draft at the
 temperature only, so every logit gets a gradient, and ``q_T = p`` minimises it, which also makes
 the warped draft equal the warped target (``"rkl"`` sees only ``p``'s support). ``"tv"`` is sound

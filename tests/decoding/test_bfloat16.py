@@ -67,7 +67,7 @@ def pair():
     tc, tp = ref.toy_model(V, seed=0, dtype="bfloat16", eos_token_id=None)
     dc, dp = ref.toy_model(V, seed=7, dtype="bfloat16", eos_token_id=None)
     tp, dp = _rows_form(tp), _rows_form(dp)
-    assert tp["lm_head"]["kernel_t"].shape == (V, tc.hidden_size)
+    assert tp["lm_head"]["kernel"].value.shape == (V, tc.hidden_size)
     assert jax.tree.leaves(tp)[0].dtype == jnp.bfloat16
     return tc, tp, dc, dp
 
@@ -179,7 +179,7 @@ def test_truncated_bfloat16_draft_is_exact(pair, lp):
     top = int(np.argmax(lp(PROMPT)))
     rows = [t for t in range(V) if t != top]
     draft = kernels.transpose_head(truncate_head(dp, dc, rows, prompt_rows=True))
-    assert draft["vocab_head"]["kernel_t"].shape == (len(rows), dc.hidden_size)
+    assert draft["vocab_head"]["kernel"].value.shape == (len(rows), dc.hidden_size)
     out = spec.speculative_sample({"target": tp, "draft": draft}, _ids(), jax.random.key(7),
                                   _decode(tc, dc, gamma=2))
     res = _sample_check(out, lp)

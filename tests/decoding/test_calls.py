@@ -11,6 +11,7 @@ from dsbd_jax import (DSBDConfig, DecodeConfig, beam_sample, beam_search, dsbd_g
                       speculative_sample, tree_speculative_sample)
 from dsbd_jax.decoding import calls, common, methods
 from dsbd_jax.models import cpu_options as co
+from dsbd_jax.models import host
 
 
 def _setup(bench_pair, name):
@@ -48,6 +49,9 @@ def test_a_call_states_its_program_and_options_and_runs_once_compiled(bench_pair
         call = fn.prepare(*args, cfg, prompt_lengths=lengths)
         assert isinstance(call, calls.CoreCall) and call.decoder == name
         assert call.options == {"xla_cpu_multi_thread_eigen": False}
+        # ... named by the host's plan for the model the call runs (its loaded form and dtype)
+        plan = host.plan(cfg.target, "float32", "plain")
+        assert co.options_of((call.args, call.kwargs)) == plan.options == "single_thread_eigen"
         call.via.clear_cache()   # compiled by an earlier test of this process: drop it
         before = common.compile_count(name)
         out = call()

@@ -20,13 +20,13 @@ def test_shapes_of_a_row_count():
 
 
 def _kernel_paths(tree, path=()):
-    """Every parameter dict of the tree that holds a projection kernel (``kernel`` or
-    ``kernel_t``), as a dotted path: the model's Dense layers, found by walking the tree."""
+    """Every parameter dict of the tree that holds a projection kernel (of any kind), as a
+    dotted path: the model's Dense layers, found by walking the tree."""
     out = []
     for k, v in tree.items():
         if hasattr(v, "items"):
             out += _kernel_paths(v, path + (k,))
-        elif k in ("kernel", "kernel_t"):
+        elif k == "kernel":
             out.append(".".join(path))
     return out
 
@@ -67,14 +67,14 @@ def test_small_run(tmp_path, monkeypatch):
                                                            or not tied)
             assert all(p["dtype"] == "bfloat16" for p in rec["products"])
             stored = {p["stored"] for p in rec["products"][:-1]}
-            assert stored == ({"kernel_t"} if form == "transposed" else {"kernel"})
+            assert stored == ({"RowBlocks"} if form == "transposed" else {"plain"})
             last = rec["products"][-1]
             if tied:  # the embedding's [V, d] rows, in either form
                 assert last["stored"] == "embedding" and last["shape"] == [V, d]
             elif form == "transposed":  # a 16-bit model's head as [V, d] rows (load_model)
-                assert last["stored"] == "kernel_t" and last["shape"] == [V, d]
+                assert last["stored"] == "Rows" and last["shape"] == [V, d]
             else:
-                assert last["stored"] == "kernel" and last["shape"] == [d, V]
+                assert last["stored"] == "plain" and last["shape"] == [d, V]
             # one dot_general per product; the pass adds attention's two per layer
             assert rec["dots"] == {"floor": 7 * L + 1, "pass": 9 * L + 1}
             assert rec["options"] == "default"

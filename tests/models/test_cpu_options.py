@@ -11,7 +11,7 @@ from dsbd_jax.decoding import methods
 from dsbd_jax.models import cpu_options as co
 from dsbd_jax.models import kernels, llama
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.products import has_row_head, kernel_dtype
+from dsbd_jax.models.weights import has_row_head, kernel_dtype
 
 
 @pytest.fixture
@@ -240,3 +240,31 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
     keys = jax.random.key_data(jax.random.split(jax.random.key(1), 1))
     eigen = temp_bytes(on_eigen.lower(placed, ids, np.array([8], np.int32), keys).compile())
     assert eigen > 0.5 * weight_bytes, (eigen, weight_bytes)
+
+
+def test_cached_choice_is_the_one_measure_pick_cache_step(tmp_path):
+    """Every per-host choice goes through ``cached_choice``: measured and written once, read
+    back while valid, measured again when the stored choice or its figures are not valid, kept
+    for the process when the file cannot be written."""
+    path, calls = tmp_path / "c.json", []
+
+    def measure():
+        calls.append(1)
+        return {"a": {1: 0.002, 4: 0.003}, "b": {1: 0.001, 4: 0.0035}}
+
+    def pick(t):
+        return min(t, key=lambda c: sum(t[c].values()))
+
+    first = co.cached_choice(path, "k", lambda c: c in "ab", measure, pick)
+    assert (first.choice, first.measured, first.where) == ("b", True, f"written to {path}")
+    assert first.min_ms == {"a": {"1": 2.0, "4": 3.0}, "b": {"1": 1.0, "4": 3.5}}
+    again = co.cached_choice(path, "k", lambda c: c in "ab", measure, pick)
+    assert (again.choice, again.measured, again.min_ms) == ("b", False, first.min_ms)
+    assert again.where == f"cached in {path}" and len(calls) == 1
+    co.cached_choice(path, "k", lambda c: c == "a", measure, pick)            # choice not valid
+    co.cached_choice(path, "k", lambda c: True, measure, pick, valid_ms=lambda ms: "z" in ms)
+    assert len(calls) == 3
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    ro = co.cached_choice(blocked / "c.json", "k", lambda c: True, measure, pick)
+    assert ro.choice == "b" and ro.measured and ro.where.startswith("not cached")

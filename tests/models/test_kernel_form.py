@@ -6,6 +6,7 @@ picks plain or transposed kernels per host and shape (forced, cached, measured),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -17,7 +18,8 @@ import exact_reference as ref
 from dsbd_jax.models import cpu_options as co
 from dsbd_jax.models import kernels
 from dsbd_jax.models import llama
-from dsbd_jax.models.products import T_KEY, form_of, has_row_head, kernel_dtype, program_kind
+from dsbd_jax.models.weights import (RowBlocks, Rows, form_of, has_row_head, kernel_dtype,
+                                     program_kind)
 
 
 @pytest.fixture
@@ -60,14 +62,16 @@ def test_program_kind_reads_form_dtype_and_head_in_one_walk():
                            ("plain", "float32", True)),
         "truncated untied": ({**untied, "vocab_head": {"kernel": spec(f32)}},
                              ("plain", "float32", False)),
-        "head stored as rows": ({**untied, "lm_head": {T_KEY: spec(bf16, 2, 2, 4)}},
+        "head stored as rows": ({**untied, "lm_head": {"kernel": Rows(spec(bf16, 4, 4))},
+                                 "layers_0": {"mlp": {"down_proj": {
+                                     "kernel": RowBlocks(spec(bf16, 2, 2, 4))}}}},
                                 ("transposed", "bfloat16", True)),
         "bfloat16 layer": ({**untied, "layers_0": {"mlp": {"down_proj": {"kernel": spec(bf16)}}}},
                            ("plain", "bfloat16", False)),
         # a call's arguments: a plain float32 draft beside a tied bfloat16 target, in a tuple
         "a call's arguments": (
             ((jnp.ones(2), untied),
-             {"target": [{**tied, "layers_0": {"mlp": {"up": {T_KEY: spec(bf16)}}}}]}),
+             {"target": [{**tied, "layers_0": {"mlp": {"up": {"kernel": RowBlocks(spec(bf16, 1, 4, 4))}}}}]}),
             ("transposed", "bfloat16", True)),
     }
     for name, (tree, want) in cases.items():
@@ -189,3 +193,31 @@ def test_load_model_measured(bench_pair, fresh, monkeypatch):
     np.testing.assert_array_equal(
         np.asarray(kernels.unblock_params(tr.params)["layers_0"]["mlp"]["up_proj"]["kernel"]),
         np.asarray(plain.params["layers_0"]["mlp"]["up_proj"]["kernel"]))
+
+
+def test_load_model_applies_one_plan_passed_as_a_value(bench_pair, fresh):
+    """``load_model`` works out one :class:`HostPlan` (the dtype and the form) and records it;
+    a plan passed in is applied as it is, with nothing measured; a call that contradicts it
+    fails before loading."""
+    from dsbd_jax.models import host
+    from dsbd_jax.models.loading import load_model, read_config
+    from dsbd_jax.models.weights import Rows
+    t = str(bench_pair[0])
+    default = load_model(t, progress=False)
+    assert default.info["plan"] == dataclasses.asdict(host.plan(read_config(t)))
+    assert default.info["plan"]["form"] == "plain"     # a tiny model: not measured
+    given = host.HostPlan("bfloat16", "transposed", "default", True, "given by the test")
+    m = load_model(t, progress=False, plan=given)
+    assert m.info["plan"] == dataclasses.asdict(given)
+    assert (m.info["dtype"], m.info["dtype_why"]) == ("bfloat16", "given by the test")
+    assert m.info["kernel_transposed"] == kernels.transposed_widths(m.config)
+    assert program_kind(m.params)[:2] == ("transposed", "bfloat16")
+    assert isinstance(m.params["lm_head"]["kernel"], Rows) == m.info["head_transposed"] is True
+    with pytest.raises(ValueError, match="contradicts the plan's bfloat16"):
+        load_model(t, "float32", progress=False, plan=given)
+    with pytest.raises(ValueError, match="the plan decides the kernel form"):
+        load_model(t, progress=False, plan=given, kernel_blocks=None)
+    with pytest.raises(TypeError, match="HostPlan"):
+        load_model(t, progress=False, plan={"dtype": "float32"})
+    # a form asked for by kernel_blocks: no plan
+    assert load_model(t, progress=False, kernel_blocks=None).info["plan"] is None

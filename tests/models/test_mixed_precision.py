@@ -14,6 +14,7 @@ import exact_reference as ref
 from dsbd_jax.decoding import inputs
 from dsbd_jax.models import host, kernels, products
 from dsbd_jax.models import llama as M
+from dsbd_jax.models.weights import Rows
 from dsbd_jax.models.vocab import truncate_head, with_prompt_rows
 
 
@@ -71,7 +72,8 @@ def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
     config, params = _toy16()
     widths = {p: n for p, (_, n) in kernels.projection_shapes(config).items()}
     rows = kernels.transpose_head(kernels.transpose_params(params, widths))
-    assert rows["lm_head"]["kernel_t"].shape == (12, 16) and kernels.head_transposed(rows)
+    assert isinstance(rows["lm_head"]["kernel"], Rows) and kernels.head_transposed(rows)
+    assert rows["lm_head"]["kernel"].value.shape == (12, 16)
     ref.assert_same_forward(config, params, [rows], [(1, 1), (3, 1), (1, 5)])
     from dsbd_jax.models.cache import empty_cache
     out, kv = M.forward(config, rows, jnp.zeros((1, 2), jnp.int32),
@@ -86,7 +88,7 @@ def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
     inputs.check_params("target", config, rows)
     inputs.check_params("target", config, back)
     with pytest.raises(ValueError, match="lm_head"):
-        bad = dict(rows, lm_head={"kernel_t": rows["lm_head"]["kernel_t"][:-1]})
+        bad = dict(rows, lm_head={"kernel": Rows(rows["lm_head"]["kernel"].value[:-1])})
         inputs.check_params("target", config, bad)
 
 
@@ -96,15 +98,15 @@ def test_truncated_head_as_rows_with_prompt_rows():
     config, params = _toy16()
     head = truncate_head(params, config, [0, 2, 5, 7], prompt_rows=True)
     rows = kernels.transpose_head(head)
-    assert rows["vocab_head"]["kernel_t"].shape == (4, 16)
+    assert rows["vocab_head"]["kernel"].value.shape == (4, 16)
     inputs.check_params("draft", config, rows)
     prompt = jnp.asarray([[3, 9, 2]], jnp.int32)
     a, b = with_prompt_rows(head, prompt), with_prompt_rows(rows, prompt)
-    assert b["vocab_head"]["kernel_t"].shape == (7, 16)
+    assert b["vocab_head"]["kernel"].value.shape == (7, 16)
     ids = np.asarray([[1, 4, 6]], np.int32)
     np.testing.assert_allclose(np.asarray(M.logits(config, b, ids)),
                                np.asarray(M.logits(config, a, ids)), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(kernels.untranspose_head(rows)["vocab_head"]["kernel"]),
+    np.testing.assert_array_equal(np.asarray(kernels.unblock_params(rows)["vocab_head"]["kernel"]),
                                   np.asarray(head["vocab_head"]["kernel"]))
 
 

@@ -1,9 +1,9 @@
 """Every draft tool and every decoder on every kind of model ``load_model`` returns.
 
 The matrix: the parameters' dtype (float32, bfloat16) x the projection kernels' form (plain
-``[in, out]``, transposed ``[out / n, n, in]`` rows under ``"kernel_t"``; forced with
+``[in, out]``, transposed ``[out / n, n, in]`` rows (a ``RowBlocks`` leaf); forced with
 ``$DSBD_JAX_KERNEL_FORM``, as a user forces it) x the head (tied: the embedding; untied: its own
-kernel, stored as ``[V, d]`` rows under ``lm_head.kernel_t`` when the model is 16-bit and
+kernel, stored as ``[V, d]`` rows (a ``Rows`` leaf) when the model is 16-bit and
 transposed). Each case loads a tiny random target/draft pair written by ``transformers``
 (:func:`dsbd_jax.testing.make_tiny_pair`) and runs:
 
@@ -43,7 +43,7 @@ from dsbd_jax.decoding.tree import tree_speculative_sample
 from dsbd_jax.models import kernels
 from dsbd_jax.models.llama import logits
 from dsbd_jax.models.loading import load_model
-from dsbd_jax.models.products import T_KEY, program_kind
+from dsbd_jax.models.weights import Rows, program_kind
 from dsbd_jax.models.vocab import save_table, top_rows, truncate_head, untie_head, with_prompt_rows
 
 DTYPES = ("float32", "bfloat16")
@@ -110,7 +110,7 @@ def case(request, checkpoints):
         (head == "tied")
     if head == "untied":
         row_head = dtype == "bfloat16" and form == "transposed"
-        assert (T_KEY in p["lm_head"]) == row_head == c.draft.info["head_transposed"], c.id
+        assert isinstance(p["lm_head"]["kernel"], Rows) == row_head == c.draft.info["head_transposed"], c.id
     return c
 
 

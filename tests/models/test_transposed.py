@@ -14,7 +14,7 @@ import exact_reference as ref
 from dsbd_jax.decoding.beam import beam_sample
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.inputs import check_params
-from dsbd_jax.models import kernels
+from dsbd_jax.models import kernels, weights
 from dsbd_jax.models.llama import convert_layout
 
 
@@ -69,8 +69,9 @@ def test_transposed_tree_gives_the_same_forward(layout):
     widths = kernels.transposed_widths(config)
     t = kernels.transpose_params(params, widths)
     assert kernels.transposed_of(t) == widths and kernels.transposed_of(params) == {}
-    assert not any("'kernel'" in jax.tree_util.keystr(p) and "proj" in jax.tree_util.keystr(p)
-                   for p, _ in jax.tree_util.tree_flatten_with_path(t)[0])
+    # every projection kernel is a RowBlocks leaf that says its form
+    assert all(isinstance(k, kernels.RowBlocks) for p, k in weights.leaves_with_path(t)
+               if "proj" in jax.tree_util.keystr(p))
     back = kernels.unblock_params(t)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
@@ -124,8 +125,8 @@ def test_in_place_transpose_builds_the_same_tree(layout):
 def test_check_params_rejects_a_transposed_kernel_of_the_wrong_size():
     config, params = model()
     bad = kernels.transpose_params(params, {"down_proj": 8})
-    w = bad["layers_0"]["mlp"]["down_proj"]["kernel_t"]
-    bad["layers_0"]["mlp"]["down_proj"]["kernel_t"] = w[:, :, :5]
+    w = bad["layers_0"]["mlp"]["down_proj"]["kernel"]
+    bad["layers_0"]["mlp"]["down_proj"]["kernel"] = type(w)(w.value[:, :, :5])
     with pytest.raises(ValueError, match=r"layers_0.*down_proj.*expected shape \(32, 16\)"):
         check_params("draft", config, bad)
     with pytest.raises(ValueError, match="unknown projections"):

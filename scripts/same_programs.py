@@ -1,0 +1,117 @@
+"""Whether two checkouts of dsbd-jax compile the same programs: forward passes in every kernel
+form (plain, transposed, blocked; float32 and bfloat16; a bfloat16 head stored as rows) and a
+DSBD program, on a small random model. Each checkout runs in its own process; the optimized
+HLO texts are compared after dropping what names them rather than what they compute (source
+metadata, and the entry parameters' names, which follow the parameter tree's keys). Same
+programs run at the same speed: a refactor that leaves every program unchanged needs no timing.
+
+    python scripts/same_programs.py --old ../old-checkout [--new .] [--out same_programs.json]
+
+Exit status 0 when every program is the same, 1 otherwise (the first differing lines printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DUMP = r'''
+import sys
+from pathlib import Path
+import jax, jax.numpy as jnp, numpy as np
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models import llama, kernels
+from dsbd_jax.models.cache import empty_cache
+from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+
+out = Path(sys.argv[1])
+for dtype in ("float32", "bfloat16"):
+    c = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype,
+                    tie_word_embeddings=False)
+    p = llama.convert_layout(llama.init_params(c, jax.random.key(0)), "per_layer")
+    p = jax.tree.map(lambda x: x.astype(dtype), p)
+    trees = {"plain": p, "transposed": kernels.transpose_params(p, kernels.transposed_widths(c)),
+             "blocked": kernels.block_params(p, {"up_proj": 64, "down_proj": 32})}
+    if dtype == "bfloat16":
+        trees["rows"] = kernels.transpose_head(trees["transposed"])
+    B, T, S = 2, 5, 16
+    args = (jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), jnp.int32),
+            jnp.ones((B, T, S + T), bool), empty_cache(c, B, S))
+    for name, tree in trees.items():
+        f = jax.jit(lambda p, t, ps, m, ca: llama.forward(c, p, t, ps, m, ca))
+        (out / f"forward-{dtype}-{name}.hlo").write_text(f.lower(tree, *args).compile().as_text())
+    dc = DSBDConfig(target=c, draft=c, max_new_tokens=4, gamma=2, draft_width=2, threshold=0.7)
+    tree = trees["rows" if dtype == "bfloat16" else "transposed"]
+    call = dsbd_generate.prepare({"target": tree, "draft": tree}, np.ones((1, 4), np.int32),
+                                 jax.random.key(0), dc)
+    (out / f"dsbd-{dtype}.hlo").write_text(call.compile().as_text())
+    (out / f"dsbd-{dtype}.tokens").write_text(str(np.asarray(call().sequences).tolist()))
+'''
+
+
+def normalise(text: str) -> str:
+    """The program without what names it: source tables and metadata, module name, and the
+    entry parameters' names (replaced by their positions)."""
+    lines = [ln for ln in text.splitlines()
+             if not re.match(r"^\s*\d+ |^(FileNames|FunctionNames|FileLocations|StackFrames)", ln)]
+    text = "\n".join(lines)
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    text = re.sub(r"stack_frame_id=\d+", "", text)
+    text = re.sub(r"HloModule \S+", "HloModule", text)
+    entry = text[text.find("\nENTRY"):]
+    names = dict(re.findall(r"%(\S+) = [^\n]*? parameter\((\d+)\)", entry))
+    for name in sorted(names, key=len, reverse=True):
+        text = text.replace(f"%{name} ", f"%arg{names[name]} ").replace(
+            f"{name}:", f"arg{names[name]}:").replace(f"%{name})", f"%arg{names[name]})").replace(
+            f"%{name},", f"%arg{names[name]},")
+    return text
+
+
+def dump(checkout: Path, folder: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(checkout.resolve()), DSBD_JAX_COMPILATION_CACHE="0")
+    subprocess.run([sys.executable, "-c", DUMP, str(folder)], env=env, check=True,
+                   cwd=str(checkout))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old", required=True, type=Path, help="the checkout to compare with")
+    ap.add_argument("--new", default=Path("."), type=Path, help="this checkout (default .)")
+    ap.add_argument("--out", default=None, help="write the comparison as JSON here")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        old, new = Path(tmp, "old"), Path(tmp, "new")
+        old.mkdir()
+        new.mkdir()
+        dump(args.old, old)
+        dump(args.new, new)
+        result, same = {}, True
+        for f in sorted(old.iterdir()):
+            a, b = f.read_text(), (new / f.name).read_text()
+            if f.suffix == ".hlo":
+                a, b = normalise(a), normalise(b)
+            ok = a == b
+            same &= ok
+            result[f.stem + f.suffix] = {"same": ok, "lines": len(a.splitlines()),
+                                         "sha1": hashlib.sha1(b.encode()).hexdigest()[:12]}
+            print(f"{f.name:32s} {'same' if ok else 'DIFFERENT'} ({len(a.splitlines())} lines)")
+            if not ok:
+                for x, y in zip(a.splitlines(), b.splitlines()):
+                    if x != y:
+                        print("   old:", x[:160], "\n   new:", y[:160])
+                        break
+    if args.out:
+        Path(args.out).write_text(json.dumps({"same": same, "programs": result}, indent=1) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
