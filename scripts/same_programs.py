@@ -1,6 +1,7 @@
 """Whether two checkouts of dsbd-jax compile the same programs: forward passes in every kernel
-form (plain, transposed, blocked; float32 and bfloat16; a bfloat16 head stored as rows) and a
-DSBD program, on a small random model. Each checkout runs in its own process; the optimized
+form (plain, transposed, blocked; float32 and bfloat16; a bfloat16 head stored as rows) and the
+programs of sampling, beam sampling, speculative, tree and DSBD decoding (transposed kernels;
+in bfloat16 with the head as rows), on a small random model. Each checkout runs in its own process; the optimized
 HLO texts are compared after dropping what names them rather than what they compute (source
 metadata, and the entry parameters' names, which follow the parameter tree's keys). Same
 programs run at the same speed: a refactor that leaves every program unchanged needs no timing.
@@ -29,7 +30,8 @@ import jax, jax.numpy as jnp, numpy as np
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama, kernels
 from dsbd_jax.models.cache import empty_cache
-from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+from dsbd_jax import (DSBDConfig, DecodeConfig, beam_sample, dsbd_generate, sample,
+                      speculative_sample, tree_speculative_sample)
 
 out = Path(sys.argv[1])
 for dtype in ("float32", "bfloat16"):
@@ -48,12 +50,23 @@ for dtype in ("float32", "bfloat16"):
     for name, tree in trees.items():
         f = jax.jit(lambda p, t, ps, m, ca: llama.forward(c, p, t, ps, m, ca))
         (out / f"forward-{dtype}-{name}.hlo").write_text(f.lower(tree, *args).compile().as_text())
-    dc = DSBDConfig(target=c, draft=c, max_new_tokens=4, gamma=2, draft_width=2, threshold=0.7)
     tree = trees["rows" if dtype == "bfloat16" else "transposed"]
-    call = dsbd_generate.prepare({"target": tree, "draft": tree}, np.ones((1, 4), np.int32),
-                                 jax.random.key(0), dc)
-    (out / f"dsbd-{dtype}.hlo").write_text(call.compile().as_text())
-    (out / f"dsbd-{dtype}.tokens").write_text(str(np.asarray(call().sequences).tolist()))
+    pair = {"target": tree, "draft": tree}
+    ids, key = np.ones((1, 4), np.int32), jax.random.key(0)
+    base = dict(target=c, max_new_tokens=4, top_k=10, top_p=0.8)
+    calls = {
+        "dsbd": dsbd_generate.prepare(pair, ids, key, DSBDConfig(
+            draft=c, gamma=2, draft_width=2, threshold=0.7, **base)),
+        "sample": sample.prepare(tree, ids, key, DecodeConfig(**base)),
+        "beam_sample": beam_sample.prepare(tree, ids, key, DecodeConfig(num_beams=2, **base)),
+        "speculative": speculative_sample.prepare(pair, ids, key,
+                                                  DecodeConfig(draft=c, gamma=2, **base)),
+        "tree": tree_speculative_sample.prepare(pair, ids, key, DecodeConfig(
+            draft=c, gamma=2, tree_widths=(2, 2), **base)),
+    }
+    for name, call in calls.items():
+        (out / f"{name}-{dtype}.hlo").write_text(call.compile().as_text())
+        (out / f"{name}-{dtype}.tokens").write_text(str(np.asarray(call().sequences).tolist()))
 '''
 
 
