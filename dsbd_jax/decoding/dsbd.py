@@ -21,7 +21,7 @@ Widths: layer ``l`` keeps ``W_L = min(max_width, max(min_width, W~))`` beams (``
 ``== min_width``) is exactly beam sampling of width ``min_width`` (Theorem 3.1), and in general
 every step is a beam-sampling step of the width the rule picked for it.
 
-Output (``common.GenerateOutput``): ``sequences [B, max_width, N]`` holds the final beams in slots
+Output (``common.GenerateOutput``): ``sequences [B, beam_width, N]`` holds the final beams in slots
 ``0 .. num_beams_out - 1`` in the order of the last iteration's output layer (accepted candidates
 first, in draft order, then the correction / extra-layer draws); unused or dead slots have
 ``log_likelihoods == -inf``, ``lengths == 0`` and pad tokens (``stats["num_beams_out"] [B]`` counts
@@ -34,16 +34,14 @@ remaining budget are never verified).
 Stats (ints unless noted): ``iterations`` (loop trips), ``target_calls`` / ``draft_calls`` (forward
 passes over the batch after the prefills; ``gamma`` draft calls per iteration),
 ``generated_tokens [B]``, ``row_iterations [B]``, ``accepted_layers [B]`` (verified layers that
-passed) and ``mean_accepted_layers [B]`` (float, per iteration),
-``mean_layers_per_iteration [B]`` (float: tokens per iteration = accepted layers + the correction
-or extra layer), ``depth_hist [B, gamma+2]``
-(iterations whose budget allowed all ``gamma + 1`` tokens, by the depth they produced: the
-quantity of Theorem 3.2), ``step_widths [B, N]`` (beams at each generated step),
+passed) and ``mean_accepted_layers [B]`` (float, per iteration), ``mean_layers_per_iteration
+[B]`` (float: tokens per iteration = accepted layers + the correction or extra layer),
+``depth_hist [B, gamma+2]`` (iterations whose budget allowed all ``gamma + 1`` tokens, by the
+depth they produced: Theorem 3.2), ``step_widths [B, N]`` (beams at each generated step),
 ``layer_verified / layer_passed / layer_candidates / layer_accepted / layer_width_sum [gamma]``
 (sums over prompts and iterations), ``layer_acceptance_rate [gamma]`` (passed / verified),
 ``candidate_acceptance_rate [gamma]`` (accepted / candidates), ``mean_layer_width [gamma]`` (mean
-``W_L``), ``mean_accepted_width`` (accepted candidates per verified layer) (floats),
-``num_beams_out [B]``.
+``W_L``), ``mean_accepted_width`` (accepted candidates per verified layer) (floats), ``num_beams_out [B]``.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ class DSBDConfig(DecodeConfig):
         threshold: ``t`` in [0, 1] of the dynamic width; 1 = fixed width ``min_width``.
         min_width: ``W_min`` (<= ``W_S``).
         max_width: cap on the beams of any layer = beams carried between iterations = output slots
-          (default ``W_S``).
+          (``None``, the default: ``W_S``; :attr:`beam_width` is the value that applies).
         num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
           default) = the last layer's width. Must be <= ``max_width``.
         single_beam: keep one cache row per prompt (the paper's memory-saving mode).
@@ -114,14 +112,12 @@ class DSBDConfig(DecodeConfig):
         is_number = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
         if not is_number or not 0.0 <= t <= 1.0:
             raise ValueError(f"threshold must be a number in [0, 1], got {t!r}")
-        object.__setattr__(self, "threshold", float(t))
-        mw = self.draft_width if self.max_width is None else self.max_width
-        if not isinstance(mw, (int, np.integer)) or isinstance(mw, bool) or mw < self.min_width:
-            raise ValueError(f"max_width must be an int >= min_width ({self.min_width}), "
-                             f"got {mw!r}")
-        object.__setattr__(self, "max_width", int(mw))
-        if nb is not None and nb > self.max_width:
-            raise ValueError(f"num_beams ({nb}) must be <= max_width ({self.max_width}); raise "
+        mw = self.max_width
+        if mw is not None and (not isinstance(mw, (int, np.integer)) or isinstance(mw, bool) or mw < self.min_width):
+            raise ValueError(f"max_width must be None or an int >= min_width "
+                             f"({self.min_width}), got {mw!r}")
+        if nb is not None and nb > self.beam_width:
+            raise ValueError(f"num_beams ({nb}) must be <= max_width ({self.beam_width}); raise "
                              f"max_width to draw more beams in the extra layer")
         if not isinstance(self.single_beam, bool):
             raise ValueError(f"single_beam must be a bool, got {self.single_beam!r}")
@@ -143,9 +139,14 @@ class DSBDConfig(DecodeConfig):
         return self.cache_rows + self.gamma * self.layer_width
 
     @property
+    def beam_width(self) -> int:
+        """``max_width`` as it applies (``W_S`` when ``None``): beams between iterations."""
+        return int(self.draft_width if self.max_width is None else self.max_width)
+
+    @property
     def cache_rows(self) -> int:
-        """Cache rows (input beams) per prompt: 1 in single-beam mode, else ``max_width``."""
-        return 1 if self.single_beam else self.max_width
+        """Cache rows (input beams) per prompt: 1 in single-beam mode, else :attr:`beam_width`."""
+        return 1 if self.single_beam else self.beam_width
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
     """Prefill both models once per prompt; the prompt is beam 0, its last token pending."""
     B, P = prompt_ids.shape
     lay = layout(config, P)
-    W, N, G = config.max_width, config.max_new_tokens, config.gamma
+    W, N, G = config.beam_width, config.max_new_tokens, config.gamma
     tcache, dcache, feats = drafting.prefill_pair(config, params, prompt_ids, prompt_lengths,
                                                   lay.S, lay.S)
     if feats is None:

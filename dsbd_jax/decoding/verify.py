@@ -264,7 +264,7 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
     """
     G, C = cand.shape
     P, V = joint.shape[1], joint.shape[2]
-    W_out = config.max_width
+    W_out = config.beam_width
     rep = config.replacement
     warp = (config.temperature, config.top_k, config.top_p)
 

@@ -278,7 +278,7 @@ def test_single_beam_keeps_one_cache_row():
     ids, lengths = jnp.asarray(ids), jnp.asarray(lengths)
     B, P = ids.shape
     key = jax.random.PRNGKey(6)
-    for cfg, rows in ((config, 1), (full_config, full_config.max_width)):
+    for cfg, rows in ((config, 1), (full_config, full_config.beam_width)):
         lay = dsbd.layout(cfg, P)
         state = jax.eval_shape(lambda: dsbd.init_state(cfg, params, ids, lengths, key))
         after = jax.eval_shape(lambda s: dsbd.iteration(cfg, params, lengths, s), state)
@@ -286,7 +286,7 @@ def test_single_beam_keeps_one_cache_row():
         for s in (state, after):
             chex.assert_shape([s.target_cache.k, s.target_cache.v], (L, B, rows * lay.S, K, D))
             chex.assert_shape([s.draft_cache.k, s.draft_cache.v], (L, B, rows * lay.S + lay.Td, K, D))
-            chex.assert_shape(s.sequences, (B, cfg.max_width, cfg.max_new_tokens))
+            chex.assert_shape(s.sequences, (B, cfg.beam_width, cfg.max_new_tokens))
     out = dsbd_generate(params, ids, key, config, prompt_lengths=lengths)
     _check_beams(out, config, params, np.asarray(ids), np.asarray(lengths))
 
@@ -298,7 +298,7 @@ def test_a_node_budget_widens_every_layer(single_beam):
     keeps W_S. The beams still pass every check, and the first forest has the wider layers,
     each grown from the first W_S nodes of the layer before."""
     config, params = _misc(node_budget=21, single_beam=single_beam)
-    assert config.layer_width == 6 and config.max_width == 3
+    assert config.layer_width == 6 and config.beam_width == 3
     assert config.forest_nodes == config.cache_rows + 18
     assert _misc(node_budget=5)[0].layer_width == 3
     ids, lengths = common.pad_prompts(MISC_PROMPTS, length=8)
@@ -313,7 +313,7 @@ def test_a_node_budget_widens_every_layer(single_beam):
     st = {k: np.asarray(v) for k, v in out.stats.items()}
     assert st["layer_candidates"].max() <= 6 * st["layer_verified"].max()
     assert st["layer_candidates"][0] > 3 * st["layer_verified"][0]   # more than W_S candidates
-    assert np.all(st["step_widths"] <= config.max_width)
+    assert np.all(st["step_widths"] <= config.beam_width)
 
 
 def test_bad_configs_raise():
@@ -325,11 +325,17 @@ def test_bad_configs_raise():
            dict(threshold=float("nan")), dict(gamma=0), dict(min_width=0),
            dict(max_width=1), dict(num_beams=4), dict(draft=None), dict(temperature=-1.0),
            dict(draft=ref.toy_model(7, seed=1)[0]), dict(node_budget=0),
-           dict(node_budget=True), dict(node_budget=12.0)]
+           dict(node_budget=True), dict(node_budget=12.0), dict(max_width=True),
+           dict(max_width=3.0), dict(threshold="0.5")]
     for change in bad:
         with pytest.raises(ValueError):
             DSBDConfig(**{**ok, **change})
     config = DSBDConfig(**ok)
+    # fields keep the values they were given; what follows from them is a property
+    assert config.max_width is None and config.beam_width == 3 == config.cache_rows
+    assert DSBDConfig(**{**ok, "max_width": 5}).beam_width == 5
+    one = DSBDConfig(**{**ok, "threshold": 1})
+    assert one.threshold == 1 and type(one.threshold) is int
     params = {"target": tp, "draft": dp}
     ids = np.asarray([[1, 2, 3]], np.int32)
     key = jax.random.PRNGKey(0)
