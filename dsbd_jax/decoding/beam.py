@@ -161,7 +161,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
         dead = dead.reshape(B * W)
         seqs = s.sequences[rows].at[:, t].set(tok)
         seqs = jnp.where(dead[:, None], pad, seqs)  # a dead beam has no tokens
-        finished = s.finished[rows] | common.is_eos(tok, config.eos_token_id) | dead
+        finished = s.finished[rows] | common.is_eos(tok, config.eos_ids) | dead
 
         def advance(c):
             c = kvc.gather_rows(c, rows)
@@ -177,7 +177,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
     body = calls.with_progress(config, body, calls.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
-    lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_token_id)
+    lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
     out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
@@ -242,7 +242,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
         "beam_search", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     lp_exp = length_penalty  # scalar arrays: other settings reuse the compiled program
-    n_eos = len(config.eos_token_id or ())
+    n_eos = len(config.eos_ids)
     K = min(max(2, 1 + n_eos) * W, W * V)  # candidates kept per step (HF: beams_to_keep)
     cache, logits = common.prefill(config.target, params, prompt_ids, prompt_lengths, P + N)
     row_len = jnp.repeat(prompt_lengths, W)
@@ -269,7 +269,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
         cand_beam, cand_tok = split_flat(cand_idx, V)
         cand_seqs = common.take_rows(s.running_seqs, cand_beam).at[:, :, t].set(cand_tok)
         last = t + 1 >= N
-        hits = common.is_eos(cand_tok, config.eos_token_id) | last  # [B, K]
+        hits = common.is_eos(cand_tok, config.eos_ids) | last  # [B, K]
         # running beams for the next step: best W candidates that did not stop
         run_lp = cand_lp + jnp.where(hits, _HF_NEG, 0.0)
         _, nxt = jax.lax.top_k(run_lp, W)
@@ -315,7 +315,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
 
     body = calls.with_progress(config, body, calls.step_progress(B))
     s = jax.lax.while_loop(cond, body, state)
-    lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_token_id)
+    lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1),
                  scores=s.done_scores)

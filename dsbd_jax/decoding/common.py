@@ -223,7 +223,8 @@ class DecodeConfig:
     """Settings of every baseline decoder; frozen and hashable (a static argument under jit).
 
     ``target`` / ``draft`` are the model configs (``draft`` only for the speculative methods).
-    ``eos_token_id`` defaults to the target's; ``pad_token_id`` (what finished rows emit)
+    ``eos_token_id``: ``None`` (default) means the target's (``eos_ids`` is what applies; the
+    field keeps what it was given, its type made a tuple); ``pad_token_id`` (what finished rows emit)
     defaults to the target's pad id, else the first EOS id, else 0.
     ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
     token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
@@ -273,16 +274,15 @@ class DecodeConfig:
         validate_warping(self.temperature, self.top_k, self.top_p)
         if not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {self.gamma!r}")
-        eos = self.eos_token_id if self.eos_token_id is not None else self.target.eos_token_id
-        if isinstance(eos, (int, np.integer)):
-            eos = (int(eos),)
-        object.__setattr__(self, "eos_token_id", tuple(eos) if eos is not None else None)
+        eos = self.eos_token_id   # only its type is made canonical (hashable): int / list -> tuple
+        if isinstance(eos, (int, np.integer)) or (eos is not None and not isinstance(eos, tuple)):
+            object.__setattr__(self, "eos_token_id", tuple(np.atleast_1d(eos).tolist()))
         if self.tree_widths is not None:
             tw = tuple(self.tree_widths)
             if len(tw) != self.gamma or any((not isinstance(w, int)) or w < 1 for w in tw):
                 raise ValueError(f"tree_widths must be {self.gamma} ints >= 1 (one per level), got {tw}")
             object.__setattr__(self, "tree_widths", tw)
-        for tok in (self.eos_token_id or ()):
+        for tok in self.eos_ids:
             if not 0 <= tok < self.target.vocab_size:
                 raise ValueError(f"eos_token_id {tok} is outside the vocabulary")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.target.vocab_size:
@@ -294,12 +294,19 @@ class DecodeConfig:
             raise ValueError(f"num_beams (width) must be an int >= 1, got {self.num_beams!r}")
 
     @property
+    def eos_ids(self) -> Tuple[int, ...]:
+        """The EOS ids that apply: ``eos_token_id`` as given, the target's where it is ``None``;
+        ``()``: none (the field keeps the value it was given)."""
+        eos = self.eos_token_id if self.eos_token_id is not None else self.target.eos_token_id
+        return tuple(int(t) for t in np.atleast_1d(eos).tolist()) if eos is not None else ()
+
+    @property
     def pad_id(self) -> int:
         if self.pad_token_id is not None:
             return self.pad_token_id
         if self.target.pad_token_id is not None and self.target.pad_token_id < self.target.vocab_size:
             return self.target.pad_token_id
-        return self.eos_token_id[0] if self.eos_token_id else 0
+        return self.eos_ids[0] if self.eos_ids else 0
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)

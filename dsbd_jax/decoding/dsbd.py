@@ -319,7 +319,7 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     seqs = jax.vmap(jax.vmap(lambda s, i, t: s.at[i].set(t, mode="drop")))(seqs, dest, path_tok)
     seqs = jnp.where(valid[..., None], seqs, pad)
     new_scores = jnp.where(valid, common.take_rows(s_node, par) + common.take_rows(flat_lp, par * V + tok), NEG_INF)
-    new_fin = common.take_rows(node_fin, par) | common.is_eos(tok, config.eos_token_id)
+    new_fin = common.take_rows(node_fin, par) | common.is_eos(tok, config.eos_ids)
     new_prev = common.take_rows(forest.node_tokens, par)
     if tfeat is not None:
         # a head's features for the output beams: pending reads the target's feature at par,
@@ -386,7 +386,7 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
 
 def to_output(config: DSBDConfig, state: DSBDState) -> GenerateOutput:
     loglik = jnp.where(state.live, state.scores, NEG_INF)
-    lengths, best = common.best_and_lengths(state.sequences, loglik, config.eos_token_id)
+    lengths, best = common.best_and_lengths(state.sequences, loglik, config.eos_ids)
     lengths = jnp.where(state.live, lengths, 0)
     f = lambda x: x.astype(jnp.float32)  # noqa: E731
     ratio = lambda a, b: f(a) / jnp.maximum(f(b), 1.0)  # noqa: E731

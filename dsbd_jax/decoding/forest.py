@@ -156,7 +156,7 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
     return dict(parent=parent, token=token, flat=flat, valid=valid,
                 dscore=jnp.take_along_axis(dscore, parent, axis=1) + step_lp,
                 finished=(jnp.take_along_axis(finished, parent, axis=1)
-                          | common.is_eos(token, config.eos_token_id)),
+                          | common.is_eos(token, config.eos_ids)),
                 q=q)
 
 

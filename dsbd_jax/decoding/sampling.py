@@ -137,7 +137,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
             tok = tok.reshape(B * W).astype(jnp.int32)
         ll = s.log_likelihoods + jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
         seqs = s.sequences.at[:, t].set(tok)
-        finished = s.finished | common.is_eos(tok, config.eos_token_id)
+        finished = s.finished | common.is_eos(tok, config.eos_ids)
 
         def advance(c):
             lg, cc = common.decode_step(config.target, params, c, tok, row_len + t)
@@ -153,7 +153,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
     s = jax.lax.while_loop(cond, body, state)
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)
-    lengths, best = common.best_and_lengths(sequences, ll, config.eos_token_id)
+    lengths, best = common.best_and_lengths(sequences, ll, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
     out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,

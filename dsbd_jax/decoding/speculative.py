@@ -279,7 +279,7 @@ def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, dra
     N = config.max_new_tokens
     n = num_accepted
     j = jnp.arange(emitted.shape[1])[None, :]
-    eos_hit = common.is_eos(emitted, config.eos_token_id) & (j <= n[:, None])
+    eos_hit = common.is_eos(emitted, config.eos_ids) & (j <= n[:, None])
     hit_any = jnp.any(eos_hit, axis=1)
     n_emit = jnp.where(hit_any, jnp.argmax(eos_hit, axis=1) + 1, n + 1)
     n_emit = jnp.where(active, n_emit, 0)
@@ -319,7 +319,7 @@ def decode_loop(config: DecodeConfig, state: DecodeState,
 def to_output(config: DecodeConfig, state: DecodeState) -> GenerateOutput:
     sequences = state.sequences[:, None, :]
     loglik = state.loglik[:, None]
-    lengths, best = common.best_and_lengths(sequences, loglik, config.eos_token_id)
+    lengths, best = common.best_and_lengths(sequences, loglik, config.eos_ids)
     calls = jnp.maximum(jnp.sum(state.row_iter), 1)
     stats = dict(
         target_calls=state.target_calls, draft_calls=state.draft_calls,

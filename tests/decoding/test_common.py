@@ -61,3 +61,20 @@ def test_max_prompt_length_is_what_the_decoders_accept(method, settings):
     host_check(dec, ids, lens)
     with pytest.raises(ValueError, match="prompt too long"):
         host_check(dec, np.ones((1, cap + 1), np.int32), np.array([cap - 3], np.int32))
+
+
+def test_a_config_keeps_its_eos_as_given_and_eos_ids_applies_it():
+    """``eos_token_id=None`` stays ``None`` (the target's ids apply through ``eos_ids``); an int
+    or a list is only made a tuple (hashable); ``()`` is no EOS at all."""
+    target = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1,
+                         num_heads=2, num_kv_heads=1, head_dim=4, eos_token_id=(3, 7))
+    default = common.DecodeConfig(target=target)
+    assert default.eos_token_id is None and default.eos_ids == (3, 7) and default.pad_id == 3
+    assert common.DecodeConfig(target=target, eos_token_id=5).eos_token_id == (5,)
+    given = common.DecodeConfig(target=target, eos_token_id=[9, 2])
+    assert given.eos_token_id == (9, 2) == given.eos_ids and hash(given)
+    none = common.DecodeConfig(target=target, eos_token_id=())
+    assert none.eos_ids == () and none.pad_id == 0
+    assert common.DecodeConfig(target=target.replace(eos_token_id=None)).eos_ids == ()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        common.DecodeConfig(target=target.replace(eos_token_id=(99,)))

@@ -97,7 +97,7 @@ def run_exact(fn, cfg: DecodeConfig, draft, key=0, batch=BATCH):
     params = draft if isinstance(draft, dict) else params_with(draft)
     out = fn(params, ids, jax.random.key(key), cfg)
     seqs = np.asarray(out.sequences[:, 0])
-    eos_ids = set(cfg.eos_token_id or ())
+    eos_ids = set(cfg.eos_ids)
     exact = ref.exact_sample_dist(target_lp(), PROMPT, cfg.max_new_tokens, cfg.temperature,
                                   cfg.top_k, cfg.top_p, tuple(eos_ids), cfg.pad_id)
     result = ref.chi_square_test([tuple(s) for s in seqs.tolist()], exact)
@@ -261,7 +261,7 @@ def check_exact_case(label, cfg, result, out):
           f"{BATCH} samples), acceptance={acc:.3f}, "
           f"accepted per target call={float(out.stats['mean_accepted']):.3f}")
     assert 0.05 < acc < 0.97, "the draft should be accepted partially"
-    if cfg.eos_token_id:
+    if cfg.eos_ids:
         ended = np.asarray(out.lengths[:, 0]) < cfg.max_new_tokens
         assert 0.05 < ended.mean() < 0.95
     assert result.pvalue > P_EXACT, result

@@ -144,7 +144,7 @@ def test_tree_no_recompile_for_other_prompt_lengths():
     assert common.compile_count("tree_speculative_sample") == before
     seqs = np.asarray(out.sequences[0::2, 0])
     exact = ref.exact_sample_dist(target_lp(), PROMPT[:1], cfg.max_new_tokens,
-                                  eos_ids=cfg.eos_token_id, pad_id=cfg.pad_id)
+                                  eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)
     pval = ref.chi_square_pvalue([tuple(s) for s in seqs.tolist()], exact)
     assert pval > P_EXACT, pval
 

@@ -62,7 +62,7 @@ def check_exact(fn, cfg, params, excluded, key=0, chunk=None):
     outs = draws(fn, cfg, params, BATCH, jax.random.key(key), chunk)
     seqs = np.concatenate([np.asarray(o.sequences[:, 0]) for o in outs])
     exact = ref.exact_sample_dist(target_lp(), PROMPT, cfg.max_new_tokens, cfg.temperature,
-                                  cfg.top_k, cfg.top_p, tuple(cfg.eos_token_id or ()), cfg.pad_id)
+                                  cfg.top_k, cfg.top_p, cfg.eos_ids, cfg.pad_id)
     res = ref.chi_square_test([tuple(s) for s in seqs.tolist()], exact)
     first = collections.Counter(seqs[:, 0].tolist())
     want = collections.defaultdict(float)
