@@ -392,13 +392,23 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
     """Write ``params`` (any nesting of dicts, e.g. per-layer with transposed kernels) to
     ``<cache>/<preset>/<folder>/`` (one ``.npy`` per leaf, :func:`save_host`, and
     ``config.json`` with ``key``: what the form was made from), published by an atomic rename.
-    Returns the folder."""
+    A folder made from another file or ``key`` (an older format) is replaced: renamed aside
+    first, so a process that mapped its files keeps reading them. Returns the folder."""
     from dsbd_jax.models.checkpoint import save_host
     directory = preset_dir(name, cache_dir)
     final = directory / folder
     with _lock(directory):
         if (final / "config.json").exists():
-            return final
+            try:
+                old = json.loads((final / "config.json").read_text())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("sha256") == get_preset(name).sha256 and old.get("key") == key:
+                return final
+            stale = directory / f"{folder}.stale-{os.getpid()}"
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = directory / f"{folder}.partial-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

@@ -13,6 +13,7 @@ import importlib
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -500,6 +501,16 @@ def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype
     kw = dict(tokenizer=False, progress=False, layout="per_layer", kernel_blocks="transposed")
     first = load_model("fake-tiny", dtype, **kw)
     assert first.info["kernel_transposed"] and "host_form_cache" in first.info
+    # a folder of another format (another key) is replaced on the next load, not kept forever
+    folder = Path(first.info["host_form_cache"])
+    meta = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**meta, "key": {"old": "format"}}))
+    transposed, real = [], loading.transpose_params_
+    monkeypatch.setattr(loading, "transpose_params_",
+                        lambda *a, **k: transposed.append(1) or real(*a, **k))
+    load_model("fake-tiny", dtype, **kw)
+    assert transposed == [1]                                  # not read: converted again ...
+    assert json.loads((folder / "config.json").read_text())["key"] == meta["key"]  # ... and rewritten
 
     def fail(*a, **k):
         raise AssertionError("split or transposed again")
