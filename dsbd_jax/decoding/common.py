@@ -185,8 +185,13 @@ def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths
 
 
 # ---------------------------------------------------------------------------------------------
+def eos_tuple(eos_token_id) -> Tuple[int, ...]:
+    """EOS ids (``None``, an int, or a sequence of ints) as a tuple of ints (``()``: none)."""
+    return () if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist())
+
+
 def eos_array(eos_token_id) -> jax.Array:
-    ids = () if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist())
+    ids = eos_tuple(eos_token_id)
     return jnp.asarray(ids if ids else (-1,), jnp.int32)
 
 
@@ -274,9 +279,8 @@ class DecodeConfig:
         validate_warping(self.temperature, self.top_k, self.top_p)
         if not isinstance(self.gamma, int) or self.gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {self.gamma!r}")
-        eos = self.eos_token_id   # only its type is made canonical (hashable): int / list -> tuple
-        if isinstance(eos, (int, np.integer)) or (eos is not None and not isinstance(eos, tuple)):
-            object.__setattr__(self, "eos_token_id", tuple(np.atleast_1d(eos).tolist()))
+        if self.eos_token_id is not None:  # only its type made canonical (hashable): a tuple
+            object.__setattr__(self, "eos_token_id", eos_tuple(self.eos_token_id))
         if self.tree_widths is not None:
             tw = tuple(self.tree_widths)
             if len(tw) != self.gamma or any((not isinstance(w, int)) or w < 1 for w in tw):
@@ -297,8 +301,8 @@ class DecodeConfig:
     def eos_ids(self) -> Tuple[int, ...]:
         """The EOS ids that apply: ``eos_token_id`` as given, the target's where it is ``None``;
         ``()``: none (the field keeps the value it was given)."""
-        eos = self.eos_token_id if self.eos_token_id is not None else self.target.eos_token_id
-        return tuple(int(t) for t in np.atleast_1d(eos).tolist()) if eos is not None else ()
+        return eos_tuple(self.eos_token_id if self.eos_token_id is not None
+                         else self.target.eos_token_id)
 
     @property
     def pad_id(self) -> int:

@@ -245,16 +245,20 @@ def transpose_head_(params: dict) -> dict:
     return params
 
 
+def _widths(params, kind) -> Dict[str, int]:
+    """``{projection: block width}`` of the tree's projection kernels of ``kind``."""
+    kernels = {path[-2]: _get(params, path) for path in _projections(params)}
+    return {p: w.width for p, w in kernels.items() if isinstance(w, kind)}
+
+
 def transposed_of(params) -> Dict[str, int]:
     """``{projection: row-block width}`` of the transposed kernels of a tree (empty: none)."""
-    return {path[-2]: _get(params, path).width for path in _projections(params)
-            if isinstance(_get(params, path), RowBlocks)}
+    return _widths(params, RowBlocks)
 
 
 def blocks_of(params) -> Dict[str, int]:
     """``{projection: block width}`` of the blocked kernels of a tree (empty: none blocked)."""
-    return {path[-2]: _get(params, path).width for path in _projections(params)
-            if isinstance(_get(params, path), ColBlocks)}
+    return _widths(params, ColBlocks)
 
 
 def projection_shapes(config) -> Dict[str, tuple]:
