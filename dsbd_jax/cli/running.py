@@ -226,7 +226,8 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
-    with progress; it adds one host callback per loop trip); ``"time"``, elapsed seconds (no callback); ``False`` / ``"none"``, nothing."""
+    with progress; it adds one host callback per loop trip); ``"time"``, elapsed seconds (no
+    callback); ``False`` / ``"none"``, nothing."""
     import jax
     from dsbd_jax.eval.run import CompileClock
     from dsbd_jax.decoding.methods import model_params

@@ -287,7 +287,8 @@ def cached_choice(path: Path, key: str, valid: Callable[[Any], bool],
     times = measure()
     chosen = pick(times)
     error = write_cache(path, key, chosen, times)
-    return Cached(chosen, _ms(times), f"written to {path}" if error is None else f"not cached ({error})", True)
+    where = f"written to {path}" if error is None else f"not cached ({error})"
+    return Cached(chosen, _ms(times), where, True)
 
 
 def _ms(times: Mapping) -> Dict[str, Dict[str, float]]:

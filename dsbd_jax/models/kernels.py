@@ -30,8 +30,8 @@ sums run in another order).
   under), and the cache key names them.
 * **Transposed kernels**: :func:`transpose_params` stores a projection's kernel as
   its ``[out, in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`),
-  a :class:`~dsbd_jax.models.weights.RowBlocks`; :func:`project_t` runs one row as a matrix-vector product over
-  contiguous rows and more rows as one batched product per block. :func:`unblock_params`
+  a :class:`~dsbd_jax.models.weights.RowBlocks`; :func:`project_t` runs one row as a
+  matrix-vector product over contiguous rows and more rows as one batched product per block. :func:`unblock_params`
   converts back. The products live in :mod:`dsbd_jax.models.products`.
 * **The form follows the host, the options follow the form**. The best compiler
   options depend on the kernels' form: on a host, plain kernels may run fastest on Eigen

@@ -1,7 +1,7 @@
 """A model's parameters checked against its config at trace time (shapes are static): every
 leaf a Llama-family tree of that config needs, its kernels of any kind (each typed kernel leaf
-answers with its plain shape: :func:`dsbd_jax.models.weights.shape_of`), with a truncated vocabulary head
-(:mod:`dsbd_jax.models.vocab`) in place of ``lm_head``. The decoders call :func:`check_params`
+answers with its plain shape: :func:`dsbd_jax.models.weights.shape_of`), with a truncated
+vocabulary head (:mod:`dsbd_jax.models.vocab`) in place of ``lm_head``. The decoders call :func:`check_params`
 on every input tree; the forms stay this layer's business."""
 
 from __future__ import annotations

@@ -444,14 +444,18 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
     if meta.get("sha256") != get_preset(name).sha256 or meta.get("key") != key:
         return None
     dtype = jnp.dtype(dtype)
+
+    def read(path):
+        return _to_device(tuple(path), load_host(final / (".".join(path) + ".npy")), dtype)
     params: dict = {}
     for path in meta["leaves"]:
         tree = params
         for k in path[:-1]:
             tree = tree.setdefault(k, {})
-        read = lambda p: _to_device(tuple(p), load_host(final / (".".join(p) + ".npy")),  # noqa: E731
-                                    dtype)
         kind = meta.get("kinds", {}).get(".".join(path))
-        tree[path[-1]] = (read(path) if kind is None else
-                          weights.kind(kind)(*(read(path + [f]) for f in weights.kind(kind).fields)))
+        if kind is None:
+            tree[path[-1]] = read(path)
+        else:  # a typed kernel: one file per array
+            cls = weights.kind(kind)
+            tree[path[-1]] = cls(*(read(path + [f]) for f in cls.fields))
     return config_from_json(meta["config"], dtype.name), params

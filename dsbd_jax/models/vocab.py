@@ -107,9 +107,10 @@ def untie_head(params, config):
     untied before truncation (untie first, then :func:`truncate_head`).
 
     In a 16-bit tree with transposed projection kernels the new head is stored as its ``[V, d]``
-    rows (a :class:`~dsbd_jax.models.weights.Rows`, a copy of the embedding), the form ``load_model`` gives every
-    untied head of such a model (:func:`dsbd_jax.models.kernels.transpose_head`): the result is
-    the tree ``load_model(..., untie_head=True)`` gives."""
+    rows (a :class:`~dsbd_jax.models.weights.Rows`, a copy of the embedding), the form
+    ``load_model`` gives every untied head of such a model
+    (:func:`dsbd_jax.models.kernels.transpose_head`): the result is the tree
+    ``load_model(..., untie_head=True)`` gives."""
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
     if not config.tie_word_embeddings:
@@ -159,7 +160,8 @@ def truncate_head(params, config, rows, prompt_rows: bool = False) -> dict:
     Works on both weight layouts and on every kind of head kernel: the kernel leaf keeps its
     own form for its ``N`` outputs (:func:`dsbd_jax.models.weights.take_outputs`; ``[V, d]``
     rows give ``[N, d]`` rows), so the result is the tree ``load_model(..., head_rows=...)``
-    gives for the same rows. ``prompt_rows``: keep the full head matrix too (``"full_kernel" [d, V]``, or
+    gives for the same rows. ``prompt_rows``: keep the full head matrix too
+    (``"full_kernel" [d, V]``, or
     ``"full_embedding"``), so that each call adds its prompts' tokens to the rows
     (:func:`with_prompt_rows`; module doc)."""
     if not isinstance(params, Mapping):
