@@ -252,7 +252,7 @@ def report(out) -> str:
 def _no_paths(text):
     """``load_model``'s dtype reason with the host's dtype cache named by its file name only (a
     result names no path of the measuring machine; ``benchmarks/dtype_runs.py`` does the same)."""
-    from dsbd_jax.models.host import cache_file
+    from dsbd_jax.models.cpu_options import cache_file
     return None if text is None else text.replace(str(cache_file()), cache_file().name)
 
 

@@ -291,13 +291,14 @@ def cmd_train_head(args) -> int:
 
 
 def cmd_host(args) -> int:
-    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only), and the DSBD
+    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only), the DSBD
     node budget of a forest it verifies as a target
-    (:func:`dsbd_jax.models.forest_budget.node_budget`)."""
+    (:func:`dsbd_jax.models.forest_budget.node_budget`), and every choice cached for this host
+    (:func:`dsbd_jax.models.cpu_options.host_entries`)."""
     import jax
     from dsbd_jax.models import host
     from dsbd_jax.models.forest_budget import node_budget
-    from dsbd_jax.models.cpu_options import host_key
+    from dsbd_jax.models.cpu_options import cache_file, host_entries, host_key
     from dsbd_jax.models.loading import read_config
     print(f"host: {host_key()}, backend {jax.default_backend()}")
     for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
@@ -309,6 +310,10 @@ def cmd_host(args) -> int:
               f"compiler options {plan.options}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
+    entries = host_entries()
+    print(f"this host's plan: {len(entries)} choices in {cache_file()}" + (":" if entries else ""))
+    for entry, got in sorted(entries.items()):
+        print(f"  {entry}: {got.get('choice')}")
     return 0
 
 

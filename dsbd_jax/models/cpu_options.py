@@ -19,10 +19,11 @@ the library measures the candidates once per host and keeps the winner:
   fastest with ``eigen_dot`` on a host where transposed kernels run fastest with XLA's default
   (YNNPACK), so each form has its own choice (``docs/performance.md``). ``$DSBD_JAX_CPU_OPTIONS``
   forces one name for both forms (a name of ``CANDIDATES``, or ``auto``, the default). With
-  ``auto`` on a CPU backend the winner is read from ``$DSBD_JAX_CACHE/cpu_options.json``
-  (default ``~/.cache/dsbd_jax``) keyed by CPU model, core count, jax version, the candidate
-  names and the form, else measured (a few seconds: chained ``up``/``down`` product pairs of
-  the 1.5B shape at ``M`` = 1, 4, 16, in that form) and written there. Logged once per form.
+  ``auto`` on a CPU backend the winner is read from the host's entry for the form and the
+  candidate names in ``$DSBD_JAX_CACHE/host_plan.json`` (default ``~/.cache/dsbd_jax``; every
+  per-host choice lives there under :func:`host_key`, see :func:`cached_choice`), else
+  measured (a few seconds: chained ``up``/``down`` product pairs of the 1.5B shape at ``M`` =
+  1, 4, 16, in that form) and written there. Logged once per form.
   Off the CPU the choice is always ``"default"``.
 * ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's
   for the form of the kernels among the call's arguments, fixed when first called or lowered
@@ -130,11 +131,11 @@ def host_key() -> str:
 
 
 def options_key(form: str = PLAIN) -> str:
-    """The cache key of the choice for kernels in ``form`` (``FORMS``): the host and the
-    candidates this XLA accepts (a new candidate is measured, not hidden behind an old choice)."""
+    """The entry (in this host's part of :func:`cache_file`) of the choice for kernels in
+    ``form`` (``FORMS``): the form and the candidates this XLA accepts (a new candidate is
+    measured, not hidden behind an old choice)."""
     _check_form(form)
-    tail = "" if form == PLAIN else f" | {form} kernels"
-    return f"{host_key()} | {','.join(sorted(candidates()))}{tail}"
+    return f"options | {form} kernels | {','.join(sorted(candidates()))}"
 
 
 def _check_form(form: str) -> None:
@@ -142,10 +143,17 @@ def _check_form(form: str) -> None:
         raise ValueError(f"kernel form must be one of {FORMS}, got {form!r}")
 
 
+PLAN_FILE = "host_plan.json"
+
+
 def cache_file() -> Path:
+    """The one JSON file of every per-host choice (:func:`cached_choice`):
+    ``$DSBD_JAX_CACHE/host_plan.json`` (default ``~/.cache/dsbd_jax``), ``{host_key(): {entry:
+    {"choice": ..., "min_ms": {...}}}}``: the compiler options per form, the kernel form and
+    block widths per shape, the dtype per model shape, DSBD's node budget per target."""
     root = os.environ.get("DSBD_JAX_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "dsbd_jax"
-    return base / "cpu_options.json"
+    return base / PLAN_FILE
 
 
 def interleaved_min(fns: Mapping[Hashable, Callable[[], object]], repeats: int
@@ -243,21 +251,35 @@ def pick(times: Mapping[str, Mapping[int, float]]) -> str:
 def read_cache(path: Path) -> dict:
     """The JSON cache of per-host choices at ``path`` (``{}`` when missing or unreadable)."""
     try:
-        return json.loads(Path(path).read_text())
+        got = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
+    return got if isinstance(got, dict) else {}
 
 
-def write_cache(path: Path, key: str, choice, times: Mapping) -> Optional[OSError]:
-    """Store one measured choice under ``key`` in the JSON cache at ``path``, with its figures
-    ``{candidate: {M: seconds}}`` kept in ms, merged into the file as it is now (another process
-    may have added entries). Returns the error when the file cannot be written (a read-only
-    home: the choice then holds for this process only), else ``None``."""
+def host_entries(path: Optional[Path] = None) -> Dict[str, Any]:
+    """This host's part of the cache (:func:`cache_file`; ``{}`` if none): ``{entry: {"choice":
+    ..., "min_ms": {...}}}``, every choice made here so far (``dsbd host`` prints them)."""
+    got = read_cache(cache_file() if path is None else path).get(host_key(), {})
+    return got if isinstance(got, dict) else {}
+
+
+def write_cache(path: Path, entry: str, choice, times: Mapping) -> Optional[OSError]:
+    """Store one measured choice as ``entry`` of this host (:func:`host_key`) in the JSON cache
+    at ``path``, with its figures ``{candidate: {M: seconds}}`` kept in ms, merged into the file
+    as it is now (another process may have added entries). Returns the error when the file
+    cannot be written (a read-only home: the choice then holds for this process only), else
+    ``None``."""
     cached = read_cache(path)
-    cached[key] = {"choice": choice, "min_ms": _ms(times)}
+    host = cached.get(host_key())
+    host = host if isinstance(host, dict) else {}
+    host[entry] = {"choice": choice, "min_ms": _ms(times)}
+    cached[host_key()] = host
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(cached, indent=2))
+        tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached, indent=2))
+        os.replace(tmp, path)
     except OSError as e:
         return e
     return None
@@ -266,29 +288,34 @@ def write_cache(path: Path, key: str, choice, times: Mapping) -> Optional[OSErro
 class Cached(NamedTuple):
     """A per-host choice (:func:`cached_choice`): the choice, its figures as the cache stores
     them (``{candidate: {M: ms}}``, string keys), where it came from (``"cached in PATH"``,
-    ``"written to PATH"``, ``"not cached (error)"``) and whether it was measured now."""
+    ``"written to PATH"``, ``"not cached (error)"``), whether it was measured now and whether
+    it is stored (``False`` only when the file could not be written)."""
     choice: Any
     min_ms: Dict[str, Any]
     where: str
     measured: bool
+    stored: bool = True
 
 
-def cached_choice(path: Path, key: str, valid: Callable[[Any], bool],
-                  measure: Callable[[], Mapping], pick: Callable[[Mapping], Any],
+def cached_choice(entry: str, valid: Callable[[Any], bool], measure: Callable[[], Mapping],
+                  pick: Callable[[Mapping], Any],
                   valid_ms: Callable[[Mapping], bool] = lambda ms: True) -> Cached:
     """The one measure / pick / cache step behind every per-host choice (the compiler options,
-    the kernel form, block widths, the dtype, DSBD's node budget): the choice stored under
-    ``key`` in the JSON cache at ``path`` when ``valid(choice)`` and ``valid_ms(figures)``
-    hold; else ``measure()`` (``{candidate: {M: seconds}}``), ``pick`` of it, written back
-    (:func:`write_cache`: a read-only home keeps the choice for this process only)."""
-    got = read_cache(path).get(key, {})
-    if "choice" in got and valid(got["choice"]) and valid_ms(got.get("min_ms", {})):
+    the kernel form, block widths, the dtype, DSBD's node budget), all in one file under one
+    key (:func:`cache_file`, :func:`host_key`): the choice stored as this host's ``entry`` when
+    ``valid(choice)`` and ``valid_ms(figures)`` hold; else ``measure()`` (``{candidate: {M:
+    seconds}}``), ``pick`` of it, written back (:func:`write_cache`: a read-only home keeps the
+    choice for this process only)."""
+    path = cache_file()
+    got = host_entries(path).get(entry, {})
+    if isinstance(got, dict) and "choice" in got and valid(got["choice"]) and valid_ms(
+            got.get("min_ms", {})):
         return Cached(got["choice"], got.get("min_ms", {}), f"cached in {path}", False)
     times = measure()
     chosen = pick(times)
-    error = write_cache(path, key, chosen, times)
+    error = write_cache(path, entry, chosen, times)
     where = f"written to {path}" if error is None else f"not cached ({error})"
-    return Cached(chosen, _ms(times), where, True)
+    return Cached(chosen, _ms(times), where, True, error is None)
 
 
 def _ms(times: Mapping) -> Dict[str, Dict[str, float]]:
@@ -311,7 +338,7 @@ def choice(form: str = PLAIN) -> str:
     elif forced != "auto":
         name, how = forced, f"${ENV}"
     else:
-        got = cached_choice(cache_file(), options_key(form), lambda c: c in candidates(),
+        got = cached_choice(options_key(form), lambda c: c in candidates(),
                             lambda: measure(form=form), pick)
         name, how = got.choice, ("measured, " if got.measured else "") + got.where
     logger.info("XLA:CPU compiler options for %s kernels: %s %s (%s)", form, name,

@@ -11,9 +11,9 @@ dtype and kernel form; the budget is the largest size, growing through :data:`NO
 order, whose pass costs at most :data:`FREE` times the one-token pass. ``None`` when not even
 the smallest is free: the settings' own forest stays.
 
-The answer is cached under ``$DSBD_JAX_CACHE`` in ``forest_budget.json``, keyed by the host
-(CPU model and deciding flags, cores, jax and jaxlib, ``XLA_FLAGS``: ``cpu_options.host_key``),
-the backend's device, the dtype, the kernel form and its options, and the shape; ``dsbd host``
+The answer is cached in the host's plan (``$DSBD_JAX_CACHE/host_plan.json``, under the host:
+CPU model and deciding flags, cores, jax and jaxlib, ``XLA_FLAGS``; ``cpu_options.host_key``),
+as an entry keyed by the backend's device, the dtype, the kernel form and its options, and the shape; ``dsbd host``
 prints it with its figures. :attr:`dsbd_jax.DSBDConfig.node_budget` takes it (or any number:
 the budget is a setting, the measurement only its default on the command line).
 """
@@ -29,18 +29,13 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models import host, kernels, pass_probe
-from dsbd_jax.models.cpu_options import cached_choice, host_key
+from dsbd_jax.models.cpu_options import cached_choice
 
 logger = logging.getLogger("dsbd_jax")
 
 NODES = (12, 16, 24, 32, 48, 64)   # forest sizes measured, smallest first
 FREE = 1.3        # a forest is free while its pass costs at most this times a one-token pass
 REPEATS = 5
-
-
-def cache_file():
-    """The JSON cache of the node budgets (beside the dtype, kernel and options caches)."""
-    return kernels.cache_file().with_name("forest_budget.json")
 
 
 def pick_budget(times: Mapping[int, float], nodes=None, free: float = FREE) -> Optional[int]:
@@ -65,9 +60,9 @@ def _dtype(config) -> str:
 
 
 def budget_key(config) -> str:
-    """The cache key of a shape's node budget (module doc)."""
+    """The entry of a shape's node budget in the host's plan cache (module doc)."""
     plan = host.plan(config, _dtype(config))
-    return (f"forest nodes | {host_key()} | {_device()} | {plan.dtype} {plan.form} options "
+    return (f"forest nodes | {_device()} | {plan.dtype} {plan.form} options "
             f"{plan.options} | " + "x".join(str(int(v)) for v in host._shape(config)))
 
 
@@ -99,7 +94,7 @@ def _answer(nodes: Optional[int]) -> str:
 @functools.lru_cache(maxsize=None)
 def _budget(config) -> Tuple[Optional[int], str]:
     t0 = time.perf_counter()
-    got = cached_choice(cache_file(), budget_key(config), lambda n: True,
+    got = cached_choice(budget_key(config), lambda n: True,
                         lambda: {"passes": measure(config)},
                         lambda t: pick_budget(t["passes"]),
                         valid_ms=lambda ms: set(ms.get("passes", {})) == {"1", *map(str, NODES)})

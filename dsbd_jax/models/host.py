@@ -1,7 +1,9 @@
 """How this host runs a model: one answer for the dtype, the kernel form and the compiler options.
 
 Three per-host choices decide how fast a model runs on XLA:CPU, each measured once per host and
-shape and cached under ``$DSBD_JAX_CACHE`` (default ``~/.cache/dsbd_jax``):
+shape and cached in one file under one key, the host's
+(``$DSBD_JAX_CACHE/host_plan.json``, default ``~/.cache/dsbd_jax``;
+:func:`dsbd_jax.models.cpu_options.cached_choice`):
 
 * **the dtype** (:func:`choose_dtype`): float32, or bfloat16 storage with float32 accumulation.
   A bfloat16 model stores its weights and KV cache in 16 bits and runs every projection and the
@@ -45,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models import kernels, pass_probe
-from dsbd_jax.models.cpu_options import cached_choice, choice, cpu_flags, host_key, options_name
+from dsbd_jax.models.cpu_options import cached_choice, choice, cpu_flags, options_name
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -73,11 +75,6 @@ class HostPlan:
     options: str
     head_transposed: bool
     why: str
-
-
-def cache_file():
-    """The JSON cache of the dtype choices (beside the kernel and options caches)."""
-    return kernels.cache_file().with_name("host_dtype.json")
 
 
 def prior_dtype(flags=None) -> tuple:
@@ -119,9 +116,9 @@ def _shape(config) -> tuple:
 
 
 def dtype_key(config) -> str:
-    """The cache key of a model shape's dtype choice: the host (flags included), each form's
-    options, the shape."""
-    return (f"dtype by passes | {host_key()} | options plain {choice('plain')}, transposed "
+    """The entry of a model shape's dtype choice in the host's plan cache
+    (:func:`dsbd_jax.models.cpu_options.cached_choice`): each form's options, the shape."""
+    return (f"dtype by passes | options plain {choice('plain')}, transposed "
             f"{choice(TRANSPOSED)} | " + "x".join(str(int(v)) for v in _shape(config)))
 
 
@@ -138,7 +135,7 @@ def _figures(times: Mapping, config) -> str:
 def _choose_dtype(config) -> tuple:
     """``(dtype, how)`` for a model shape on this CPU host (cached; measured once)."""
     prior, why = prior_dtype()
-    got = cached_choice(cache_file(), dtype_key(config), lambda d: d in DTYPES,
+    got = cached_choice(dtype_key(config), lambda d: d in DTYPES,
                         lambda: measure_dtypes(config), lambda t: pick_dtype(t, prior),
                         valid_ms=lambda ms: set(ms) == set(DTYPES))
     return got.choice, (f"{why}; {_figures(got.min_ms, config)} "

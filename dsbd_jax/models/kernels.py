@@ -21,7 +21,7 @@ sums run in another order).
   the widths back. The embeddings, norms, biases and the vocabulary head are never blocked.
 * :func:`choose_blocks`: the block width per projection for a model's shapes on this host (0 =
   not blocked), by a short measurement of each candidate (``CANDIDATES``) at ``M = 1, 4, 16``,
-  cached per host in ``$DSBD_JAX_CACHE/kernel_blocks.json``. A width is taken only if it is
+  cached per host in ``$DSBD_JAX_CACHE/host_plan.json``. A width is taken only if it is
   ``GAIN`` faster in total than ``[in, out]`` and never ``MARGIN`` slower at any ``M``; products
   under ``MIN_ELEMENTS`` weights are never blocked (they are not bound by memory). Off the CPU it
   is always 0. ``$DSBD_JAX_KERNEL_BLOCKS`` forces a choice: ``auto`` (default), ``none``, a
@@ -65,8 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.cpu_options import cache_file as _options_cache_file
-from dsbd_jax.models.cpu_options import (cached_choice, choice, compiler_options, host_key,
+from dsbd_jax.models.cpu_options import cache_file as plan_file
+from dsbd_jax.models.cpu_options import (cached_choice, choice, compiler_options,
                                          interleaved_min, mlp_pairs)
 from dsbd_jax.models import weights
 from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, block, project,  # noqa: F401
@@ -315,14 +315,10 @@ def pick(times: Mapping, base=0):
     return min(ok, key=total.get) if ok else base
 
 
-def cache_file():
-    return _options_cache_file().with_name("kernel_blocks.json")
-
-
-def _cached(key: str, valid, measure, pick):
-    """A choice of this module's cache (:func:`dsbd_jax.models.cpu_options.cached_choice`)."""
-    got = cached_choice(cache_file(), key, valid, measure, pick)
-    if got.measured and got.where.startswith("not cached"):  # a read-only home
+def _cached(entry: str, valid, measure, pick):
+    """A choice of this host's plan cache (:func:`dsbd_jax.models.cpu_options.cached_choice`)."""
+    got = cached_choice(entry, valid, measure, pick)
+    if not got.stored:  # a read-only home
         logger.info("kernel choice: %s", got.where)
     return got.choice
 
@@ -336,10 +332,10 @@ def _forced() -> Optional[str]:
 
 
 def choose_key(din: int, dout: int, dtype: str) -> str:
-    """The cache key of a shape's choice: the host, the compiler options in use (the products
-    are measured under them), the shape, the dtype and the block candidates (a new candidate is
-    measured, not hidden behind an old choice)."""
-    return (f"{host_key()} | options {choice()} | {din}x{dout} {dtype} | "
+    """The entry of a shape's choice in the host's plan cache: the compiler options in use (the
+    products are measured under them), the shape, the dtype and the block candidates (a new
+    candidate is measured, not hidden behind an old choice)."""
+    return (f"blocks | options {choice()} | {din}x{dout} {dtype} | "
             f"blocks {','.join(str(c) for c in CANDIDATES)}")
 
 
@@ -366,7 +362,7 @@ def choose_blocks(config, dtype=None) -> Dict[str, int]:
     out = {p: _choose(din, dout, dt) for p, (din, dout) in shapes.items()}
     out = {p: n for p, n in out.items() if n}
     logger.info("kernel blocks for %s: %s (%.1f s; cache %s)", dt, out or "none",
-                time.perf_counter() - t0, cache_file())
+                time.perf_counter() - t0, plan_file())
     return out
 
 
@@ -406,9 +402,9 @@ def pick_form(times: Mapping[str, Mapping[int, float]]) -> str:
 
 
 def form_key(din: int, dout: int, dtype: str) -> str:
-    """The cache key of a shape's form choice: the host, the options of each form (each form is
-    measured under its own), the shape and the dtype."""
-    return (f"form | {host_key()} | options plain {choice('plain')}, transposed "
+    """The entry of a shape's form choice in the host's plan cache: the options of each form
+    (each form is measured under its own), the shape and the dtype."""
+    return (f"form | options plain {choice('plain')}, transposed "
             f"{choice(TRANSPOSED)} | {din}x{dout} {dtype}")
 
 
@@ -423,7 +419,7 @@ def _choose_form(din: int, dout: int, dtype: str) -> str:
 def choose_form(config, dtype=None) -> str:
     """``"plain"`` or ``"transposed"``: the faster form of projection kernels for ``config``'s
     MLP shape on this host, each form timed under its own compiler options (a few seconds once
-    per host and shape, then cached in ``$DSBD_JAX_CACHE/kernel_blocks.json``). Plain off the
+    per host and shape, then cached in ``$DSBD_JAX_CACHE/host_plan.json``). Plain off the
     CPU and for models whose MLP has under ``MIN_ELEMENTS`` weights. ``$DSBD_JAX_KERNEL_FORM``
     forces ``plain`` or ``transposed`` (default ``auto``)."""
     forced = os.environ.get(FORM_ENV, "auto").strip() or "auto"
@@ -437,5 +433,5 @@ def choose_form(config, dtype=None) -> str:
     t0 = time.perf_counter()
     form = _choose_form(config.hidden_size, config.intermediate_size, dt)
     logger.info("kernel form for %dx%d %s: %s (%.1f s; cache %s)", config.hidden_size,
-                config.intermediate_size, dt, form, time.perf_counter() - t0, cache_file())
+                config.intermediate_size, dt, form, time.perf_counter() - t0, plan_file())
     return form

@@ -41,7 +41,7 @@ def test_auto_measures_once_per_host_then_reads_the_cache(fresh, monkeypatch):
     name = co.choice()
     assert name in co.CANDIDATES
     import json
-    cached = json.loads((fresh / "cpu_options.json").read_text())
+    cached = json.loads((fresh / "host_plan.json").read_text())[co.host_key()]
     assert cached[co.options_key()]["choice"] == name
     assert set(cached[co.options_key()]["min_ms"]) == set(co.candidates()) == set(co.CANDIDATES)
     co.choice.cache_clear()
@@ -242,11 +242,13 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
     assert eigen > 0.5 * weight_bytes, (eigen, weight_bytes)
 
 
-def test_cached_choice_is_the_one_measure_pick_cache_step(tmp_path):
-    """Every per-host choice goes through ``cached_choice``: measured and written once, read
-    back while valid, measured again when the stored choice or its figures are not valid, kept
-    for the process when the file cannot be written."""
-    path, calls = tmp_path / "c.json", []
+def test_cached_choice_is_the_one_measure_pick_cache_step(tmp_path, monkeypatch):
+    """Every per-host choice goes through ``cached_choice``: measured and written once (in the
+    one plan file, under the host's key), read back while valid, measured again when the stored
+    choice or its figures are not valid, kept for the process when the file cannot be
+    written."""
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
+    path, calls = tmp_path / "host_plan.json", []
 
     def measure():
         calls.append(1)
@@ -255,16 +257,23 @@ def test_cached_choice_is_the_one_measure_pick_cache_step(tmp_path):
     def pick(t):
         return min(t, key=lambda c: sum(t[c].values()))
 
-    first = co.cached_choice(path, "k", lambda c: c in "ab", measure, pick)
+    first = co.cached_choice("k", lambda c: c in "ab", measure, pick)
     assert (first.choice, first.measured, first.where) == ("b", True, f"written to {path}")
     assert first.min_ms == {"a": {"1": 2.0, "4": 3.0}, "b": {"1": 1.0, "4": 3.5}}
-    again = co.cached_choice(path, "k", lambda c: c in "ab", measure, pick)
+    assert first.stored and co.cache_file() == path
+    co.cached_choice("other", lambda c: True, measure, pick)
+    import json
+    assert set(json.loads(path.read_text())) == {co.host_key()}          # one key: the host
+    assert set(co.host_entries()) == {"k", "other"}
+    again = co.cached_choice("k", lambda c: c in "ab", measure, pick)
     assert (again.choice, again.measured, again.min_ms) == ("b", False, first.min_ms)
-    assert again.where == f"cached in {path}" and len(calls) == 1
-    co.cached_choice(path, "k", lambda c: c == "a", measure, pick)            # choice not valid
-    co.cached_choice(path, "k", lambda c: True, measure, pick, valid_ms=lambda ms: "z" in ms)
-    assert len(calls) == 3
+    assert again.where == f"cached in {path}" and len(calls) == 2
+    co.cached_choice("k", lambda c: c == "a", measure, pick)            # choice not valid
+    co.cached_choice("k", lambda c: True, measure, pick, valid_ms=lambda ms: "z" in ms)
+    assert len(calls) == 4
     blocked = tmp_path / "file"
     blocked.write_text("")
-    ro = co.cached_choice(blocked / "c.json", "k", lambda c: True, measure, pick)
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(blocked))
+    ro = co.cached_choice("k", lambda c: True, measure, pick)
     assert ro.choice == "b" and ro.measured and ro.where.startswith("not cached")
+    assert not ro.stored

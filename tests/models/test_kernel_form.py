@@ -84,9 +84,9 @@ def test_each_form_is_measured_and_cached_apart(fresh, monkeypatch):
     monkeypatch.setattr(co, "PROBE_OUT", 128)
     monkeypatch.setattr(co, "PROBE_REPEATS", 2)
     names = {f: co.choice(f) for f in co.FORMS}
-    cached = json.loads((fresh / "cpu_options.json").read_text())
+    cached = json.loads((fresh / "host_plan.json").read_text())[co.host_key()]
     keys = {f: co.options_key(f) for f in co.FORMS}
-    assert keys["plain"] != keys["transposed"] and keys["transposed"].endswith("transposed kernels")
+    assert keys["plain"] != keys["transposed"] and "transposed kernels" in keys["transposed"]
     for f in co.FORMS:
         assert cached[keys[f]]["choice"] == names[f]
         assert set(cached[keys[f]]["min_ms"]) == set(co.candidates())
@@ -169,7 +169,7 @@ def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
     monkeypatch.setattr(kernels, "measure_forms", fake_measure)
     assert kernels.choose_form(config) == "transposed"
     assert calls == [(16, 32, "float32")]
-    cached = json.loads(kernels.cache_file().read_text())
+    cached = co.host_entries()
     assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "transposed"
     kernels._choose_form.cache_clear()
     assert kernels.choose_form(config) == "transposed" and len(calls) == 1

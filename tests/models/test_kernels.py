@@ -14,7 +14,7 @@ import exact_reference as ref
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.inputs import check_params
 from dsbd_jax.decoding.beam import beam_sample
-from dsbd_jax.models import kernels
+from dsbd_jax.models import cpu_options, kernels
 from dsbd_jax.models.llama import Dense, convert_layout
 
 BLOCKS = {"q_proj": 8, "k_proj": 4, "v_proj": 8, "o_proj": 8, "gate_proj": 16,
@@ -111,7 +111,7 @@ def test_choose_blocks(monkeypatch, tmp_path):
     kernels._choose.cache_clear()
     monkeypatch.setenv(kernels.ENV, "auto")
     assert kernels.choose_blocks(config) == {}  # small shapes are never blocked, nor measured
-    assert not kernels.cache_file().exists()
+    assert not any(e.startswith("blocks") for e in cpu_options.host_entries())
     monkeypatch.setenv(kernels.ENV, "none")
     assert kernels.choose_blocks(config) == {}
     monkeypatch.setenv(kernels.ENV, "16")  # every projection whose output 16 divides (not = 16)
@@ -132,8 +132,7 @@ def test_choose_blocks(monkeypatch, tmp_path):
     monkeypatch.setenv(kernels.ENV, "auto")
     n = kernels._choose(64, 256, "float32")
     assert n in (0, 32, 64, 128)
-    entry = __import__("json").loads(kernels.cache_file().read_text())[
-        kernels.choose_key(64, 256, "float32")]
+    entry = cpu_options.host_entries()[kernels.choose_key(64, 256, "float32")]
     assert entry["choice"] == n and set(entry["min_ms"]) == {"0", "32", "64", "128"}
     # a cached choice made under other compiler options or candidates is not reused
     assert "options " in kernels.choose_key(64, 256, "float32")

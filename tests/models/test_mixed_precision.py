@@ -12,7 +12,7 @@ import pytest
 
 import exact_reference as ref
 from dsbd_jax.decoding import inputs
-from dsbd_jax.models import host, kernels, products
+from dsbd_jax.models import cpu_options, host, kernels, products
 from dsbd_jax.models import llama as M
 from dsbd_jax.models.weights import Rows
 from dsbd_jax.models.vocab import truncate_head, with_prompt_rows
@@ -148,7 +148,7 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
         host.choose_dtype(config)
     monkeypatch.delenv(host.ENV)
     assert host.choose_dtype(config) == "float32"  # a tiny model: not measured
-    assert not host.cache_file().exists()
+    assert host.dtype_key(config) not in cpu_options.host_entries()
     # a model past MIN_ELEMENTS is measured once (its passes, both dtypes), then read back
     monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
     host._choose_dtype.cache_clear()
@@ -163,13 +163,14 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
     mid = config.replace(hidden_size=128, intermediate_size=256)
     first, how = host.dtype_choice(mid)
     assert first in host.DTYPES and calls == [128]
+    # stored in the one plan file, under this host, as the shape's dtype entry
+    entry = json.loads(cpu_options.cache_file().read_text())[cpu_options.host_key()][
+        host.dtype_key(mid)]
+    assert cpu_options.cache_file().name == "host_plan.json"
     assert first == host.pick_dtype(
-        {d: {int(t): v for t, v in e.items()}
-         for d, e in json.loads(host.cache_file().read_text()).popitem()[1]["min_ms"].items()},
+        {d: {int(t): v for t, v in e.items()} for d, e in entry["min_ms"].items()},
         host.prior_dtype()[0])
     assert "float32" in how and "bfloat16" in how and "measured" in how
-    stored = json.loads(host.cache_file().read_text())
-    (entry,) = stored.values()
     assert entry["choice"] == first and set(entry["min_ms"]) == {"float32", "bfloat16"}
     host._choose_dtype.cache_clear()
     host._logged.cache_clear()
@@ -184,15 +185,31 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
 
 
 def test_another_host_never_reads_the_choice(monkeypatch, tmp_path):
-    """The dtype cache is keyed by the CPU's flags: the same entry does not answer for a host
-    whose flags differ (its prior differs too)."""
-    from dsbd_jax.models import cpu_options
+    """The plan cache is keyed by the host, its CPU flags included: a choice stored on one host
+    does not answer for a host whose flags differ (its prior differs too); each host keeps its
+    own entries in the one file."""
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
     config, _ = ref.toy_model(vocab=12)
     mid = config.replace(hidden_size=128, intermediate_size=256)
+    entry = host.dtype_key(mid)
+    measured = []
+
+    def choose(answer):
+        return cpu_options.cached_choice(entry, lambda d: d in host.DTYPES,
+                                         lambda: measured.append(answer) or {answer: {1: 0.1}},
+                                         lambda t: next(iter(t)))
     monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f",))
-    a = host.dtype_key(mid)
+    a = cpu_options.host_key()
+    assert choose("float32").choice == "float32" and measured == ["float32"]
     monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f", "amx_tile", "amx_bf16"))
-    assert host.dtype_key(mid) != a
+    assert cpu_options.host_key() != a and entry not in cpu_options.host_entries()
+    got = choose("bfloat16")        # measured again here, not read from the other host's entry
+    assert got.choice == "bfloat16" and got.measured and measured == ["float32", "bfloat16"]
+    stored = json.loads(cpu_options.cache_file().read_text())
+    assert set(stored) == {a, cpu_options.host_key()}
+    assert stored[a][entry]["choice"] == "float32"
+    monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f",))
+    assert choose("bfloat16").choice == "float32" and len(measured) == 2   # read back
 
 
 def test_load_model_auto_dtype(tmp_path):
@@ -215,5 +232,10 @@ def test_cli_host_prints_the_plan(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "host: " in out and "dtype float32 (a small model" in out and "kernels plain" in out
     assert "as a DSBD target: a small model: not measured" in out
+    # then every choice cached for this host, from the one plan file
+    assert f"this host's plan: {len(cpu_options.host_entries())} choices in" in out
+    assert str(cpu_options.cache_file()) in out
+    for entry in cpu_options.host_entries():
+        assert f"  {entry}: " in out
     assert cli.main(["host", "--model", str(tmp_path), "--dtype", "bfloat16"]) == 0
     assert "dtype bfloat16 (given)" in capsys.readouterr().out
