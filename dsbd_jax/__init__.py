@@ -8,6 +8,7 @@ Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sampl
 
 from dsbd_jax.decoding.beam import beam_sample, beam_search
 from dsbd_jax.models.cache import KVCache, empty_cache
+from dsbd_jax.decoding.calls import Progress
 from dsbd_jax.decoding.common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
                      pad_prompts)
 from dsbd_jax.models.config import ModelConfig
@@ -23,6 +24,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "DSBDConfig", "DecodeConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
+    "Progress",
     "beam_sample", "beam_search", "bucket_length", "causal_mask", "compile_count",
     "dsbd_generate", "empty_cache", "forward", "init_params", "list_presets", "load_model",
     "logits", "max_prompt_length", "pad_prompts", "sample", "speculative_sample", "tree_speculative_sample",

@@ -1,7 +1,8 @@
 """Whether two checkouts of dsbd-jax compile the same programs: forward passes in every kernel
 form (plain, transposed, blocked; float32 and bfloat16; a bfloat16 head stored as rows) and the
 programs of sampling, beam sampling, speculative, tree and DSBD decoding (transposed kernels;
-in bfloat16 with the head as rows), on a small random model. Each checkout runs in its own process; the optimized
+in bfloat16 with the head as rows), and the sharded programs of sampling, beam search and DSBD
+(``ShardedDecoder`` on a 2 x 2 mesh of virtual CPU devices), on a small random model. Each checkout runs in its own process; the optimized
 HLO texts are compared after dropping what names them rather than what they compute (source
 metadata, and the entry parameters' names, which follow the parameter tree's keys). Same
 programs run at the same speed: a refactor that leaves every program unchanged needs no timing.
@@ -69,6 +70,38 @@ for dtype in ("float32", "bfloat16"):
         (out / f"{name}-{dtype}.tokens").write_text(str(np.asarray(call().sequences).tolist()))
 '''
 
+# the sharded programs (ShardedDecoder on a 2 x 2 mesh of virtual CPU devices), in a process of
+# their own: the device count is set before jax starts
+DUMP_SHARDED = r'''
+import sys
+from pathlib import Path
+import jax, numpy as np
+from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models import llama
+from dsbd_jax import DSBDConfig, DecodeConfig, beam_search, dsbd_generate, sample
+from dsbd_jax.parallel import ShardedDecoder, make_mesh
+
+out = Path(sys.argv[1])
+c = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_layers=2,
+                num_heads=4, num_kv_heads=2, head_dim=32, tie_word_embeddings=False)
+p = llama.convert_layout(llama.init_params(c, jax.random.key(0)), "per_layer")
+pair = {"target": p, "draft": p}
+ids, lens, key = np.ones((3, 4), np.int32), np.array([4, 2, 3], np.int32), jax.random.key(0)
+base = dict(target=c, max_new_tokens=4, top_k=10, top_p=0.8)
+cases = {"sample": (sample, DecodeConfig(num_beams=2, **base), p),
+         "beam_search": (beam_search, DecodeConfig(num_beams=2, **base), p),
+         "dsbd": (dsbd_generate, DSBDConfig(draft=c, gamma=2, draft_width=2, threshold=0.7,
+                                            **base), pair)}
+for name, (fn, config, params) in cases.items():
+    dec = ShardedDecoder(fn, config, make_mesh(2, 2))
+    placed = dec.place(params)
+    k = None if fn is beam_search else key
+    hlo = dec.compiled(placed, ids, k, prompt_lengths=lens).as_text()
+    (out / f"sharded-{name}.hlo").write_text(hlo)
+    res = dec(placed, ids, k, prompt_lengths=lens)
+    (out / f"sharded-{name}.tokens").write_text(str(np.asarray(res.sequences).tolist()))
+'''
+
 
 def normalise(text: str) -> str:
     """The program without what names it: source tables and metadata, module name, and the
@@ -88,9 +121,22 @@ def normalise(text: str) -> str:
     return text
 
 
+def renumber(text: str) -> str:
+    """``text`` with every instruction and computation name (``%name``) replaced by its order
+    of first appearance: the same program traced through other Python (a jit nested in
+    another, which inlines to the same instructions) numbers its instructions differently."""
+    seen: dict = {}
+    return re.sub(r"%[\w.\-]+|\b[A-Za-z_][\w\-]*(?:\.\d+)+\b",
+                  lambda m: seen.setdefault(m.group(0), f"%i{len(seen)}"), text)
+
+
 def dump(checkout: Path, folder: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(checkout.resolve()), DSBD_JAX_COMPILATION_CACHE="0")
     subprocess.run([sys.executable, "-c", DUMP, str(folder)], env=env, check=True,
+                   cwd=str(checkout))
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+                        ).strip()
+    subprocess.run([sys.executable, "-c", DUMP_SHARDED, str(folder)], env=env, check=True,
                    cwd=str(checkout))
 
 
@@ -111,6 +157,8 @@ def main(argv=None) -> int:
             a, b = f.read_text(), (new / f.name).read_text()
             if f.suffix == ".hlo":
                 a, b = normalise(a), normalise(b)
+                if f.name.startswith("sharded-"):   # names differ when a jit is inlined
+                    a, b = renumber(a), renumber(b)
             ok = a == b
             same &= ok
             result[f.stem + f.suffix] = {"same": ok, "lines": len(a.splitlines()),

@@ -52,7 +52,8 @@ class ElapsedTicker:
 
 
 class ProgressBar:
-    """A tqdm bar over new tokens, fed by ``calls.progress_hook`` once per decoder loop trip:
+    """A tqdm bar over new tokens, fed by the decoder's ``calls.Progress`` channel once per loop
+    trip:
     iterations, target calls and the draft acceptance figure (no rate: a run has one tokens/s
     figure, :func:`tokens_per_second`, printed when it ends):
     for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
@@ -82,8 +83,9 @@ def build_decoder(name, args, target_config, draft_config, progress: bool, node_
     """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
     validated here, from the model configs alone, before any weights are loaded.
     ``node_budget``: what ``--node-budget auto`` resolved to (:func:`auto_node_budget`)."""
+    from dsbd_jax.decoding.calls import Progress
     from dsbd_jax.decoding.methods import build
-    return build(name, target_config, draft_config, progress=progress,
+    return build(name, target_config, draft_config, progress=Progress() if progress else False,
                  **_settings(name, args, node_budget))
 
 
@@ -197,10 +199,11 @@ def load_models(args, configs):
 
 
 def _run_once(call, total: int, desc: str, method: str, progress,
-              rows: Optional[int] = None):
+              rows: Optional[int] = None, channel=None):
     """``timed(call)``, with a token bar when ``progress`` is true or ``"tokens"`` (counting
-    the first ``rows`` prompts: a sharded batch may carry padding rows after them), elapsed
-    seconds when it is ``"time"``, nothing when false or ``"none"``."""
+    the first ``rows`` prompts: a sharded batch may carry padding rows after them; fed by the
+    decoder's ``channel``, the ``Progress`` its config carries), elapsed seconds when it is
+    ``"time"``, nothing when false or ``"none"``."""
     from dsbd_jax.eval.timing import timed
     if progress == "time":
         ticker = ElapsedTicker(desc)
@@ -208,12 +211,11 @@ def _run_once(call, total: int, desc: str, method: str, progress,
             return timed(call)
         finally:
             ticker.close()
-    if not progress or progress == "none":
+    if not progress or progress == "none" or channel is None:
         return timed(call)
-    from dsbd_jax.decoding.calls import progress_hook
     bar = ProgressBar(total, desc, method, rows=rows)
     try:
-        with progress_hook(bar):
+        with channel.listen(bar):
             return timed(call)
     finally:
         bar.close()
@@ -246,14 +248,16 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
         return dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)
     rows = prompt_ids.shape[0]
     total = dec.config.max_new_tokens * rows
+    from dsbd_jax.decoding.calls import Progress
+    channel = dec.config.progress if isinstance(dec.config.progress, Progress) else None
     if warmup:
         _status(f"[{name}] compiling, then one warm-up run (not timed) ...")
-        _, first = _run_once(call, total, f"{name} warm-up", name, progress, rows)
-        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows)
+        _, first = _run_once(call, total, f"{name} warm-up", name, progress, rows, channel)
+        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows, channel)
         return out, max(first - run_s, 0.0), run_s
     CompileClock.install()
     c0 = CompileClock.total()
-    out, wall = _run_once(call, total, name, name, progress, rows)
+    out, wall = _run_once(call, total, name, name, progress, rows, channel)
     comp = CompileClock.total() - c0
     return out, comp, max(wall - comp, 1e-9)
 

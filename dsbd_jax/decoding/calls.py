@@ -5,8 +5,8 @@
 core (``@core``) with the exact arguments it will run on; calling that runs it. So ahead-of-time
 compilation (``call.lower()``, ``call.compile()``) and the compiler options a call compiles
 under (``call.options``) come from the very call a user makes, with no switch anywhere that
-changes what a call does. ``with_progress`` / ``progress_hook`` report each iteration to the host
-when a progress callback is installed."""
+changes what a call does. ``with_progress`` reports each iteration to the host when the
+config carries a ``Progress`` channel."""
 
 from __future__ import annotations
 
@@ -115,25 +115,66 @@ def core(name: str) -> Callable[[Callable], _Core]:
 def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callable]:
     """Decorator of a public decoder whose body is ``return prepare(...)()``: records
     ``prepare`` (same arguments; checks them and returns the ``CoreCall``) as the decoder's
-    ``.prepare`` attribute, which ``methods.Decoder.core_call`` uses."""
+    ``.prepare`` attribute, which ``methods.Decoder.core_call`` uses, and gives the decoder a
+    ``jax.jit``-like ``.lower(...)`` (same arguments: the lowered program of that call, whose
+    ``.compile()`` a public call of the same shapes then runs without compiling)."""
     def mark(public: Callable) -> Callable:
         public.prepare = prepare
+        public.lower = lambda *args, **kwargs: prepare(*args, **kwargs).lower()
         return public
     return mark
 
 
 # ---------------------------------------------------------------------------------------------
-# progress: decoders built with ``config.progress=True`` call the registered host functions once
-# per loop trip (``jax.debug.callback``) with numpy values: ``iterations`` (loop trips so far),
+# progress: a decoder whose config has ``progress=Progress()`` calls that channel once per loop
+# trip (``jax.debug.callback``) with numpy values: ``iterations`` (loop trips so far),
 # ``generated`` ([B] new tokens per prompt), ``target_calls`` and, for DSBD, ``accepted`` /
-# ``verified`` (accepted candidates / verified layers so far, summed over prompts).
+# ``verified`` (accepted candidates / verified layers so far, summed over prompts). The channel
+# is the caller's object, so no listener lives in the library.
+class Progress:
+    """A progress channel for decoders: ``DecodeConfig(..., progress=channel)`` compiles a
+    program that, after every loop trip, calls each function listening on ``channel``
+    (:meth:`listen`) with a dict of numpy values (module comment above). The program holds the
+    channel itself (hashed by identity, a static part of the config): one channel per decoder
+    and its listeners changed freely between runs, with no recompilation; a new channel is a
+    new program (a separate compiled program from the one without progress)."""
+
+    def __init__(self):
+        self._listeners: list = []
+
+    @contextlib.contextmanager
+    def listen(self, fn: Callable[[Dict[str, np.ndarray]], None]):
+        """Call ``fn(values)`` after every loop trip while the ``with`` block runs."""
+        self._listeners.append(fn)
+        try:
+            yield fn
+        finally:
+            self._listeners.remove(fn)
+
+    def __call__(self, values) -> None:
+        values = {k: np.asarray(v) for k, v in values.items()}
+        for fn in list(self._listeners):
+            fn(values)
+
+
+# ``progress=True`` (before channels): report to the functions of ``progress_hook``, a list this
+# module holds. Kept for one release; a ``Progress`` channel replaces both.
 _PROGRESS_HOOKS: list = []
+_WARNED: list = []
 
 
 @contextlib.contextmanager
 def progress_hook(fn: Callable[[Dict[str, np.ndarray]], None]):
     """Call ``fn(values)`` after every loop trip of decoders configured with ``progress=True``
-    while the ``with`` block runs (e.g. to update a progress bar)."""
+    while the ``with`` block runs. Deprecated: give the config ``progress=Progress()`` and
+    listen on that channel (:meth:`Progress.listen`)."""
+    if not _WARNED:
+        _WARNED.append(True)
+        import warnings
+        warnings.warn("progress_hook and progress=True are deprecated: pass "
+                      "progress=dsbd_jax.decoding.calls.Progress() in the config and listen on "
+                      "it (channel.listen(fn)); they will be removed in the next release",
+                      DeprecationWarning, stacklevel=3)
     _PROGRESS_HOOKS.append(fn)
     try:
         yield fn
@@ -155,13 +196,17 @@ def step_progress(batch: int) -> Callable:
 
 
 def with_progress(config, body: Callable, values: Callable) -> Callable:
-    """``body`` of a ``lax.while_loop``, reporting ``values(new_state)`` after each trip when
-    ``config.progress`` (no callback is traced otherwise, so the program is unchanged)."""
-    if not getattr(config, "progress", False):
+    """``body`` of a ``lax.while_loop``, reporting ``values(new_state)`` after each trip to
+    ``config.progress`` (a :class:`Progress` channel; ``True``: the deprecated
+    ``progress_hook`` functions). No callback is traced otherwise, so the program is
+    unchanged."""
+    channel = getattr(config, "progress", False)
+    if channel is False or channel is None:
         return body
+    report = channel if isinstance(channel, Progress) else _dispatch_progress
 
     def reporting(state):
         state = body(state)
-        jax.debug.callback(_dispatch_progress, values(state))
+        jax.debug.callback(report, values(state))
         return state
     return reporting

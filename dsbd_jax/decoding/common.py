@@ -17,7 +17,7 @@ distributions keep fixed shapes. ``lengths`` counts new tokens up to and includi
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
@@ -33,8 +33,9 @@ from dsbd_jax.models.llama import forward
 # or config); ``compile_count`` counts real XLA compilations, read from jax.monitoring's backend
 # compile events (see ``dsbd_jax/decoding/compiles.py``).
 from dsbd_jax.decoding.compiles import compile_count  # noqa: E402,F401
-# progress_hook: documented here for library users; it lives with the calls it hooks
-from dsbd_jax.decoding.calls import progress_hook  # noqa: E402,F401
+# Progress (and the deprecated progress_hook): documented here for library users; they live
+# with the calls they report from
+from dsbd_jax.decoding.calls import Progress, progress_hook  # noqa: E402,F401
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -233,8 +234,10 @@ class DecodeConfig:
     defaults to the target's pad id, else the first EOS id, else 0.
     ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
     token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
-    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only. ``progress=True``
-    reports every loop trip to :func:`progress_hook` functions (a separate compiled program).
+    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only. ``progress``: a
+    :class:`~dsbd_jax.decoding.calls.Progress` channel reports every loop trip to the functions
+    listening on it (a separate compiled program); ``True`` (deprecated) reports to
+    :func:`progress_hook` functions.
     """
 
     target: ModelConfig
@@ -251,7 +254,7 @@ class DecodeConfig:
     tree_widths: Optional[Tuple[int, ...]] = None
     length_penalty: float = 1.0
     early_stopping: bool = False
-    progress: bool = False
+    progress: Any = False
 
     def __post_init__(self):
         if not isinstance(self.target, ModelConfig):
@@ -273,6 +276,9 @@ class DecodeConfig:
                 raise ValueError(
                     f"draft and target vocabularies differ ({self.draft.vocab_size} vs "
                     f"{self.target.vocab_size}); speculative decoding needs one vocabulary")
+        if not (isinstance(self.progress, (bool, Progress)) or self.progress is None):
+            raise ValueError(f"progress must be a dsbd_jax.decoding.calls.Progress channel or "
+                             f"a bool, got {type(self.progress).__name__}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         self._check_num_beams()

@@ -27,11 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dsbd_jax.decoding import common, inputs
+from dsbd_jax.decoding import calls, common, inputs, programs
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.cpu_options import compiler_options
 from dsbd_jax.models.kernels import unblock_params
-from dsbd_jax.models.weights import program_kind
 from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
@@ -58,11 +56,13 @@ def share(prompt_ids, key, prompt_lengths):
 
 class ShardedDecoder:
     """A decoder (``sample``, ``beam_sample``, ``beam_search``, ``speculative_sample``,
-    ``tree_speculative_sample``, ``dsbd_generate``) bound to its config and a mesh, jitted with
-    input shardings (params by the rules, prompts / lengths / keys over ``data``); the decode
-    loop's state follows by XLA's sharding propagation. Same arguments and output as the
-    decoder, same tokens as on one device for the same key. One compile per prompt bucket
-    (``compiles`` counts them).
+    ``tree_speculative_sample``, ``dsbd_generate``) bound to its config and a mesh. It runs the
+    decoder's own jitted core, the same jit object and compiler options a one-device call runs
+    (:meth:`core_call`), on sharded arguments (params by the rules, prompts / lengths / keys
+    over ``data``); the decode loop's state follows by XLA's sharding propagation. Same
+    arguments and output as the decoder, same tokens as on one device for the same key. One
+    compile per prompt bucket (``compiles`` counts them; they also count as the decoder's own,
+    ``compile_count(name)``).
 
     ``takes_key=False`` for ``beam_search`` (default: from the function's name). Use
     :meth:`place` once for the parameters. ``strict``: :class:`ShardingRules`.
@@ -105,7 +105,6 @@ class ShardedDecoder:
         self.takes_key = (name != "beam_search") if takes_key is None else takes_key
         self.name = name or "decoder"
         self.compiles = 0
-        self._jits: Dict[Any, Callable] = {}
         self._compiled: Dict[Any, Any] = {}
         self._batch_leaves: Dict[Any, Any] = {}
         # decide (and log / raise for) indivisible dimensions up front
@@ -139,23 +138,46 @@ class ShardedDecoder:
             return self.fn(params, ids, keys, self.config, prompt_lengths=lengths)
         return self.fn(params, ids, self.config, prompt_lengths=lengths)
 
-    def _jitted(self, params, split_batch: bool = True):
-        treedef = (jax.tree.structure(params), split_batch)
-        if treedef not in self._jits:
-            bs = self.rules.batch_sharding if split_batch else (lambda n: self.rules.replicated())
-            shardings = (param_shardings(params, self.config, self.rules), bs(2), bs(1), bs(2))
+    def core_call(self, params, ids, lengths, keys) -> calls.CoreCall:
+        """The decoder's own checked call, placed: its ``prepare`` (the host checks, then its
+        jitted core bound to the arguments) on the host's batch (numpy ``ids [Bp, P]``,
+        ``lengths [Bp]``, raw ``keys [Bp, 2]``) and ``params`` on the mesh, with every other
+        argument then put on the mesh (:meth:`_place_args`). What this class compiles and runs
+        is that call: the very jit object and compiler options a one-device call uses, given
+        sharded arguments."""
+        prepare = getattr(self.fn, "prepare", None)
+        if prepare is None:
+            raise TypeError(f"{self.name} is not a decoder made with @calls.prepared_by")
+        if self.takes_key:
+            call = prepare(params, ids, keys, self.config, prompt_lengths=lengths)
+        else:
+            call = prepare(params, ids, self.config, prompt_lengths=lengths)
+        return calls.CoreCall(call.via, (call.args[0],) + self._place_args(
+            call.args[1:], ids.shape[0], self._split(ids)), call.kwargs)
 
-            def counted(*args):
-                self.compiles += 1
-                common.note_trace(f"sharded {self.name}", mesh=mesh_label(self.mesh))
-                # the caches state their axes (models.axes.CACHE); these rules, under the mesh
-                # that lower/_executable set, resolve them for this trace only
-                with nn.logical_axis_rules(self.rules.logical_rules(split_batch)):
-                    return self._raw(*args)
-            self._jits[treedef] = jax.jit(counted, in_shardings=shardings,
-                                          compiler_options=compiler_options(*program_kind(params)))
-        return self._jits[treedef]
+    def _place_args(self, args: tuple, batch: int, split: bool) -> tuple:
+        """The core's arguments after its parameters, on the mesh: arrays whose leading axis
+        is the batch split over ``data`` (when ``split``), the rest (``beam_search``'s
+        scalars) replicated; typed PRNG keys placed as their raw data, then wrapped again."""
+        def put(x):
+            if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+                return x
+            typed = jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            data = np.asarray(jax.random.key_data(x) if typed else x)
+            by_batch = split and x.ndim >= 1 and x.shape[0] == batch
+            placed = jax.device_put(data, self.rules.batch_sharding(data.ndim) if by_batch
+                                    else self.rules.replicated())
+            return jax.random.wrap_key_data(placed, impl=jax.random.key_impl(x)) if typed \
+                else placed
+        return tuple(jax.tree.map(put, args))
 
+    def _lower(self, call: calls.CoreCall, split_batch: bool):
+        """Lower the decoder's own core for ``call`` under the mesh, with the rules that
+        resolve the caches' logical axes (``models.axes.CACHE``) entered for this trace only."""
+        common.note_trace(f"sharded {self.name}", mesh=mesh_label(self.mesh))
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(
+                self.rules.logical_rules(split_batch)):
+            return call.lower()
     def _inputs(self, prompt_ids, key, prompt_lengths):
         """Host side: check, compute the [B] row keys, pad the batch to a multiple of the data
         axis with copies of the last row. Returns (ids, lengths, raw keys [Bp, 2], B)."""
@@ -181,30 +203,21 @@ class ShardedDecoder:
     def _split(self, ids) -> bool:
         return ids.shape[0] % self.rules.data_size == 0
 
-    def _place_inputs(self, ids, lengths, keys):
-        r = self.rules
-        if not self._split(ids):
-            return tuple(jax.device_put(x, r.replicated()) for x in (ids, lengths, keys))
-        return (jax.device_put(ids, r.batch_sharding(2)), jax.device_put(lengths, r.batch_sharding(1)),
-                jax.device_put(keys, r.batch_sharding(2)))
-
     def lower(self, params, prompt_ids, key=None, prompt_lengths=None):
         """``jax.stages.Lowered`` of the sharded program."""
         ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
                                              prompt_lengths)
-        with jax.set_mesh(self.mesh):
-            return self._jitted(params, self._split(ids)).lower(
-                params, *self._place_inputs(ids, lengths, keys))
+        call = self.core_call(self._placed(params), ids, lengths, keys)
+        return self._lower(call, self._split(ids))
 
-    def _executable(self, params, ids, placed):
-        """The compiled program for these input shapes (compiled once, ahead of time, and kept:
-        the program that runs is the one :meth:`compiled` shows)."""
-        split = self._split(ids)
-        sig = (jax.tree.structure(params), ids.shape, split,
-               tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(params)))
+    def _executable(self, call: calls.CoreCall, split: bool):
+        """The compiled program for this call's argument shapes (compiled once, ahead of time,
+        and kept: the program that runs is the one :meth:`compiled` shows)."""
+        sig = (jax.tree.structure(call.args), split,
+               tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(call.args)))
         if sig not in self._compiled:
-            with jax.set_mesh(self.mesh):
-                self._compiled[sig] = self._jitted(params, split).lower(params, *placed).compile()
+            self._compiled[sig] = self._lower(call, split).compile()
+            self.compiles += 1
         return self._compiled[sig]
 
     def compiled(self, params, prompt_ids, key=None, prompt_lengths=None):
@@ -213,8 +226,8 @@ class ShardedDecoder:
         (``.as_text()``: its HLO, for :func:`loop_collectives`; ``.memory_analysis()``)."""
         ids, lengths, keys, _ = self._inputs(prompt_ids, key if self.takes_key else None,
                                              prompt_lengths)
-        params = self._placed(params)
-        return self._executable(params, ids, self._place_inputs(ids, lengths, keys))
+        call = self.core_call(self._placed(params), ids, lengths, keys)
+        return self._executable(call, self._split(ids))
 
     def _placed(self, params):
         """``params`` on the mesh with the rules' shardings (a no-op for :meth:`place`'s output)."""
@@ -256,9 +269,10 @@ class ShardedDecoder:
     def _run(self, params, ids, lengths, keys):
         """The compiled program on the padded global batch (numpy ``ids [Bp, P]``, ``lengths
         [Bp]``, raw ``keys [Bp, 2]``)."""
-        params = self._placed(params)
-        placed = self._place_inputs(ids, lengths, keys)
-        return self._executable(params, ids, placed)(params, *placed)
+        call = self.core_call(self._placed(params), ids, lengths, keys)
+        _, args, kwargs = programs.static_split(call.core._fun, call.core._jit_kwargs,
+                                                call.args, call.kwargs)
+        return self._executable(call, self._split(ids))(*args, **kwargs)
 
     def _call_processes(self, params, prompt_ids, key, prompt_lengths, gather):
         """Many processes: this process's prompts in, its rows (or all rows) out as numpy. A

@@ -54,6 +54,11 @@ def test_a_call_states_its_program_and_options_and_runs_once_compiled(bench_pair
         assert co.options_of((call.args, call.kwargs)) == plan.options == "single_thread_eigen"
         call.via.clear_cache()   # compiled by an earlier test of this process: drop it
         before = common.compile_count(name)
+        # ahead of time from the public function itself, as from a jax.jit: that compile is
+        # the one the call then runs
+        assert "while" in fn.lower(*args, cfg, prompt_lengths=lengths).as_text()
+        call.compile()
+        assert common.compile_count(name) == before + 1
         out = call()
         assert common.compile_count(name) == before + 1
         again = fn(*args, cfg, prompt_lengths=lengths)   # same bucket: no second compile
@@ -76,3 +81,40 @@ def test_a_decoder_without_a_prepared_call_is_refused(bench_pair):
     dec = methods.Decoder("sample", lambda *a, **k: None, cfg)
     with pytest.raises(TypeError, match="prepared_by"):
         dec.core_call(params, jnp.asarray([[5, 6]], jnp.int32), jax.random.PRNGKey(0))
+
+
+@pytest.mark.parametrize("name", ["dsbd_generate", "beam_search"])
+def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, monkeypatch):
+    """``ShardedDecoder`` runs the decoder's own jitted core (the same jit object and compiler
+    options as a one-device call) on placed arguments, not a jit of its own: its one compile
+    per bucket is the decoder's, and its output is the one-device output."""
+    from dsbd_jax.parallel import ShardedDecoder, make_mesh
+    monkeypatch.setenv(co.ENV, "single_thread_eigen")
+    co.choice.cache_clear()
+    try:
+        fn = DECODERS[name]
+        cfg, params = _setup(bench_pair, name)
+        ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
+        key = jax.random.PRNGKey(1)
+        args = (params, ids) if name == "beam_search" else (params, ids, key)
+        one = fn(*args, cfg, prompt_lengths=lengths)
+        sdec = ShardedDecoder(fn, cfg, make_mesh(1, 1))
+        placed = sdec.place(params)
+        keys = np.asarray(jax.random.key_data(jax.random.split(key, 2)))
+        call = sdec.core_call(placed, ids, lengths, keys)
+        assert call.via is fn.prepare(*args, cfg, prompt_lengths=lengths).via
+        assert call.options == {"xla_cpu_multi_thread_eigen": False}
+        assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
+                   for x in jax.tree.leaves(call.args) if hasattr(x, "sharding"))
+        before, total = common.compile_count(name), sum(common.compile_count().values())
+        out = sdec(placed, ids, None if name == "beam_search" else key, prompt_lengths=lengths)
+        assert sdec.compiles == 1 and common.compile_count(name) == before + 1
+        assert sum(common.compile_count().values()) == total + 1     # no other decoder's
+        # the program that ran is the core's own (its module is named after the core's jit)
+        k = None if name == "beam_search" else key
+        module = sdec.compiled(placed, ids, k, prompt_lengths=lengths).as_text().split()[1]
+        module = module.rstrip(",")
+        assert module == f"jit_{call.via.__name__}", module
+        np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(one.sequences))
+    finally:
+        co.choice.cache_clear()

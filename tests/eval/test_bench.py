@@ -231,9 +231,11 @@ def test_energy_unavailable_has_a_reason(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-def test_progress_hook_and_jit(pair):
-    """Progress reports one call per loop trip without changing the output; the public
-    ``dsbd_generate`` can be wrapped in ``jax.jit`` by users (config static)."""
+def test_progress_channel_and_jit(pair):
+    """Progress reports one call per loop trip to the config's channel without changing the
+    output; listeners change between runs with no recompilation; the deprecated
+    ``progress_hook`` still reports (with a warning); the public ``dsbd_generate`` can be
+    wrapped in ``jax.jit`` by users (config static)."""
     from dsbd_jax import dsbd_generate
     from dsbd_jax.decoding.dsbd import first_forest
     _, _, T, D = pair
@@ -241,11 +243,26 @@ def test_progress_hook_and_jit(pair):
     params = {"target": T.params, "draft": D.params}
     kw = dict(max_new_tokens=7, eos_token_id=(), gamma=2, draft_width=3, top_k=10)
     plain = build("dsbd", T.config, D.config, **kw)
-    loud = build("dsbd", T.config, D.config, **kw, progress=True)
-    seen = []
+    channel = calls.Progress()
+    loud = build("dsbd", T.config, D.config, **kw, progress=channel)
+    seen, later = [], []
     key = jax.random.key(3)
-    with calls.progress_hook(seen.append):
+    with channel.listen(seen.append):
         a = jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
+    before = common.compile_count("dsbd_generate")
+    with channel.listen(later.append):
+        jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
+    assert common.compile_count("dsbd_generate") == before and len(later) == len(seen)
+    jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))   # nobody listening
+    assert len(later) == len(seen)
+    with pytest.raises(ValueError, match="progress must be"):
+        build("dsbd", T.config, D.config, **kw, progress=seen.append)
+    old = build("dsbd", T.config, D.config, **kw, progress=True)
+    hooked = []
+    calls._WARNED.clear()
+    with pytest.warns(DeprecationWarning, match="Progress"), calls.progress_hook(hooked.append):
+        jax.block_until_ready(old(params, ids, key, prompt_lengths=lens))
+    assert len(hooked) == len(seen)
     b = plain(params, ids, key, prompt_lengths=lens)
     np.testing.assert_array_equal(a.sequences, b.sequences)
     assert len(seen) == int(a.stats["iterations"])
