@@ -11,6 +11,8 @@ from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.decoding.calls import Progress
 from dsbd_jax.decoding.common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
                      pad_prompts)
+from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, SampleConfig,
+                                       SpeculativeConfig, TreeConfig)
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.models.loading import LoadedModel, list_presets, load_model
@@ -24,7 +26,8 @@ __version__ = "0.2.0"
 
 __all__ = [
     "DSBDConfig", "DecodeConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
-    "Progress",
+    "Progress", "SampleConfig", "BeamSampleConfig", "BeamSearchConfig", "SpeculativeConfig",
+    "TreeConfig",
     "beam_sample", "beam_search", "bucket_length", "causal_mask", "compile_count",
     "dsbd_generate", "empty_cache", "forward", "init_params", "list_presets", "load_model",
     "logits", "max_prompt_length", "pad_prompts", "sample", "speculative_sample", "tree_speculative_sample",

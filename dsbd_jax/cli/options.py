@@ -228,8 +228,10 @@ def _settings(name: str, args, node_budget=None) -> dict:
     ``node_budget``: the DSBD budget ``--node-budget auto`` resolved to (``None`` until the
     target's config is read)."""
     s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-             top_k=args.top_k or None, top_p=args.top_p, replacement=not args.no_replacement,
+             top_k=args.top_k or None, top_p=args.top_p,
              eos_token_id=() if args.no_eos else None)
+    if name in ("dsbd", "beam", "tree"):      # the methods that draw with or without it
+        s.update(replacement=not args.no_replacement)
     if name == "dsbd":
         s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,
                  min_width=args.min_width, num_beams=args.beams,

@@ -1,7 +1,10 @@
 """Decoding: every decoder as one jitted ``lax.while_loop`` with fixed shapes.
 
-- ``common``: :class:`DecodeConfig`, :class:`GenerateOutput`, prompt padding and checks, prefill,
-  the progress hook and compile bookkeeping shared by every decoder.
+- ``configs``: one frozen config per decoder (``SampleConfig``, ``BeamSampleConfig``,
+  ``BeamSearchConfig``, ``SpeculativeConfig``, ``TreeConfig``, ``DSBDConfig``) and
+  ``DecodeConfig``, every baseline decoder's settings in one.
+- ``common``: :class:`GenerateOutput`, prompt padding and checks, prefill and compile
+  bookkeeping shared by every decoder; ``calls``: how a call runs, and its progress channel.
 - ``warping``: temperature / top-k / top-p, the inverse-CDF draw and the residual.
 - baselines: ``sampling`` (ancestral), ``beam`` (beam sampling, beam search), ``speculative``
   (one draft chain), ``tree`` (a draft tree).
@@ -15,12 +18,15 @@ May import: ``dsbd_jax.models`` (and jax, flax, numpy); never ``parallel``, ``ev
 from dsbd_jax.decoding.beam import beam_sample, beam_search
 from dsbd_jax.decoding.common import (DecodeConfig, GenerateOutput, bucket_length, compile_count,
                                       max_prompt_length, pad_prompts)
+from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, SampleConfig,
+                                       SpeculativeConfig, TreeConfig)
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.speculative import speculative_sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
 from dsbd_jax.decoding.warping import warp_logits
 
-__all__ = ["DSBDConfig", "DecodeConfig", "GenerateOutput", "beam_sample", "beam_search",
+__all__ = ["BeamSampleConfig", "BeamSearchConfig", "DSBDConfig", "DecodeConfig", "GenerateOutput",
+           "SampleConfig", "SpeculativeConfig", "TreeConfig", "beam_sample", "beam_search",
            "bucket_length", "compile_count", "dsbd_generate", "max_prompt_length", "pad_prompts",
            "sample", "speculative_sample", "tree_speculative_sample", "warp_logits"]

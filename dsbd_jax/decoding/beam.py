@@ -41,6 +41,7 @@ from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.configs import check_config
 from dsbd_jax.decoding.sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
 from dsbd_jax.decoding.warping import draw_from, sample_without_replacement, warp_logits
 
@@ -187,6 +188,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
 
 def _beam_sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
     """``beam_sample``'s checked ``calls.CoreCall``, not run."""
+    check_config("beam_sample", config)
     prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
@@ -205,7 +207,8 @@ def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=No
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths``: ``[B]`` (None: all full).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``);
         step t of row b uses ``fold_in(row_key, t)``.
-      config: ``DecodeConfig`` (``num_beams``, warping, ``replacement``, EOS, ``max_new_tokens``).
+      config: ``BeamSampleConfig`` or ``DecodeConfig`` (``num_beams``, warping,
+        ``replacement``, EOS, ``max_new_tokens``).
     Returns:
       ``GenerateOutput``: sequences ``[B, W, N]`` in draw order (pad after EOS and for dead
       beams), log_likelihoods ``[B, W]`` unwarped (``-inf`` for dead beams), best = the most
@@ -326,6 +329,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
 
 def _beam_search_call(params, prompt_ids, config: DecodeConfig, prompt_lengths=None):
     """``beam_search``'s checked ``calls.CoreCall``, not run."""
+    check_config("beam_search", config)
     prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths)
     if not (isinstance(config.length_penalty, (int, float)) and

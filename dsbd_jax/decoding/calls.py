@@ -132,7 +132,8 @@ def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callab
 # ``verified`` (accepted candidates / verified layers so far, summed over prompts). The channel
 # is the caller's object, so no listener lives in the library.
 class Progress:
-    """A progress channel for decoders: ``DecodeConfig(..., progress=channel)`` compiles a
+    """A progress channel for decoders: ``DSBDConfig(..., progress=channel)`` (any decoder's
+    config) compiles a
     program that, after every loop trip, calls each function listening on ``channel``
     (:meth:`listen`) with a dict of numpy values (module comment above). The program holds the
     channel itself (hashed by identity, a static part of the config): one channel per decoder

@@ -1,5 +1,6 @@
 """Pieces shared by every decoder: output type, prompt batches, prefill, one-token steps,
-EOS handling, the settings (``DecodeConfig``) and compile counting. How a call runs (the jitted
+EOS handling and compile counting (the settings, one config per decoder, are
+:mod:`dsbd_jax.decoding.configs`). How a call runs (the jitted
 core, ahead-of-time capture, progress) is :mod:`dsbd_jax.decoding.calls`; checking and guarding
 a call's inputs is :mod:`dsbd_jax.decoding.inputs`.
 
@@ -17,13 +18,14 @@ distributions keep fixed shapes. ``lengths`` counts new tokens up to and includi
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.decoding.configs import eos_tuple
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import forward
@@ -86,12 +88,13 @@ def bucket_length(n: int, minimum: int = 16, maximum: Optional[int] = None) -> i
 
 
 def max_prompt_length(config) -> int:
-    """The longest (padded) prompt a decoder with ``config`` (a ``DecodeConfig`` or
-    ``DSBDConfig``) accepts: the smallest ``max_position_embeddings`` of its models minus
+    """The longest (padded) prompt a decoder with ``config`` (any decoder's config,
+    :mod:`dsbd_jax.decoding.configs`) accepts: the smallest ``max_position_embeddings`` of its models minus
     ``max_new_tokens`` and, for the speculative methods (those with a draft), the ``gamma + 1``
     positions of the look-ahead; what :func:`check_positions` enforces."""
-    models = [config.target] + ([config.draft] if config.draft is not None else [])
-    lookahead = config.gamma + 1 if config.draft is not None else 0
+    draft = getattr(config, "draft", None)
+    models = [config.target] + ([draft] if draft is not None else [])
+    lookahead = config.gamma + 1 if draft is not None else 0
     return min(m.max_position_embeddings for m in models) - config.max_new_tokens - lookahead
 
 
@@ -186,11 +189,6 @@ def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths
 
 
 # ---------------------------------------------------------------------------------------------
-def eos_tuple(eos_token_id) -> Tuple[int, ...]:
-    """EOS ids (``None``, an int, or a sequence of ints) as a tuple of ints (``()``: none)."""
-    return () if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist())
-
-
 def eos_array(eos_token_id) -> jax.Array:
     ids = eos_tuple(eos_token_id)
     return jnp.asarray(ids if ids else (-1,), jnp.int32)
@@ -219,107 +217,9 @@ def best_and_lengths(sequences, log_likelihoods, eos_token_id):
 
 
 # ---------------------------------------------------------------------------------------------
-import dataclasses  # noqa: E402
-
-from dsbd_jax.decoding.warping import validate_warping  # noqa: E402
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-    """Settings of every baseline decoder; frozen and hashable (a static argument under jit).
-
-    ``target`` / ``draft`` are the model configs (``draft`` only for the speculative methods).
-    ``eos_token_id``: ``None`` (default) means the target's (``eos_ids`` is what applies; the
-    field keeps what it was given, its type made a tuple); ``pad_token_id`` (what finished rows emit)
-    defaults to the target's pad id, else the first EOS id, else 0.
-    ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
-    token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
-    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only. ``progress``: a
-    :class:`~dsbd_jax.decoding.calls.Progress` channel reports every loop trip to the functions
-    listening on it (a separate compiled program); ``True`` (deprecated) reports to
-    :func:`progress_hook` functions.
-    """
-
-    target: ModelConfig
-    draft: Optional[ModelConfig] = None
-    max_new_tokens: int = 32
-    num_beams: int = 1
-    temperature: float = 1.0
-    top_k: Optional[int] = None
-    top_p: float = 1.0
-    replacement: bool = True
-    eos_token_id: Optional[Tuple[int, ...]] = None
-    pad_token_id: Optional[int] = None
-    gamma: int = 4
-    tree_widths: Optional[Tuple[int, ...]] = None
-    length_penalty: float = 1.0
-    early_stopping: bool = False
-    progress: Any = False
-
-    def __post_init__(self):
-        if not isinstance(self.target, ModelConfig):
-            raise ValueError("DecodeConfig.target must be a ModelConfig")
-        if self.draft is not None:
-            from dsbd_jax.models.head import HeadConfig
-            if isinstance(self.draft, HeadConfig):
-                t = self.draft.target
-                if (t.hidden_size, t.vocab_size, t.num_layers) != (
-                        self.target.hidden_size, self.target.vocab_size, self.target.num_layers):
-                    raise ValueError(
-                        f"the draft head was made for another target (hidden {t.hidden_size}, "
-                        f"vocabulary {t.vocab_size}, {t.num_layers} layers; this target: "
-                        f"{self.target.hidden_size}, {self.target.vocab_size}, "
-                        f"{self.target.num_layers})")
-            elif not isinstance(self.draft, ModelConfig):
-                raise ValueError("DecodeConfig.draft must be a ModelConfig, a HeadConfig or None")
-            if self.draft.vocab_size != self.target.vocab_size:
-                raise ValueError(
-                    f"draft and target vocabularies differ ({self.draft.vocab_size} vs "
-                    f"{self.target.vocab_size}); speculative decoding needs one vocabulary")
-        if not (isinstance(self.progress, (bool, Progress)) or self.progress is None):
-            raise ValueError(f"progress must be a dsbd_jax.decoding.calls.Progress channel or "
-                             f"a bool, got {type(self.progress).__name__}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        self._check_num_beams()
-        validate_warping(self.temperature, self.top_k, self.top_p)
-        if not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"gamma must be an int >= 1, got {self.gamma!r}")
-        if self.eos_token_id is not None:  # only its type made canonical (hashable): a tuple
-            object.__setattr__(self, "eos_token_id", eos_tuple(self.eos_token_id))
-        if self.tree_widths is not None:
-            tw = tuple(self.tree_widths)
-            if len(tw) != self.gamma or any((not isinstance(w, int)) or w < 1 for w in tw):
-                raise ValueError(f"tree_widths must be {self.gamma} ints >= 1 (one per level), got {tw}")
-            object.__setattr__(self, "tree_widths", tw)
-        for tok in self.eos_ids:
-            if not 0 <= tok < self.target.vocab_size:
-                raise ValueError(f"eos_token_id {tok} is outside the vocabulary")
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.target.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary")
-
-    def _check_num_beams(self) -> None:
-        """``num_beams`` is an int >= 1 (a subclass with other rules overrides this)."""
-        if not isinstance(self.num_beams, int) or self.num_beams < 1:
-            raise ValueError(f"num_beams (width) must be an int >= 1, got {self.num_beams!r}")
-
-    @property
-    def eos_ids(self) -> Tuple[int, ...]:
-        """The EOS ids that apply: ``eos_token_id`` as given, the target's where it is ``None``;
-        ``()``: none (the field keeps the value it was given)."""
-        return eos_tuple(self.eos_token_id if self.eos_token_id is not None
-                         else self.target.eos_token_id)
-
-    @property
-    def pad_id(self) -> int:
-        if self.pad_token_id is not None:
-            return self.pad_token_id
-        if self.target.pad_token_id is not None and self.target.pad_token_id < self.target.vocab_size:
-            return self.target.pad_token_id
-        return self.eos_ids[0] if self.eos_ids else 0
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
+# the settings: one config per decoder (configs.py); DecodeConfig, every baseline decoder's
+# settings in one class, re-exported here where it always lived
+from dsbd_jax.decoding.configs import DecodeConfig  # noqa: E402,F401
 
 
 def take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:

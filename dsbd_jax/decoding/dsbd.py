@@ -46,9 +46,7 @@ depth they produced: Theorem 3.2), ``step_widths [B, N]`` (beams at each generat
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Optional
 
 import flax.struct
 import jax
@@ -58,95 +56,12 @@ import numpy as np
 from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.cache import KVCache
-from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.common import GenerateOutput
+from dsbd_jax.decoding.configs import DSBDConfig, check_config
 from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
 from dsbd_jax.decoding.verify import make_randoms, verify_forest
 
 NEG_INF = -jnp.inf
-
-
-@dataclasses.dataclass(frozen=True)
-class DSBDConfig(DecodeConfig):
-    """DSBD settings (frozen, hashable: static under jit). On top of ``DecodeConfig``:
-
-    Attributes:
-        draft_width: ``W_S``, draft nodes per layer.
-        threshold: ``t`` in [0, 1] of the dynamic width; 1 = fixed width ``min_width``.
-        min_width: ``W_min`` (<= ``W_S``).
-        max_width: cap on the beams of any layer = beams carried between iterations = output slots
-          (``None``, the default: ``W_S``; :attr:`beam_width` is the value that applies).
-        num_beams: beams drawn by the extra layer (after all ``gamma`` layers passed); ``None`` (the
-          default) = the last layer's width. Must be <= ``max_width``.
-        single_beam: keep one cache row per prompt (the paper's memory-saving mode).
-        node_budget: forest nodes to fill (e.g. :func:`dsbd_jax.models.forest_budget.node_budget`):
-          layers widen to ``(node_budget - cache_rows) // gamma`` nodes (:attr:`layer_width`),
-          the first ``W_S`` the next layer's parents, the rest leaves (docs/algorithm.md).
-    """
-
-    num_beams: Optional[int] = None
-    draft_width: int = 2
-    threshold: float = 0.9
-    min_width: int = 1
-    max_width: Optional[int] = None
-    single_beam: bool = False
-    node_budget: Optional[int] = None
-
-    def _check_num_beams(self) -> None:
-        """``None`` (the last layer's width) or an int >= 1 (at most ``max_width``: below)."""
-        if self.num_beams is not None:
-            super()._check_num_beams()
-
-    def __post_init__(self):
-        super().__post_init__()
-        nb = self.num_beams
-        if self.draft is None:
-            raise ValueError("DSBD needs a draft model: set DSBDConfig.draft")
-        for name in ("draft_width", "min_width"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if self.draft_width < self.min_width:
-            raise ValueError(f"draft_width (W_S = {self.draft_width}) must be >= min_width "
-                             f"(W_min = {self.min_width})")
-        t = self.threshold
-        is_number = isinstance(t, (int, float, np.floating)) and not isinstance(t, bool)
-        if not is_number or not 0.0 <= t <= 1.0:
-            raise ValueError(f"threshold must be a number in [0, 1], got {t!r}")
-        mw = self.max_width
-        if mw is not None and (not isinstance(mw, (int, np.integer)) or isinstance(mw, bool) or mw < self.min_width):
-            raise ValueError(f"max_width must be None or an int >= min_width "
-                             f"({self.min_width}), got {mw!r}")
-        if nb is not None and nb > self.beam_width:
-            raise ValueError(f"num_beams ({nb}) must be <= max_width ({self.beam_width}); raise "
-                             f"max_width to draw more beams in the extra layer")
-        if not isinstance(self.single_beam, bool):
-            raise ValueError(f"single_beam must be a bool, got {self.single_beam!r}")
-        b = self.node_budget
-        if b is not None and (not isinstance(b, (int, np.integer)) or isinstance(b, bool)
-                              or b < 1):
-            raise ValueError(f"node_budget must be None or an int >= 1, got {b!r}")
-
-    @property
-    def layer_width(self) -> int:
-        """Draft nodes per forest layer: ``W_S``, widened to fill ``node_budget``."""
-        if self.node_budget is None:
-            return self.draft_width
-        return max(self.draft_width, (int(self.node_budget) - self.cache_rows) // self.gamma)
-
-    @property
-    def forest_nodes(self) -> int:
-        """Nodes of the target's pass per prompt: the input beams and ``gamma`` layers."""
-        return self.cache_rows + self.gamma * self.layer_width
-
-    @property
-    def beam_width(self) -> int:
-        """``max_width`` as it applies (``W_S`` when ``None``): beams between iterations."""
-        return int(self.draft_width if self.max_width is None else self.max_width)
-
-    @property
-    def cache_rows(self) -> int:
-        """Cache rows (input beams) per prompt: 1 in single-beam mode, else :attr:`beam_width`."""
-        return 1 if self.single_beam else self.beam_width
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,8 +343,7 @@ def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> 
 def check_inputs(params, prompt_ids, config, prompt_lengths, key=None) -> None:
     """Host-side validation (concrete values, clear ``ValueError``s) before the jitted core;
     ``key`` is required."""
-    if not isinstance(config, DSBDConfig):
-        raise ValueError(f"config must be a DSBDConfig, got {type(config).__name__}")
+    check_config("dsbd_generate", config)
     if not isinstance(params, dict) or "target" not in params or "draft" not in params:
         raise ValueError('params must be a dict {"target": ..., "draft": ...}')
     for name, mc in (("target", config.target), ("draft", config.draft)):

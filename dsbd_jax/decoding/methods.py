@@ -5,8 +5,9 @@
 
 Methods: ``dsbd`` (:func:`dsbd_jax.dsbd_generate`), ``beam`` (beam sampling), ``beam_search``,
 ``sample`` (multinomial sampling), ``spec`` (speculative sampling), ``tree`` (token-tree
-speculative sampling). Settings are the keyword fields of :class:`~dsbd_jax.DecodeConfig` /
-:class:`~dsbd_jax.DSBDConfig` that the method reads; any other key is an error.
+speculative sampling). Settings are the fields of the method's own config
+(:mod:`dsbd_jax.decoding.configs`: ``SampleConfig``, ``BeamSampleConfig``, ...,
+``DSBDConfig``); any other key is an error.
 """
 
 from __future__ import annotations
@@ -17,17 +18,22 @@ from typing import Any, Callable, Dict, Optional
 METHODS = ("dsbd", "beam", "beam_search", "sample", "spec", "tree")
 NEEDS_DRAFT = frozenset({"dsbd", "spec", "tree"})
 
-_COMMON = {"max_new_tokens", "temperature", "top_k", "top_p", "replacement", "eos_token_id",
-           "pad_token_id", "progress"}
-_ALLOWED = {
-    "dsbd": _COMMON | {"gamma", "draft_width", "threshold", "min_width", "max_width", "num_beams",
-                       "single_beam", "node_budget"},
-    "beam": _COMMON | {"num_beams"},
-    "beam_search": _COMMON | {"num_beams", "length_penalty", "early_stopping"},
-    "sample": _COMMON,
-    "spec": _COMMON | {"gamma"},
-    "tree": _COMMON | {"gamma", "tree_widths"},
-}
+# each method's config (dsbd_jax.decoding.configs): its settings are that config's fields
+_CONFIGS = {"dsbd": "DSBDConfig", "beam": "BeamSampleConfig", "beam_search": "BeamSearchConfig",
+            "sample": "SampleConfig", "spec": "SpeculativeConfig", "tree": "TreeConfig"}
+
+
+def config_class(method: str):
+    """The config class of ``method`` (``dsbd_jax.decoding.configs``)."""
+    from dsbd_jax.decoding import configs
+    return getattr(configs, _CONFIGS[method])
+
+
+def allowed(method: str) -> set:
+    """The settings ``method`` reads: its config's fields but the model configs."""
+    return {f.name for f in dataclasses.fields(config_class(method))} - {"target", "draft"}
+
+
 # label order (independent of the order a config file lists settings in) and short names
 _ORDER = ("num_beams", "gamma", "draft_width", "threshold", "min_width", "max_width", "node_budget",
           "tree_widths")
@@ -80,10 +86,10 @@ def check_settings(method: str, settings: Dict[str, Any]) -> None:
     """``ValueError`` for an unknown method or a setting the method does not read."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    extra = sorted(set(settings) - _ALLOWED[method])
+    extra = sorted(set(settings) - allowed(method))
     if extra:
         raise ValueError(f"method {method!r} has no setting(s) {extra}; it reads "
-                         f"{sorted(_ALLOWED[method])}")
+                         f"{sorted(allowed(method))}")
 
 
 def build(method: str, target, draft=None, **settings) -> Decoder:
@@ -91,29 +97,18 @@ def build(method: str, target, draft=None, **settings) -> Decoder:
     check_settings(method, settings)
     if method in NEEDS_DRAFT and draft is None:
         raise ValueError(f"method {method!r} needs a draft model")
-    from dsbd_jax.decoding import common
     if "tree_widths" in settings and settings["tree_widths"] is not None:
         settings = {**settings, "tree_widths": tuple(settings["tree_widths"])}
-    if method == "dsbd":
-        from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
-        return Decoder(method, dsbd_generate, DSBDConfig(target=target, draft=draft, **settings))
-    if method == "beam":
-        from dsbd_jax.decoding.beam import beam_sample
-        return Decoder(method, beam_sample, common.DecodeConfig(target=target, **settings))
-    if method == "beam_search":
-        from dsbd_jax.decoding.beam import beam_search
-        return Decoder(method, beam_search, common.DecodeConfig(target=target, **settings),
-                       takes_key=False)
-    if method == "sample":
-        from dsbd_jax.decoding.sampling import sample
-        return Decoder(method, sample, common.DecodeConfig(target=target, **settings))
-    if method == "spec":
-        from dsbd_jax.decoding.speculative import speculative_sample
-        return Decoder(method, speculative_sample,
-                       common.DecodeConfig(target=target, draft=draft, **settings))
+    drafts = {"draft": draft} if method in NEEDS_DRAFT else {}
+    config = config_class(method)(target, **drafts, **settings)
+    from dsbd_jax.decoding.beam import beam_sample, beam_search
+    from dsbd_jax.decoding.dsbd import dsbd_generate
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.decoding.tree import tree_speculative_sample
-    return Decoder(method, tree_speculative_sample,
-                   common.DecodeConfig(target=target, draft=draft, **settings))
+    fns = {"dsbd": dsbd_generate, "beam": beam_sample, "beam_search": beam_search,
+           "sample": sample, "spec": speculative_sample, "tree": tree_speculative_sample}
+    return Decoder(method, fns[method], config, takes_key=method != "beam_search")
 
 
 def label(method: str, setting: Dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.configs import check_config
 from dsbd_jax.decoding.inputs import check_key, row_keys  # noqa: F401  (re-exported)
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
@@ -61,9 +62,8 @@ def step_keys(keys: jax.Array, step) -> jax.Array:
 
 
 def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
-    """Host-side checks shared by the baseline decoders; raise ``ValueError`` (never NaN later)."""
-    if not isinstance(config, DecodeConfig):
-        raise ValueError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    """Host-side checks shared by the baseline decoders; raise ``ValueError`` (never NaN later).
+    The config's type is each decoder's own check (``configs.check_config``)."""
     inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     shape = np.shape(prompt_ids)
     inputs.check_positions({"target": config.target}, shape[1], config.max_new_tokens)
@@ -163,6 +163,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
 
 def _sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
     """``sample``'s checked ``calls.CoreCall``, not run."""
+    check_config("sample", config)
     prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
@@ -178,7 +179,8 @@ def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -
       params: the target's parameter tree (or ``{"target": tree}``).
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths``: ``[B]`` (None: all full).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``).
-      config: ``DecodeConfig``; ``num_beams`` = independent samples per prompt.
+      config: ``SampleConfig`` (or ``DecodeConfig``); ``num_beams`` = independent samples per
+        prompt.
     Returns:
       ``GenerateOutput`` with sequences ``[B, num_beams, max_new_tokens]`` (pad after EOS),
       unwarped target log-likelihoods, and stats ``target_calls`` (prefill + decode steps),

@@ -41,6 +41,7 @@ from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.configs import check_config
 from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
 
@@ -95,11 +96,11 @@ def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Ar
 # Host-side checks (before the jitted core: concrete values, clear errors, never NaN).
 
 def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
-    """Raise ``ValueError`` for anything the speculative decoders cannot run (``key`` required)."""
-    if not isinstance(config, DecodeConfig):
-        raise ValueError("config must be a common.DecodeConfig")
-    if config.draft is None:
-        raise ValueError("speculative decoding needs a draft model: set DecodeConfig.draft")
+    """Raise ``ValueError`` for anything the speculative decoders cannot run (``key`` required;
+    the config's type is each decoder's own check, ``configs.check_config``)."""
+    if getattr(config, "draft", None) is None:
+        raise ValueError(f"speculative decoding needs a draft model: set "
+                         f"{type(config).__name__}.draft")
     if not isinstance(config.gamma, int) or config.gamma < 1:
         raise ValueError(f"gamma must be an int >= 1, got {config.gamma!r}")
     if config.draft.vocab_size != config.target.vocab_size:
@@ -113,7 +114,8 @@ def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=N
         if embed is not None and embed.shape[0] != mc.vocab_size:
             raise ValueError(f"{name} parameters have a vocabulary of {embed.shape[0]}, the config "
                              f"says {mc.vocab_size}")
-    if config.tree_widths is not None and len(config.tree_widths) != config.gamma:
+    tree_widths = getattr(config, "tree_widths", None)
+    if tree_widths is not None and len(tree_widths) != config.gamma:
         raise ValueError(f"tree_widths must have gamma = {config.gamma} entries, "
                          f"got {config.tree_widths}")
     inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
@@ -417,6 +419,7 @@ def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeCo
 
 def _speculative_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
     """``speculative_sample``'s checked ``calls.CoreCall``, not run."""
+    check_config("speculative_sample", config)
     check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
@@ -433,7 +436,7 @@ def speculative_sample(params, prompt_ids, key, config: DecodeConfig,
       params: ``{"target": target params, "draft": draft params}``.
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths [B]`` (None: all ``P``).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``).
-      config: ``DecodeConfig`` with ``draft``, ``gamma``, warping, EOS, ``max_new_tokens``
+      config: ``SpeculativeConfig`` (or ``DecodeConfig``) with ``draft``, ``gamma``, warping, EOS, ``max_new_tokens``
         (``num_beams`` is ignored: one sequence per prompt).
     Returns:
       ``GenerateOutput`` with ``sequences [B, 1, N]``, unwarped target ``log_likelihoods [B, 1]``

@@ -40,6 +40,7 @@ from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs, speculative as spec
 from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
+from dsbd_jax.decoding.configs import check_config
 from dsbd_jax.decoding.warping import draw_from
 from dsbd_jax.decoding.verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
 
@@ -288,6 +289,7 @@ def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
 
 def _tree_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
     """``tree_speculative_sample``'s checked ``calls.CoreCall``, not run."""
+    check_config("tree_speculative_sample", config)
     spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)

@@ -178,6 +178,7 @@ class ShardedDecoder:
         with jax.set_mesh(self.mesh), nn.logical_axis_rules(
                 self.rules.logical_rules(split_batch)):
             return call.lower()
+
     def _inputs(self, prompt_ids, key, prompt_lengths):
         """Host side: check, compute the [B] row keys, pad the batch to a multiple of the data
         axis with copies of the last row. Returns (ids, lengths, raw keys [Bp, 2], B)."""
