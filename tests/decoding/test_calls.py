@@ -33,39 +33,49 @@ DECODERS = {"sample": sample, "beam_sample": beam_sample, "beam_search": beam_se
             "tree_speculative_sample": tree_speculative_sample, "dsbd_generate": dsbd_generate}
 
 
+@pytest.fixture
+def forced_options(monkeypatch):
+    """The host's choice of compiler options forced to a candidate that has options."""
+    monkeypatch.setenv(co.ENV, "single_thread_eigen")
+    co.choice.cache_clear()
+    yield {"xla_cpu_multi_thread_eigen": False}
+    co.choice.cache_clear()
+
+
+def _call(bench_pair, name):
+    """``(decoder, config, params, ids, lengths, key, positional args)`` of a two-prompt call."""
+    cfg, params = _setup(bench_pair, name)
+    ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
+    key = jax.random.PRNGKey(1)
+    args = (params, ids) if name == "beam_search" else (params, ids, key)
+    return DECODERS[name], cfg, params, ids, lengths, key, args
+
+
 @pytest.mark.parametrize("name", sorted(DECODERS))
 def test_a_call_states_its_program_and_options_and_runs_once_compiled(bench_pair, name,
-                                                                      monkeypatch):
+                                                                      forced_options):
     """For one call: the program (its decoder's core), the compiler options (those the host's
     choice names for these arguments: forced here to a candidate with options), one compile for
     the prepared call and the public call of the same bucket, and the same output."""
-    monkeypatch.setenv(co.ENV, "single_thread_eigen")
-    co.choice.cache_clear()
-    try:
-        fn = DECODERS[name]
-        cfg, params = _setup(bench_pair, name)
-        ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
-        args = (params, ids) if name == "beam_search" else (params, ids, jax.random.PRNGKey(1))
-        call = fn.prepare(*args, cfg, prompt_lengths=lengths)
-        assert isinstance(call, calls.CoreCall) and call.decoder == name
-        assert call.options == {"xla_cpu_multi_thread_eigen": False}
-        # ... named by the host's plan for the model the call runs (its loaded form and dtype)
-        plan = host.plan(cfg.target, "float32", "plain")
-        assert co.options_of((call.args, call.kwargs)) == plan.options == "single_thread_eigen"
-        call.via.clear_cache()   # compiled by an earlier test of this process: drop it
-        before = common.compile_count(name)
-        # ahead of time from the public function itself, as from a jax.jit: that compile is
-        # the one the call then runs
-        assert "while" in fn.lower(*args, cfg, prompt_lengths=lengths).as_text()
-        call.compile()
-        assert common.compile_count(name) == before + 1
-        out = call()
-        assert common.compile_count(name) == before + 1
-        again = fn(*args, cfg, prompt_lengths=lengths)   # same bucket: no second compile
-        assert common.compile_count(name) == before + 1
-        np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(again.sequences))
-    finally:
-        co.choice.cache_clear()
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, name)
+    call = fn.prepare(*args, cfg, prompt_lengths=lengths)
+    assert isinstance(call, calls.CoreCall) and call.decoder == name
+    assert call.options == forced_options
+    # ... named by the host's plan for the model the call runs (its loaded form and dtype)
+    plan = host.plan(cfg.target, "float32", "plain")
+    assert co.options_of((call.args, call.kwargs)) == plan.options == "single_thread_eigen"
+    call.via.clear_cache()   # compiled by an earlier test of this process: drop it
+    before = common.compile_count(name)
+    # ahead of time from the public function itself, as from a jax.jit: that compile is the
+    # one the call then runs
+    assert "while" in fn.lower(*args, cfg, prompt_lengths=lengths).as_text()
+    call.compile()
+    assert common.compile_count(name) == before + 1
+    out = call()
+    assert common.compile_count(name) == before + 1
+    again = fn(*args, cfg, prompt_lengths=lengths)   # same bucket: no second compile
+    assert common.compile_count(name) == before + 1
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(again.sequences))
 
 
 def test_the_checks_run_when_the_call_is_prepared(bench_pair):
@@ -84,37 +94,27 @@ def test_a_decoder_without_a_prepared_call_is_refused(bench_pair):
 
 
 @pytest.mark.parametrize("name", ["dsbd_generate", "beam_search"])
-def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, monkeypatch):
+def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, forced_options):
     """``ShardedDecoder`` runs the decoder's own jitted core (the same jit object and compiler
     options as a one-device call) on placed arguments, not a jit of its own: its one compile
     per bucket is the decoder's, and its output is the one-device output."""
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
-    monkeypatch.setenv(co.ENV, "single_thread_eigen")
-    co.choice.cache_clear()
-    try:
-        fn = DECODERS[name]
-        cfg, params = _setup(bench_pair, name)
-        ids, lengths = common.pad_prompts([[5, 6, 7], [8, 9]], pad_id=0, length=8)
-        key = jax.random.PRNGKey(1)
-        args = (params, ids) if name == "beam_search" else (params, ids, key)
-        one = fn(*args, cfg, prompt_lengths=lengths)
-        sdec = ShardedDecoder(fn, cfg, make_mesh(1, 1))
-        placed = sdec.place(params)
-        keys = np.asarray(jax.random.key_data(jax.random.split(key, 2)))
-        call = sdec.core_call(placed, ids, lengths, keys)
-        assert call.via is fn.prepare(*args, cfg, prompt_lengths=lengths).via
-        assert call.options == {"xla_cpu_multi_thread_eigen": False}
-        assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
-                   for x in jax.tree.leaves(call.args) if hasattr(x, "sharding"))
-        before, total = common.compile_count(name), sum(common.compile_count().values())
-        out = sdec(placed, ids, None if name == "beam_search" else key, prompt_lengths=lengths)
-        assert sdec.compiles == 1 and common.compile_count(name) == before + 1
-        assert sum(common.compile_count().values()) == total + 1     # no other decoder's
-        # the program that ran is the core's own (its module is named after the core's jit)
-        k = None if name == "beam_search" else key
-        module = sdec.compiled(placed, ids, k, prompt_lengths=lengths).as_text().split()[1]
-        module = module.rstrip(",")
-        assert module == f"jit_{call.via.__name__}", module
-        np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(one.sequences))
-    finally:
-        co.choice.cache_clear()
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, name)
+    one = fn(*args, cfg, prompt_lengths=lengths)
+    sdec = ShardedDecoder(fn, cfg, make_mesh(1, 1))
+    placed = sdec.place(params)
+    keys = np.asarray(jax.random.key_data(jax.random.split(key, 2)))
+    call = sdec.core_call(placed, ids, lengths, keys)
+    assert call.via is fn.prepare(*args, cfg, prompt_lengths=lengths).via
+    assert call.options == forced_options
+    assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
+               for x in jax.tree.leaves(call.args) if hasattr(x, "sharding"))
+    before, total = common.compile_count(name), sum(common.compile_count().values())
+    k = None if name == "beam_search" else key
+    out = sdec(placed, ids, k, prompt_lengths=lengths)
+    assert sdec.compiles == 1 and common.compile_count(name) == before + 1
+    assert sum(common.compile_count().values()) == total + 1     # no other decoder's
+    # the program that ran is the core's own (its module is named after the core's jit)
+    module = sdec.compiled(placed, ids, k, prompt_lengths=lengths).as_text().split()[1]
+    assert module.rstrip(",") == f"jit_{call.via.__name__}", module
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(one.sequences))
