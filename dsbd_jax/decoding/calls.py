@@ -133,12 +133,12 @@ def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callab
 # is the caller's object, so no listener lives in the library.
 class Progress:
     """A progress channel for decoders: ``DSBDConfig(..., progress=channel)`` (any decoder's
-    config) compiles a
-    program that, after every loop trip, calls each function listening on ``channel``
-    (:meth:`listen`) with a dict of numpy values (module comment above). The program holds the
-    channel itself (hashed by identity, a static part of the config): one channel per decoder
-    and its listeners changed freely between runs, with no recompilation; a new channel is a
-    new program (a separate compiled program from the one without progress)."""
+    config) compiles a program that, after every loop trip, calls each function listening on
+    ``channel`` (:meth:`listen`) with a dict of numpy values (module comment above). The
+    program holds the channel itself (hashed by identity, a static part of the config): keep
+    one channel per decoder and change its listeners freely between runs, with no
+    recompilation; a new channel is a new program (and a program with progress is a separate
+    one from the program without)."""
 
     def __init__(self):
         self._listeners: list = []
