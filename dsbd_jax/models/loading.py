@@ -32,7 +32,6 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
-import logging
 import os
 import time
 from pathlib import Path
@@ -61,8 +60,6 @@ from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
                                      save_host_layout)
 from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 from dsbd_jax.models.vocab import untie_head as untie
-
-logger = logging.getLogger("dsbd_jax")
 
 __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_tokenizer",
            "read_config"]
@@ -211,9 +208,9 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         are, nothing is measured. ``None`` (default): with ``kernel_blocks="measured"`` the
         plan is worked out here, once, by :func:`dsbd_jax.models.host.plan` (the dtype for
         ``dtype="auto"``, the form for that dtype). ``info["plan"]`` records the plan applied
-        (``None`` where ``kernel_blocks`` or ``place`` decided the form instead);
-        ``info["options"]`` the compiler options the model's programs compile under here (a
-        plan from another host that names other options gets a warning).
+        (``None`` where ``kernel_blocks`` or ``place`` decided the form instead). A plan's
+        compiler options are not applied: a program's options follow from its kernels' kinds
+        and this host's choice for them (:func:`dsbd_jax.models.cpu_options.options_of`).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
         ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default
@@ -304,7 +301,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["head_transposed"] = head_transposed(model.params)
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
             model.info["plan"] = plan_info
-            _note_options(model, plan)
             release_freed_memory()
             return model
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
@@ -365,7 +361,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
     model.info["plan"] = plan_info
-    _note_options(model, plan)
     if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]):
         name, folder, key = host_form
         with timed_step(f"cached {name} in this host's form ({folder}: later loads only read "
@@ -374,18 +369,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 name, folder, model.params, model.config, dtype, key, cache_dir))
     release_freed_memory()
     return model
-
-
-def _note_options(model, plan) -> None:
-    """``info["options"]``: the compiler options the model's programs compile under here
-    (:func:`dsbd_jax.models.cpu_options.options_of`: they follow from the kernels' kinds and
-    this host's choice). A plan made on another host may name others: a warning says so."""
-    from dsbd_jax.models.cpu_options import options_of
-    model.info["options"] = options = options_of(model.params)
-    if plan is not None and jax.default_backend() == "cpu" and plan.options != options:
-        logger.warning("the plan names compiler options %r; this host compiles the model's "
-                       "programs under %r (a program's options follow from its kernels' kinds "
-                       "and this host's choice for them, `dsbd host`)", plan.options, options)
 
 
 def _check_plan(plan, dtype, kernel_blocks) -> None:
