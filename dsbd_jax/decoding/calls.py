@@ -158,9 +158,9 @@ class Progress:
             fn(values)
 
 
-# ``progress=True`` (before channels): report to the functions of ``progress_hook``, a list this
-# module holds. Kept for one release; a ``Progress`` channel replaces both.
-_PROGRESS_HOOKS: list = []
+# ``progress=True`` (before channels): report to the functions of ``progress_hook``, listening
+# on a channel this module holds. Kept for one release; a ``Progress`` channel replaces both.
+_HOOKS = Progress()
 _WARNED: list = []
 
 
@@ -176,17 +176,8 @@ def progress_hook(fn: Callable[[Dict[str, np.ndarray]], None]):
                       "progress=dsbd_jax.decoding.calls.Progress() in the config and listen on "
                       "it (channel.listen(fn)); they will be removed in the next release",
                       DeprecationWarning, stacklevel=3)
-    _PROGRESS_HOOKS.append(fn)
-    try:
+    with _HOOKS.listen(fn):
         yield fn
-    finally:
-        _PROGRESS_HOOKS.remove(fn)
-
-
-def _dispatch_progress(values) -> None:
-    values = {k: np.asarray(v) for k, v in values.items()}
-    for fn in list(_PROGRESS_HOOKS):
-        fn(values)
 
 
 def step_progress(batch: int) -> Callable:
@@ -204,7 +195,7 @@ def with_progress(config, body: Callable, values: Callable) -> Callable:
     channel = getattr(config, "progress", False)
     if channel is False or channel is None:
         return body
-    report = channel if isinstance(channel, Progress) else _dispatch_progress
+    report = channel if isinstance(channel, Progress) else _HOOKS
 
     def reporting(state):
         state = body(state)
