@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT  # noqa: F401
+from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT, allowed  # noqa: F401
 from dsbd_jax.models.presets import PresetError  # noqa: F401
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -230,7 +230,7 @@ def _settings(name: str, args, node_budget=None) -> dict:
     s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k or None, top_p=args.top_p,
              eos_token_id=() if args.no_eos else None)
-    if name in ("dsbd", "beam", "tree"):      # the methods that draw with or without it
+    if "replacement" in allowed(name):      # the methods that draw with or without it
         s.update(replacement=not args.no_replacement)
     if name == "dsbd":
         s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,

@@ -97,8 +97,6 @@ def build(method: str, target, draft=None, **settings) -> Decoder:
     check_settings(method, settings)
     if method in NEEDS_DRAFT and draft is None:
         raise ValueError(f"method {method!r} needs a draft model")
-    if "tree_widths" in settings and settings["tree_widths"] is not None:
-        settings = {**settings, "tree_widths": tuple(settings["tree_widths"])}
     drafts = {"draft": draft} if method in NEEDS_DRAFT else {}
     config = config_class(method)(target, **drafts, **settings)
     from dsbd_jax.decoding.beam import beam_sample, beam_search

@@ -97,15 +97,11 @@ def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Ar
 
 def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
     """Raise ``ValueError`` for anything the speculative decoders cannot run (``key`` required;
-    the config's type is each decoder's own check, ``configs.check_config``)."""
+    the config's type is each decoder's own check, ``configs.check_config``, and its settings
+    the config's own checks: ``gamma``, the draft's vocabulary, ``tree_widths``)."""
     if getattr(config, "draft", None) is None:
         raise ValueError(f"speculative decoding needs a draft model: set "
                          f"{type(config).__name__}.draft")
-    if not isinstance(config.gamma, int) or config.gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {config.gamma!r}")
-    if config.draft.vocab_size != config.target.vocab_size:
-        raise ValueError(f"draft and target vocabularies differ ({config.draft.vocab_size} vs "
-                         f"{config.target.vocab_size})")
     if not isinstance(params, Mapping) or "target" not in params or "draft" not in params:
         raise ValueError('params must be a dict {"target": ..., "draft": ...}')
     for name, mc in (("target", config.target), ("draft", config.draft)):
@@ -114,10 +110,6 @@ def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=N
         if embed is not None and embed.shape[0] != mc.vocab_size:
             raise ValueError(f"{name} parameters have a vocabulary of {embed.shape[0]}, the config "
                              f"says {mc.vocab_size}")
-    tree_widths = getattr(config, "tree_widths", None)
-    if tree_widths is not None and len(tree_widths) != config.gamma:
-        raise ValueError(f"tree_widths must have gamma = {config.gamma} entries, "
-                         f"got {config.tree_widths}")
     inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
     B, P = np.shape(prompt_ids)
     inputs.check_positions({"target": config.target, "draft": config.draft}, P,
