@@ -8,9 +8,8 @@ A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV 
 * ours, ``layout="stacked"`` (``nn.scan`` over stacked weights) and ``layout="per_layer"``
   (unrolled loop over per-layer arrays), jitted ``model.forward`` (logits of every new token and
   their keys/values), compile time reported apart;
-* ours, ``per_layer_blocked``: the per-layer tree with blocked projection kernels
-  (:mod:`dsbd_jax.models.kernels`; ``--blocks auto`` = what ``load_model`` picks on this host,
-  or one width for every projection, e.g. ``--blocks 64``); skipped when nothing is blocked;
+* ours, ``per_layer_transposed`` (``_bf16``): the per-layer tree with transposed projection
+  kernels (:func:`dsbd_jax.models.kernels.transpose_params`), in float32 or bfloat16;
 * transformers ``Qwen2ForCausalLM`` with the same shapes (``DynamicCache`` of the same prefix,
   cropped back after each call), ``torch.inference_mode``, ``--threads`` threads.
 
@@ -24,7 +23,7 @@ Each figure is the median of ``--repeats`` timed calls after one warm-up call. W
   their kernels on this host (``options_choice``).
 
 Usage: python benchmarks/forward.py [--repeats 5] [--threads 2] [--out results/forward.json]
-       [--layouts stacked per_layer per_layer_blocked] [--blocks auto|N] [--options A B]
+       [--layouts stacked per_layer per_layer_transposed] [--options A B]
        [--small]   (a 4-layer model of the same width, for a quick check)
 """
 
@@ -70,8 +69,7 @@ def median_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transposed=False,
-         dtype="float32"):
+def ours(cfg, layout, slots, filled, repeats, options=None, transposed=False, dtype="float32"):
     """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
     this host's choice for the kernels' form); ``transposed``: every projection kernel transposed
     (``kernels.transpose_params``); ``dtype="bfloat16"``: the weights and cache in bfloat16, the
@@ -83,8 +81,6 @@ def ours(cfg, layout, slots, filled, repeats, blocks=None, options=None, transpo
     if dtype != "float32":
         cfg = cfg.replace(dtype=dtype)
         params = jax.tree.map(lambda x: x.astype(dtype), params)
-    if blocks:
-        params = kernels.block_params(params, blocks)
     if transposed:
         params = kernels.transpose_params(params, kernels.transposed_widths(cfg))
         if dtype != "float32":
@@ -153,14 +149,13 @@ def main(argv=None):
     ap.add_argument("--filled", type=int, default=256)
     ap.add_argument("--small", action="store_true", help="4 layers instead of 28")
     ap.add_argument("--no-transformers", action="store_true")
-    ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer", "per_layer_blocked"],
-                    choices=["stacked", "per_layer", "per_layer_blocked",
-                             "per_layer_transposed", "per_layer_transposed_bf16"])
+    ap.add_argument("--layouts", nargs="+", default=["stacked", "per_layer",
+                                                     "per_layer_transposed"],
+                    choices=["stacked", "per_layer", "per_layer_transposed",
+                             "per_layer_transposed_bf16"])
     ap.add_argument("--transformers-dtypes", nargs="+", default=["float32"],
                     choices=["float32", "bfloat16"],
                     help="transformers' columns: the model in each of these dtypes")
-    ap.add_argument("--blocks", default="auto",
-                    help="per_layer_blocked: 'auto' (this host's choice), 'halves' or one block width")
     ap.add_argument("--options", nargs="*", default=[], choices=sorted(CANDIDATES),
                     help="also time the per-layer layout (and per_layer_transposed, if asked "
                          "for) compiled with these XLA:CPU options (columns per_layer@NAME); "
@@ -177,16 +172,8 @@ def main(argv=None):
            "layers": cfg.num_layers, "slots": args.slots, "filled": args.filled,
            "repeats": args.repeats, "threads": args.threads, "options_choice": choice(),
            "options_choice_transposed": choice("transposed")}
-    blocks = {}
-    if "per_layer_blocked" in args.layouts:  # (auto may measure: only when asked for)
-        blocks = (kernels.choose_blocks(cfg) if args.blocks == "auto"
-                  else kernels.uniform_blocks(cfg, args.blocks))
-        res["blocks"] = blocks
     for layout in args.layouts:
-        if layout == "per_layer_blocked":
-            if blocks:
-                res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats, blocks)
-        elif layout in ("per_layer_transposed", "per_layer_transposed_bf16"):
+        if layout in ("per_layer_transposed", "per_layer_transposed_bf16"):
             res["transposed_widths"] = kernels.transposed_widths(cfg)
             res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
                                transposed=True,
@@ -200,8 +187,8 @@ def main(argv=None):
             res[f"per_layer_transposed@{name}"] = ours(cfg, "per_layer", args.slots, args.filled,
                                                        args.repeats, options=name,
                                                        transposed=True)
-    ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_blocked",
-                                         "per_layer_transposed", "per_layer_transposed_bf16")
+    ours_cols = [c for c in res if c in ("stacked", "per_layer", "per_layer_transposed",
+                                         "per_layer_transposed_bf16")
                  or c.startswith("per_layer@") or c.startswith("per_layer_transposed@")]
     hf_cols = []
     if not args.no_transformers:

@@ -1,26 +1,28 @@
-"""Decoders with and without blocked projection kernels, side by side in one run.
+"""Decoders with plain and with transposed projection kernels, side by side in one run.
 
 The offline target (Qwen2.5-Coder-1.5B-Instruct) is loaded once; its parameters are used as
-loaded (plain ``[in, out]`` kernels) and with the host's blocks (``kernels.choose_blocks``, or
-``--blocks N``). For each decoder (sampling; beam sampling W = 4 by default) and each tree,
-tok/s over the same prompts, batch 1, EOS off, compile excluded (each configuration runs once
-untimed first); the two trees alternate prompt by prompt so that load from elsewhere hits both.
-JSON with the CPU model.
+loaded (plain ``[in, out]`` kernels) and transposed (``kernels.transpose_params``,
+``load_model(..., kernel_blocks="transposed")``). For each decoder (sampling; beam sampling W =
+4 by default) and each tree, tok/s over the same prompts, batch 1, EOS off, compile excluded
+(each configuration runs once untimed first); the two trees alternate prompt by prompt so that
+load from elsewhere hits both. JSON with the CPU model; the second tree's figures are under
+``blocked`` (the key of the blocked kernels this script once compared, kept for the committed
+results).
 
-``--blocks transposed`` compares plain kernels with transposed ones
-(``kernels.transpose_params``, ``load_model(..., kernel_blocks="transposed")``) instead, and
 ``--methods`` may add the drafted decoders on the offline pair (the draft loaded too):
-speculative gamma 4 and DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2).
-There the transposed configuration transposes both the target and the draft. Each
-configuration runs under the compiler options chosen for its kernels' form
-(``cpu_options.choice(form)``; ``options`` in the JSON).
+speculative gamma 4 and DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2);
+there both the target and the draft are transposed. Each configuration runs under the compiler
+options chosen for its kernels' form (``cpu_options.choice(form)``; ``options`` in the JSON).
+The models load in the dtype ``load_model`` picks for this host (``$DSBD_JAX_DTYPE`` forces one).
 
-    .venv/bin/python benchmarks/kernel_blocks.py --blocks transposed \
+    .venv/bin/python benchmarks/kernel_blocks.py \
         --methods sample beam_sample_W4 speculative_g4 dsbd_beamW4_point \
         --out results/kernel_transposed.json
-
-    .venv/bin/python benchmarks/kernel_blocks.py --out results/kernel_blocks.json
     .venv/bin/python benchmarks/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
+
+Blocked kernels (``[out / n, in, n]``), which ``--blocks 64`` / ``--blocks halves`` compared
+before they were removed, made sampling and beam sampling slower on the hosts measured
+(``results/kernel_blocks_*_epyc.json``, ``docs/results/cpu.md``).
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=["sample", "beam_sample_W4"],
                     choices=["sample", "beam_sample_W4", *PAIR_METHODS])
     ap.add_argument("--draft", default=DRAFT)
-    ap.add_argument("--blocks", default="auto",
-                    help="'auto' (this host's choice), 'halves', a width, or 'transposed'")
+    ap.add_argument("--blocks", default="transposed", choices=["transposed"],
+                    help="the second form: transposed kernels (the only one left)")
     ap.add_argument("--small", action="store_true", help="a tiny random model (a check)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -76,14 +78,8 @@ def main(argv=None):
         model = load_model(args.target, progress=False, kernel_blocks=None)
         _, prompts = benchmark_prompts(model.tokenizer, args.prompts)
     config = model.config
-    transposed = args.blocks == kernels.TRANSPOSED
-    if transposed:
-        blocks = kernels.transposed_widths(config)
-        trees = {"plain": model.params, "blocked": kernels.transpose_params(model.params, blocks)}
-    else:
-        blocks = (kernels.choose_blocks(config) if args.blocks == "auto"
-                  else kernels.uniform_blocks(config, args.blocks))
-        trees = {"plain": model.params, "blocked": kernels.block_params(model.params, blocks)}
+    blocks = kernels.transposed_widths(config)
+    trees = {"plain": model.params, "blocked": kernels.transpose_params(model.params, blocks)}
     base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
                 temperature=1.0, top_k=10, top_p=0.8)
     methods = {"sample": (sample, DecodeConfig(**base), trees),
@@ -91,8 +87,6 @@ def main(argv=None):
     if set(args.methods) & set(PAIR_METHODS):
         from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
         from dsbd_jax.decoding.speculative import speculative_sample
-        if not transposed:
-            raise SystemExit("the drafted decoders are compared with --blocks transposed only")
         draft = load_model(args.draft, progress=False, kernel_blocks=None)
         dt = kernels.transpose_params(draft.params, kernels.transposed_widths(draft.config))
         pair = {"plain": {"target": model.params, "draft": draft.params},
@@ -105,9 +99,9 @@ def main(argv=None):
                                       min_width=2, **base), pair)
     P = bucket_length(max(len(p) for p in prompts))
     out = {"machine": machine_info(), "target": args.target, "blocks": blocks,
-           "form": "transposed" if transposed else "blocked",
+           "form": "transposed", "dtype": config.jnp_dtype.name,
            "options": {"plain": cpu_options.choice("plain"),
-                       "blocked": cpu_options.choice("transposed" if transposed else "plain")},
+                       "blocked": cpu_options.choice("transposed")},
            "settings": portable_settings(vars(args), _ROOT), "runs": {}}
     for mname in args.methods:
         fn, cfg, variants = methods[mname]

@@ -25,7 +25,9 @@ bfloat16 result, Flax ``Dense``'s product) and ``torch bf16`` (weights and input
 **Caveat:** the ``--layers`` products of one call are independent, and XLA:CPU runs
 independent products side by side. That flatters variants whose products are single-threaded
 (the blocked ones: a gain here need not survive a whole forward pass with the same blocks). ``benchmarks/forward.py`` is the arbiter;
-``dsbd_jax.models.kernels.measure`` chains its products for that reason.
+``dsbd_jax.models.kernels.measure_forms`` chains its products for that reason (blocked
+kernels, once a load option, were removed: slower in every decoder measured,
+``docs/results/cpu.md``).
 
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
 MINIMUM over ``--repeats`` rounds, so that load from other processes hurts every variant alike
@@ -55,7 +57,6 @@ import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cpu_options import candidates  # noqa: E402
-from dsbd_jax.models.kernels import width_fits  # noqa: E402
 from dsbd_jax.models.products import mixed_cols, mixed_rows  # noqa: E402
 
 # (in, out) of the products of one Qwen2.5-1.5B layer
@@ -87,6 +88,11 @@ def blocked_product(x, w):
         x = jnp.pad(x, ((0, 1), (0, 0)))
     y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(x, (w.shape[0],) + x.shape), w)
     return y.transpose(1, 0, 2).reshape(x.shape[0], -1)[:m]
+
+
+def width_fits(n: int, dout: int) -> bool:
+    """Whether blocks of ``n`` columns split ``dout`` output columns into two or more."""
+    return n > 0 and dout % n == 0 and n < dout
 
 
 def blocked_variant(weights_in_out, n: int):

@@ -11,8 +11,8 @@ so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] 
   side by side and their outputs concatenated (XLA:CPU may run the two on the two cores);
 * ``split_in``: ``up`` split by output columns, ``down`` by input rows (two partial products
   summed);
-* ``blocks2``: each kernel as a blocked kernel of two blocks (``dsbd_jax.models.kernels`` with
-  width ``out / 2``: one batched product);
+* ``blocks2``: each kernel as a blocked kernel of two blocks (``[2, in, out / 2]``: one
+  batched product; the library's blocked kernels, since removed);
 * ``transposed``: each kernel as its ``[out, in]`` rows in blocks (``kernels.transpose_block``
   with ``kernels.transposed_width``, run by ``kernels.project_t``: the library's transposed
   form, which ``load_model`` picks on the 2-core host);
@@ -67,9 +67,25 @@ def split_in(x, ups, downs):  # up by output columns, down by input rows
     return x
 
 
+def _block(w, n):
+    """``[in, out]`` -> ``[out / n, in, n]``: the output columns in blocks of ``n``."""
+    din, dout = w.shape
+    return jnp.transpose(jnp.reshape(w, (din, dout // n, n)), (1, 0, 2))
+
+
+def _blocked(x, w):
+    """``x [M, in]`` times a blocked kernel: one batched product over the blocks (the blocked
+    kernels the library once stored; removed, slower in every decoder measured)."""
+    c, din, n = w.shape
+    m = x.shape[0]
+    xm = jnp.pad(x, ((0, 1), (0, 0))) if m == 1 else x
+    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), w)
+    return y.transpose(1, 0, 2).reshape(xm.shape[0], c * n)[:m]
+
+
 def blocks2(x, ups, downs):  # blocked kernels [2, in, out / 2]
     for u, d in zip(ups, downs):
-        x = kernels.project(kernels.project(x, u), d)
+        x = _blocked(_blocked(x, u), d)
     return x
 
 
@@ -107,8 +123,8 @@ def main(argv=None):
                    [(J(w[:, :din // 2]), J(w[:, din // 2:])) for w in downs]),
         "split_in": (split_in, [(J(w[:, :dout // 2]), J(w[:, dout // 2:])) for w in ups],
                      [(J(w[:dout // 2]), J(w[dout // 2:])) for w in downs]),
-        "blocks2": (blocks2, [kernels.block(u, dout // 2) for u in U],
-                    [kernels.block(d, din // 2) for d in D]),
+        "blocks2": (blocks2, [_block(u, dout // 2) for u in U],
+                    [_block(d, din // 2) for d in D]),
         "transposed": (transposed,
                        [kernels.transpose_block(u, kernels.transposed_width(dout)) for u in U],
                        [kernels.transpose_block(d, kernels.transposed_width(din)) for d in D]),

@@ -1,5 +1,5 @@
 """Whether two checkouts of dsbd-jax compile the same programs: forward passes in every kernel
-form (plain, transposed, blocked; float32 and bfloat16; a bfloat16 head stored as rows) and the
+form (plain, transposed; float32 and bfloat16; a bfloat16 head stored as rows) and the
 programs of sampling, beam sampling, speculative, tree and DSBD decoding (transposed kernels;
 in bfloat16 with the head as rows), and the sharded programs of sampling, beam search and DSBD
 (``ShardedDecoder`` on a 2 x 2 mesh of virtual CPU devices), on a small random model. Each checkout runs in its own process; the optimized
@@ -41,8 +41,7 @@ for dtype in ("float32", "bfloat16"):
                     tie_word_embeddings=False)
     p = llama.convert_layout(llama.init_params(c, jax.random.key(0)), "per_layer")
     p = jax.tree.map(lambda x: x.astype(dtype), p)
-    trees = {"plain": p, "transposed": kernels.transpose_params(p, kernels.transposed_widths(c)),
-             "blocked": kernels.block_params(p, {"up_proj": 64, "down_proj": 32})}
+    trees = {"plain": p, "transposed": kernels.transpose_params(p, kernels.transposed_widths(c))}
     if dtype == "bfloat16":
         trees["rows"] = kernels.transpose_head(trees["transposed"])
     B, T, S = 2, 5, 16

@@ -755,3 +755,13 @@ add(SPEED_MD, FOREST_EPYC_NR,
 add("docs/performance.md", FOREST_EPYC,
     "a 12-node forest of the 1.5B target costs {curve.bfloat16.over_one_token.12:.2f}x a token in "
     "bfloat16 and {curve.float32.over_one_token.12:.2f}x in float32")
+
+# docs/results/cpu.md -------------------------------------------------------------------------
+_BLOCKS_ROW = ("| {label} | {{runs.sample.plain.tokens_per_s:.2f}} / {{runs.sample.blocked."
+               "tokens_per_s:.2f}} ({{runs.sample.blocked_vs_plain:.2f}}x) | {{runs.beam_sample_W4"
+               ".plain.tokens_per_s:.2f}} / {{runs.beam_sample_W4.blocked.tokens_per_s:.2f}} "
+               "({{runs.beam_sample_W4.blocked_vs_plain:.2f}}x) |")
+for _rel, _label in (("results/kernel_blocks_64_epyc.json", "64 columns | bfloat16"),
+                     ("results/kernel_blocks_halves_epyc.json", "halves | bfloat16"),
+                     ("results/kernel_blocks_64_float32_epyc.json", "64 columns | float32")):
+    add("docs/results/cpu.md", _rel, _BLOCKS_ROW.format(label=_label))

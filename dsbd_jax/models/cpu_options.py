@@ -149,8 +149,8 @@ PLAN_FILE = "host_plan.json"
 def cache_file() -> Path:
     """The one JSON file of every per-host choice (:func:`cached_choice`):
     ``$DSBD_JAX_CACHE/host_plan.json`` (default ``~/.cache/dsbd_jax``), ``{host_key(): {entry:
-    {"choice": ..., "min_ms": {...}}}}``: the compiler options per form, the kernel form and
-    block widths per shape, the dtype per model shape, DSBD's node budget per target."""
+    {"choice": ..., "min_ms": {...}}}}``: the compiler options per form, the kernel form per
+    shape, the dtype per model shape, DSBD's node budget per target."""
     root = os.environ.get("DSBD_JAX_CACHE")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "dsbd_jax"
     return base / PLAN_FILE
@@ -301,7 +301,7 @@ def cached_choice(entry: str, valid: Callable[[Any], bool], measure: Callable[[]
                   pick: Callable[[Mapping], Any],
                   valid_ms: Callable[[Mapping], bool] = lambda ms: True) -> Cached:
     """The one measure / pick / cache step behind every per-host choice (the compiler options,
-    the kernel form, block widths, the dtype, DSBD's node budget), all in one file under one
+    the kernel form, the dtype, DSBD's node budget), all in one file under one
     key (:func:`cache_file`, :func:`host_key`): the choice stored as this host's ``entry`` when
     ``valid(choice)`` and ``valid_ms(figures)`` hold; else ``measure()`` (``{candidate: {M:
     seconds}}``), ``pick`` of it, written back (:func:`write_cache`: a read-only home keeps the

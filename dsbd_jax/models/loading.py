@@ -34,8 +34,9 @@ import dataclasses
 import functools
 import os
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -49,10 +50,8 @@ from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_
 from dsbd_jax.models.host import AUTO, HostPlan, dtype_choice, resolve_dtype
 from dsbd_jax.models.host import plan as host_plan
 from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import (HALVES, MEASURED, TRANSPOSED, block_params, choose_blocks,
-                                     choose_form, head_transposed, transpose_params_,
-                                     transposed_of, transposed_widths,
-                                     uniform_blocks)
+from dsbd_jax.models.kernels import (MEASURED, TRANSPOSED, choose_form, head_transposed,
+                                     transpose_params_, transposed_of, transposed_widths)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
                                      host_layout_dir_name, load_host_layout, load_preset,
@@ -187,7 +186,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                head_rows: Optional[int] = None,
                vocab_table: Optional[Union[str, os.PathLike]] = None,
                prompt_rows: bool = False,
-               kernel_blocks: Union[str, Dict[str, int], None] = "measured",
+               kernel_blocks: Optional[str] = "measured",
                untie_head: bool = False, place=None,
                plan: Optional[HostPlan] = None) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
@@ -243,11 +242,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         Where transposed kernels win, their few-row products make the forward passes and the
         decoders faster (what each host picks: ``docs/performance.md``; figures:
         ``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
-        ``None``: plain kernels. ``"auto"``: blocked kernels ``[out / n, in, n]`` of the widths
-        measured for this host (nothing off the CPU or for small models); ``"halves"``: every
-        projection as two blocks of half its output columns; ``{"down_proj": 64, ...}``: given
-        widths. ``info["kernel_blocks"]`` and ``info["kernel_transposed"]`` record what was
-        applied. Every form gives the same outputs up to float rounding.
+        ``None``: plain kernels. ``info["kernel_transposed"]`` records what was applied. Every
+        form gives the same outputs up to float rounding. The blocked kernels of ``"auto"``,
+        ``"halves"`` and ``{projection: width}`` were removed (slower in every decoder
+        measured: ``docs/results/cpu.md``); those values load plain kernels with a
+        ``DeprecationWarning``, for one release.
       place: ``place(path, host, dtype) -> jax.Array`` for each tensor as it is read (path: the
         stacked-layout key tuple), e.g. ``ShardedDecoder.placer("target")``, which puts it
         straight onto this process's shards of a mesh, so a process holds its shards plus one
@@ -261,6 +260,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         whether it changed the model. A model without a tied head is left as it is.
     """
     layout = check_layout(layout)
+    kernel_blocks = _removed_blocks(kernel_blocks)
     enable_compilation_cache(cache_dir)
     if plan is not None:
         _check_plan(plan, dtype, kernel_blocks)
@@ -296,7 +296,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         model = _load_host_form(host_form, dtype, tokenizer, cache_dir, progress)
         if model is not None:
             model.info["untied_head"] = False
-            model.info["kernel_blocks"] = {}
             model.info["kernel_transposed"] = transposed_of(model.params)
             model.info["head_transposed"] = head_transposed(model.params)
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
@@ -326,16 +325,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                                          prompt_rows=prompt_rows)
         model.info.update(head_rows=int(head_rows), vocab_table=str(table),
                           prompt_rows=bool(prompt_rows))
-    if kernel_blocks == "auto":
-        t0 = time.perf_counter()
-        kernel_blocks = choose_blocks(model.config, dtype)
-        if time.perf_counter() - t0 > 1.0:  # measured now (later loads read the cache)
-            notice(f"measured projection kernel blocks for this host in "
-                   f"{time.perf_counter() - t0:.0f} s: {kernel_blocks or 'none'} "
-                   f"(cached; DSBD_JAX_KERNEL_BLOCKS=none turns blocking off)", progress)
-    elif isinstance(kernel_blocks, str) and kernel_blocks == HALVES:
-        kernel_blocks = uniform_blocks(model.config, HALVES)
-    elif isinstance(kernel_blocks, str) and kernel_blocks in (TRANSPOSED, MEASURED):
+    if kernel_blocks in (TRANSPOSED, MEASURED):
         t0 = time.perf_counter()
         form = TRANSPOSED if kernel_blocks == TRANSPOSED else choose_form(model.config, dtype)
         if time.perf_counter() - t0 > 1.0:  # measured now (later loads read the cache)
@@ -349,14 +339,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 # load's peak is the model plus one kernel, not two copies of the model
                 transpose_params_(model.params, transposed_widths(model.config),
                                   head=jnp.dtype(dtype).itemsize == 2)
-        kernel_blocks = None
-    elif kernel_blocks is not None and not isinstance(kernel_blocks, Mapping):
-        raise ValueError(f"kernel_blocks must be 'measured', 'transposed', 'auto', 'halves', "
-                         f"None or {{projection: width}}, got {kernel_blocks!r}")
-    if kernel_blocks:
-        with timed_step("blocked the projection kernels", progress, params):
-            model.params = block_params(model.params, kernel_blocks)
-    model.info["kernel_blocks"] = dict(kernel_blocks or {})
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
@@ -369,6 +351,31 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 name, folder, model.params, model.config, dtype, key, cache_dir))
     release_freed_memory()
     return model
+
+
+def _removed_blocks(kernel_blocks):
+    """``kernel_blocks`` checked: ``"measured"``, ``"transposed"`` or ``None``; the values of
+    the removed blocked kernels (``"auto"``, ``"halves"``, a width, ``{projection: width}``)
+    give ``None`` (plain kernels) with a ``DeprecationWarning``; anything else is an error.
+    ``$DSBD_JAX_KERNEL_BLOCKS``, which chose the widths, is warned about where it is set."""
+    if os.environ.get("DSBD_JAX_KERNEL_BLOCKS"):
+        warnings.warn("$DSBD_JAX_KERNEL_BLOCKS has no effect: blocked kernels were removed "
+                      "(docs/results/cpu.md); $DSBD_JAX_KERNEL_FORM chooses the kernel form",
+                      DeprecationWarning, stacklevel=3)
+    if kernel_blocks is None or (isinstance(kernel_blocks, str)
+                                 and kernel_blocks in (MEASURED, TRANSPOSED)):
+        return kernel_blocks
+    if isinstance(kernel_blocks, Mapping) or (isinstance(kernel_blocks, (str, int))
+                                              and str(kernel_blocks) in ("auto", "halves")
+                                              or str(kernel_blocks).isdigit()):
+        warnings.warn(f"load_model(kernel_blocks={kernel_blocks!r}): blocked kernels were "
+                      f"removed (slower in every decoder measured, docs/results/cpu.md); "
+                      f"loading plain kernels. Use kernel_blocks='measured' (the default) or "
+                      f"None; this value will be an error in the next release",
+                      DeprecationWarning, stacklevel=3)
+        return None
+    raise ValueError(f"kernel_blocks must be 'measured', 'transposed' or None, "
+                     f"got {kernel_blocks!r}")
 
 
 def _check_plan(plan, dtype, kernel_blocks) -> None:
@@ -389,11 +396,9 @@ def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_hea
     """``(preset, folder, key)`` of the cache of a preset in the form this load leaves it in
     (layout, kernel form, head rows, dtype: :func:`presets.save_host_layout`), or ``None``
     where there is none: not a preset, the parameter cache off, or a load that places,
-    truncates, unties or blocks. The form is part of the key, so a cache made for one form
+    truncates or unties. The form is part of the key, so a cache made for one form
     never answers for another."""
     if place is not None or head_rows is not None or untie_head:
-        return None
-    if isinstance(kernel_blocks, Mapping) or kernel_blocks not in (MEASURED, TRANSPOSED, None):
         return None
     if cache_params is False or (cache_params is None and not cache_params_default()):
         return None

@@ -1,6 +1,6 @@
 """The projection products behind :mod:`dsbd_jax.models.kernels`: ``x`` times a kernel in
-each stored form (plain ``[in, out]``, blocked ``[out / n, in, n]``, transposed ``[out / n, n,
-in]``), and the conversions between the forms: the product rules of the kernel kinds of
+each stored form (plain ``[in, out]``, transposed ``[out / n, n, in]``, a head's ``[out,
+in]`` rows), and the conversions between the forms: the product rules of the kernel kinds of
 :mod:`dsbd_jax.models.weights`. Pure functions of
 arrays with no dependency inside the package, so that both the model (through
 :mod:`~dsbd_jax.models.kernels`) and the per-host measurement of compiler options
@@ -12,24 +12,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-
-def block(w: jax.Array, n: int) -> jax.Array:
-    """``[..., in, out]`` -> ``[..., out / n, in, n]`` (``n`` must divide ``out``)."""
-    *lead, din, dout = w.shape
-    if n < 1 or dout % n:
-        raise ValueError(f"block width {n} does not divide the kernel's {dout} output columns")
-    nl = len(lead)
-    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
-    return jnp.transpose(jnp.reshape(w, (*lead, din, dout // n, n)), perm)
-
-
-def unblock(w: jax.Array) -> jax.Array:
-    """``[..., c, in, n]`` -> ``[..., in, c * n]`` (the inverse of :func:`block`)."""
-    *lead, c, din, n = w.shape
-    nl = len(lead)
-    perm = tuple(range(nl)) + (nl + 1, nl, nl + 2)
-    return jnp.reshape(jnp.transpose(w, perm), (*lead, din, c * n))
 
 
 def is_mixed(kernel: jax.Array) -> bool:
@@ -75,25 +57,12 @@ def mixed_cols(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 
 def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """``x [..., in]`` times ``kernel`` (``[in, out]``, or blocked ``[out / n, in, n]``); a
-    16-bit kernel runs in mixed precision (:func:`is_mixed`)."""
-    mixed = is_mixed(kernel)
-    if mixed and kernel.ndim == 2:
+    """``x [..., in]`` times a plain ``kernel [in, out]``; a 16-bit kernel runs in mixed
+    precision (:func:`is_mixed`)."""
+    if is_mixed(kernel):
         return mixed_cols(x, kernel)
-    if kernel.ndim == 2:  # the Flax Dense product, unchanged
-        return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-    c, din, n = kernel.shape
-    lead = x.shape[:-1]
-    xm = x.reshape(-1, din)
-    m = xm.shape[0]
-    if m == 1:
-        xm = jnp.pad(xm, ((0, 1), (0, 0)))
-    if mixed:
-        xm = xm.astype(kernel.dtype)
-    y = jnp.einsum("cmk,ckn->cmn", jnp.broadcast_to(xm, (c,) + xm.shape), kernel,
-                   preferred_element_type=jnp.float32 if mixed else None)
-    y = y.transpose(1, 0, 2).reshape(xm.shape[0], c * n)[:m]
-    return y.reshape(*lead, c * n)
+    # the Flax Dense product, unchanged
+    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
 # transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks (weights.RowBlocks)

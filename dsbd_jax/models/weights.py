@@ -2,10 +2,9 @@
 
 A projection kernel in a parameter tree is either a plain ``jax.Array`` ``[..., in, out]``
 (Flax's ``nn.Dense`` layout, what every loader makes) or a :class:`Kernel`: a small registered
-pytree whose class is its form (``[out, in]`` rows, row blocks, column blocks, or any kind a
-user adds) and whose arrays are its children. Code that multiplies, checks, truncates, shards
-or exports a kernel asks the leaf, through the functions below, never a dict key or an
-array's rank:
+pytree whose class is its form (``[out, in]`` rows, row blocks, or any kind a user adds) and
+whose arrays are its children. Code that multiplies, checks, truncates, shards or exports a
+kernel asks the leaf, through the functions below, never a dict key or an array's rank:
 
 * :func:`product` ``(x, kernel)``: ``x [..., in]`` times the kernel, ``[..., out]`` (the one
   product rule per kind: :meth:`Kernel.product`); a 16-bit kernel runs in mixed precision
@@ -27,9 +26,7 @@ it as a pytree and by name (:func:`kind`), and no other module changes
 * :class:`Rows` ``[out, in]``: a 16-bit vocabulary head
   (:func:`dsbd_jax.models.kernels.transpose_head`);
 * :class:`RowBlocks` ``[out / n, n, in]``: transposed kernels
-  (:func:`dsbd_jax.models.kernels.transpose_params`);
-* :class:`ColBlocks` ``[out / n, in, n]``: blocked kernels (opt-in,
-  :func:`dsbd_jax.models.kernels.block_params`).
+  (:func:`dsbd_jax.models.kernels.transpose_params`).
 """
 
 from __future__ import annotations
@@ -173,29 +170,6 @@ class RowBlocks(Kernel):
     def width(self) -> int:
         """The rows per block ``n``."""
         return int(np.shape(self.value)[-2])
-
-
-class ColBlocks(Kernel):
-    """``[out / n, in, n]``: the output columns in blocks of ``n`` (blocked kernels,
-    :func:`dsbd_jax.models.products.block`; product: one batched product over the blocks)."""
-
-    rank = 3
-
-    def product(self, x):
-        return products.project(x, self.value)
-
-    def plain(self):
-        return products.unblock(self.value)
-
-    @property
-    def shape(self):
-        *lead, c, din, n = np.shape(self.value)
-        return (*lead, din, c * n)
-
-    @property
-    def width(self) -> int:
-        """The columns per block ``n``."""
-        return int(np.shape(self.value)[-1])
 
 
 def is_kernel(x) -> bool:

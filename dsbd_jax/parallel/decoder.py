@@ -119,8 +119,9 @@ class ShardedDecoder:
     # -- placement ----------------------------------------------------------------------------
     def place(self, params):
         """The parameters placed on the mesh (``device_put`` with the rules' shardings), KV heads
-        repeated first where ``kv_repeat`` says so. Blocked projection kernels
-        (:mod:`dsbd_jax.models.kernels`, a single-CPU layout) are put back to ``[in, out]``."""
+        repeated first where ``kv_repeat`` says so. Typed kernels (transposed kernels, a head's
+        rows: :mod:`dsbd_jax.models.kernels`, single-CPU forms) are put back to ``[in, out]``,
+        the form the sharding rules split; the sharded program runs plain kernels."""
         configs = model_configs(self.source_config)
         pair, trees = split_params(params, configs)
         trees = {k: unblock_params(t) for k, t in trees.items()}

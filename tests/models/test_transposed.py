@@ -76,10 +76,10 @@ def test_transposed_tree_gives_the_same_forward(layout):
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # from a blocked tree, and partly transposed
-    blocked = kernels.block_params(params, {"up_proj": 8})
-    part = kernels.transpose_params(blocked, {"down_proj": 8})
-    assert kernels.transposed_of(part) == {"down_proj": 8} and kernels.blocks_of(part) == {}
+    # from a tree of other typed kernels (made plain first), and partly transposed
+    up = kernels.transpose_params(params, {"up_proj": 8})
+    part = kernels.transpose_params(up, {"down_proj": 8})
+    assert kernels.transposed_of(part) == {"down_proj": 8}
     # convert_layout carries transposed kernels across layouts
     other = "stacked" if layout == "per_layer" else "per_layer"
     assert kernels.transposed_of(convert_layout(t, other)) == widths
@@ -93,7 +93,7 @@ def test_transposed_tree_gives_the_same_forward(layout):
 def test_in_place_transpose_builds_the_same_tree(layout):
     """``transpose_params_`` (the loaders' in-place form, one kernel at a time) gives the tree
     ``transpose_params`` (+ ``transpose_head``) gives: the same keys in the same order, the same
-    values; from a blocked tree too."""
+    values; from a tree of typed kernels too."""
     config, params = model(layout)
     params = {**params, "lm_head": {"kernel": jnp.ones((config.hidden_size, config.vocab_size))}}
     widths = kernels.transposed_widths(config)
@@ -115,9 +115,9 @@ def test_in_place_transpose_builds_the_same_tree(layout):
     assert "kernel" in got["lm_head"]                           # the head only when asked
     got = kernels.transpose_params_(copy(params), widths, head=True)
     same(got, kernels.transpose_head(want))
-    blocked = kernels.block_params(params, {"up_proj": 8})
-    same(kernels.transpose_params_(copy(blocked), {"down_proj": 8}),
-         kernels.transpose_params(blocked, {"down_proj": 8}))
+    up = kernels.transpose_params(params, {"up_proj": 8})
+    same(kernels.transpose_params_(copy(up), {"down_proj": 8}),
+         kernels.transpose_params(up, {"down_proj": 8}))
     with pytest.raises(ValueError, match="unknown projections"):
         kernels.transpose_params_(copy(params), {"nope": 8})
 
@@ -164,7 +164,6 @@ def test_load_model_transposed_and_unblocking_users(bench_pair, tmp_path):
     t, _, _, _ = bench_pair
     plain = load_model(t, progress=False)
     tr = load_model(t, progress=False, kernel_blocks="transposed")
-    assert tr.info["kernel_blocks"] == {}
     assert tr.info["kernel_transposed"] == kernels.transposed_widths(tr.config)
     assert kernels.transposed_of(tr.params) == tr.info["kernel_transposed"]
     assert plain.info["kernel_transposed"] == {}

@@ -88,8 +88,7 @@ def test_each_built_in_kind_answers_for_itself():
     w = jnp.asarray(rng.standard_normal((3, 16, 24)), jnp.float32)   # stacked [L, in, out]
     x = jnp.asarray(rng.standard_normal((2, 5, 16)), jnp.float32)
     made = {"Rows": weights.Rows(jnp.swapaxes(w, -1, -2)),
-            "RowBlocks": weights.RowBlocks(kernels.transpose_block(w, 8)),
-            "ColBlocks": weights.ColBlocks(kernels.block(w, 6))}
+            "RowBlocks": weights.RowBlocks(kernels.transpose_block(w, 8))}
     for name, k in made.items():
         assert weights.kind(name) is type(k) and repr(k).startswith(name)
         assert k.shape == weights.shape_of(k) == (3, 16, 24) and k.leading == (3,)
@@ -120,8 +119,7 @@ def test_a_bfloat16_kernel_of_any_kind_runs_in_mixed_precision():
     w = jnp.asarray(rng.standard_normal((16, 24)), jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((1, 16)), jnp.float32)
     want = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32) @ w.astype(jnp.float32))
-    for k in (w, weights.Rows(w.T), weights.RowBlocks(kernels.transpose_block(w, 8)),
-              weights.ColBlocks(kernels.block(w, 8))):
+    for k in (w, weights.Rows(w.T), weights.RowBlocks(kernels.transpose_block(w, 8))):
         y = weights.product(x, k)
         assert y.dtype == jnp.float32, type(k)
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-4)
