@@ -20,6 +20,7 @@ import numpy as np
 
 from dsbd_jax.decoding import programs
 from dsbd_jax.decoding.compiles import core_name, note_core_call
+from dsbd_jax.models.cpu_options import nested_options_error
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -56,18 +57,30 @@ class CoreCall(NamedTuple):
     @property
     def options(self) -> Dict[str, Any]:
         """The XLA compiler options this call's program compiles under (``{}``: XLA's
-        defaults), as ``tuned_jit`` picks them from the arguments (``models.cpu_options``)."""
+        defaults): those the config names (``options``, e.g. a ``HostPlan``'s), else those
+        ``tuned_jit`` picks from the arguments' kernels (``models.cpu_options``)."""
         if hasattr(self.core, "for_call"):
-            return self.core.for_call(self.args, self.kwargs)[1]
+            return self.core.for_call(self.args, self.kwargs, named_options(self.kwargs))[1]
         return {}
 
     def lower(self):
+        named = named_options(self.kwargs)
+        if named is not None and hasattr(self.core, "for_call"):
+            return self.core.for_call(self.args, self.kwargs, named)[0].lower(
+                *self.args, **self.kwargs)
         return self.core.lower(*self.args, **self.kwargs)
 
     def compile(self):
         """The compiled program. jax keeps it in the core's cache, so the public call with the
         same argument shapes and static config runs it without compiling again."""
         return self.lower().compile()
+
+
+def named_options(kwargs) -> Any:
+    """The compiler options a core's call names itself: its config's ``options`` (a candidate
+    of ``models.cpu_options.CANDIDATES``, e.g. ``HostPlan.options``), ``None`` where the
+    config has none and the arguments' kernels decide."""
+    return getattr(kwargs.get("config"), "options", None)
 
 
 class _Core:
@@ -89,11 +102,18 @@ class _Core:
 
     def __call__(self, *args, **kwargs):
         note_core_call(self.decoder, args)
-        folder = programs.store_folder()
-        if folder is None or not hasattr(self._jitted, "for_call") or any(
+        folder, named = programs.store_folder(), named_options(kwargs)
+        if (folder is None and named is None) or not hasattr(self._jitted, "for_call") or any(
                 isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
-            return self._jitted(*args, **kwargs)
-        jitted, options = self._jitted.for_call(args, kwargs)
+            return self._jitted(*args, **kwargs)   # under a trace: the enclosing jit's options
+        jitted, options = self._jitted.for_call(args, kwargs, named)
+        if folder is None:
+            try:
+                return jitted(*args, **kwargs)
+            except ValueError as e:  # under a trace although no argument is a tracer
+                if not nested_options_error(e):
+                    raise
+                return self._jitted(*args, **kwargs)
         return programs.call(self.decoder, jitted, self._jitted._fun, self._jitted._jit_kwargs,
                              options, self.programs, args, kwargs, folder)
 

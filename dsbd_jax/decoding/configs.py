@@ -8,7 +8,12 @@ decoder shares, and each class repeats as its first fields:
 * the warping: ``temperature``, ``top_k``, ``top_p`` (:mod:`dsbd_jax.decoding.warping`);
 * ``eos_token_id`` (``None``: the target's; :attr:`eos_ids` is what applies) and
   ``pad_token_id`` (what finished rows emit; :attr:`pad_id`);
-* ``progress``: a :class:`~dsbd_jax.decoding.calls.Progress` channel, or ``False``.
+* ``progress``: a :class:`~dsbd_jax.decoding.calls.Progress` channel, or ``False``;
+* ``options``: the XLA:CPU compiler options the decoder's program compiles under, by name (a
+  :class:`~dsbd_jax.models.host.HostPlan`'s ``options``, one of
+  :data:`dsbd_jax.models.cpu_options.CANDIDATES`): a plan handed to the decoder as a value,
+  nothing measured. ``None`` (default): this host's choice for the kinds of the kernels among
+  the call's arguments. Ignored off the CPU and under the caller's own ``jax.jit``.
 
 Then each decoder's own:
 
@@ -41,6 +46,7 @@ import numpy as np
 from dsbd_jax.decoding.calls import Progress
 from dsbd_jax.decoding.warping import validate_warping
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.cpu_options import CANDIDATES
 
 
 def eos_tuple(eos_token_id) -> Tuple[int, ...]:
@@ -71,6 +77,11 @@ class Settings:
         if not (isinstance(self.progress, (bool, Progress)) or self.progress is None):
             raise ValueError(f"progress must be a dsbd_jax.Progress channel or a bool, got "
                              f"{type(self.progress).__name__}")
+        options = getattr(self, "options", None)
+        if options is not None and (not isinstance(options, str) or options not in CANDIDATES):
+            raise ValueError(f"options must be None or the name of XLA:CPU compiler options "
+                             f"(a HostPlan's options; one of {sorted(CANDIDATES)}), got "
+                             f"{options!r}")
         if self.eos_token_id is not None:  # only its type made canonical (hashable): a tuple
             object.__setattr__(self, "eos_token_id", eos_tuple(self.eos_token_id))
         if getattr(self, "tree_widths", None) is not None:
@@ -183,6 +194,7 @@ class _Shared(Settings):
     eos_token_id: Optional[Tuple[int, ...]] = dataclasses.field(default=None, kw_only=True)
     pad_token_id: Optional[int] = dataclasses.field(default=None, kw_only=True)
     progress: Any = dataclasses.field(default=False, kw_only=True)
+    options: Optional[str] = dataclasses.field(default=None, kw_only=True)
 
 
 @_keywords

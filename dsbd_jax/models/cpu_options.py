@@ -346,6 +346,17 @@ def choice(form: str = PLAIN) -> str:
     return name
 
 
+def check_name(name) -> str:
+    """``name`` if it names a candidate of ``CANDIDATES`` this XLA accepts, else a
+    ``ValueError`` listing them."""
+    if not isinstance(name, str) or name not in CANDIDATES:
+        raise ValueError(f"unknown XLA:CPU options {name!r}; the candidates: {sorted(CANDIDATES)}")
+    if jax.default_backend() == "cpu" and name not in candidates():
+        raise ValueError(f"this XLA (jax {jax.__version__}) rejects the options {name!r} "
+                         f"({dict(CANDIDATES[name])}); supported: {sorted(candidates())}")
+    return name
+
+
 def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> str:
     """The candidate a program runs under whose projection kernels are in ``form`` and stored in
     ``dtype`` (``row_head``: its vocabulary head is stored as ``[V, d]`` rows, e.g. tied):
@@ -372,7 +383,7 @@ def compiler_options(form: str = PLAIN, dtype="float32",
     return dict(CANDIDATES[options_name(form, dtype, row_head)])
 
 
-def _nested_options_error(e: Exception) -> bool:
+def nested_options_error(e: Exception) -> bool:
     """Whether ``e`` is jax refusing ``compiler_options`` on a jit inside another trace."""
     msg = str(e)
     return "compiler_options" in msg and "top-level" in msg
@@ -401,7 +412,14 @@ class tuned_jit:
     def for_form(self, form: str = PLAIN, dtype="float32", row_head: bool = False):
         """The ``jax.jit`` object for programs whose kernels are in ``form``, stored in
         ``dtype``, with or without a row-stored head (:func:`options_name`)."""
-        name = options_name(form, dtype, row_head)
+        return self._jit(options_name(form, dtype, row_head))
+
+    def for_name(self, name: str):
+        """The ``jax.jit`` object compiling under the candidate ``name`` of ``CANDIDATES``
+        (checked: :func:`check_name`; off the CPU: XLA's defaults whatever the name)."""
+        return self._jit(check_name(name) if jax.default_backend() == "cpu" else "default")
+
+    def _jit(self, name: str):
         if name not in self._jits:
             self._jits[name] = jax.jit(self._fun, compiler_options=dict(CANDIDATES[name]),
                                        **self._jit_kwargs)
@@ -419,11 +437,15 @@ class tuned_jit:
     def _for_args(self, args, kwargs):
         return self.for_form(*program_kind((args, kwargs)))
 
-    def for_call(self, args, kwargs):
+    def for_call(self, args, kwargs, options: Optional[str] = None):
         """``(jax.jit object, its compiler options)`` for a top-level call with these
-        arguments: what ``__call__`` would run."""
-        kind = program_kind((args, kwargs))
-        return self.for_form(*kind), dict(CANDIDATES[options_name(*kind)])
+        arguments: what ``__call__`` would run. ``options``: a candidate's name given by the
+        caller (a ``HostPlan``'s), used instead of the choice for the arguments' kernels."""
+        if options is None:
+            kind = program_kind((args, kwargs))
+            return self.for_form(*kind), dict(CANDIDATES[options_name(*kind)])
+        jitted = self.for_name(options)
+        return jitted, dict(CANDIDATES[options]) if jax.default_backend() == "cpu" else {}
 
     def __call__(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
@@ -431,7 +453,7 @@ class tuned_jit:
         try:
             return self._for_args(args, kwargs)(*args, **kwargs)
         except ValueError as e:  # under a trace although no argument is a tracer
-            if not _nested_options_error(e):
+            if not nested_options_error(e):
                 raise
             return self.plain(*args, **kwargs)
 

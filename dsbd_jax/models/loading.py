@@ -208,8 +208,10 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         plan is worked out here, once, by :func:`dsbd_jax.models.host.plan` (the dtype for
         ``dtype="auto"``, the form for that dtype). ``info["plan"]`` records the plan applied
         (``None`` where ``kernel_blocks`` or ``place`` decided the form instead). A plan's
-        compiler options are not applied: a program's options follow from its kernels' kinds
-        and this host's choice for them (:func:`dsbd_jax.models.cpu_options.options_of`).
+        compiler options go to the decoders as a value: their configs' ``options``
+        (``DSBDConfig(..., options=plan.options)``); without it a program's options follow
+        from its kernels' kinds and this host's choice for them
+        (:func:`dsbd_jax.models.cpu_options.options_of`).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
         ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default

@@ -118,3 +118,57 @@ def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, forced_o
     module = sdec.compiled(placed, ids, k, prompt_lengths=lengths).as_text().split()[1]
     assert module.rstrip(",") == f"jit_{call.via.__name__}", module
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(one.sequences))
+
+
+def _own(name, cfg, **changes):
+    """``cfg`` as the decoder's own config (:data:`configs.ACCEPTS`), with ``changes``."""
+    import dataclasses
+    from dsbd_jax.decoding import configs
+    cls = configs.ACCEPTS[name][0]
+    kept = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)}
+    return cls(**{**kept, **changes})
+
+
+@pytest.mark.parametrize("name", ["sample", "dsbd_generate"])
+def test_a_config_names_its_options_and_nothing_is_asked_of_the_host(bench_pair, name,
+                                                                     forced_options):
+    """A plan handed to the decoder as a value: ``config.options`` (a ``HostPlan``'s) is the
+    options the call states, lowers and compiles under, instead of the host's choice (forced
+    here to other options), and the host's choice is never asked (it would measure on a fresh
+    host); the tokens are the host-choice call's. Under the caller's own ``jax.jit`` the
+    enclosing program's options apply and the call still runs."""
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, name)
+    want = fn(*args, cfg, prompt_lengths=lengths)
+    named = _own(name, cfg, options="default")
+    plan = host.HostPlan(dtype="float32", form="plain", options="default",
+                         head_transposed=False, why="a plan made elsewhere")
+    assert _own(name, cfg, options=plan.options) == named
+
+    def asked(*a, **k):
+        raise AssertionError("the host's options choice was asked")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(co, "choice", asked)
+        _run_named(fn, args, params, ids, lengths, key, named, name, want)
+
+
+def _run_named(fn, args, params, ids, lengths, key, named, name, want):
+    call = fn.prepare(*args, named, prompt_lengths=lengths)
+    assert call.options == {} != forced_options
+    call.via.clear_cache()
+    before = common.compile_count(name)
+    assert "while" in call.lower().as_text()
+    out = fn(*args, named, prompt_lengths=lengths)
+    assert common.compile_count(name) == before + 1
+    fn(*args, named, prompt_lengths=lengths)                  # same bucket: no recompile
+    assert common.compile_count(name) == before + 1
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(want.sequences))
+    inner = jax.jit(lambda i, l: fn(params, i, key, named, prompt_lengths=l).sequences)
+    np.testing.assert_array_equal(np.asarray(inner(ids, lengths)), np.asarray(want.sequences))
+
+
+def test_a_config_refuses_unknown_options(bench_pair):
+    cfg, _ = _setup(bench_pair, "dsbd_generate")
+    with pytest.raises(ValueError, match="options must be None or the name of XLA:CPU"):
+        cfg.replace(options="fast")
+    with pytest.raises(ValueError, match="options must be None"):
+        _own("sample", _setup(bench_pair, "sample")[0], options={"xla_cpu_multi_thread_eigen": 0})

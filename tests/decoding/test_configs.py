@@ -15,7 +15,7 @@ from dsbd_jax import (BeamSampleConfig, BeamSearchConfig, DecodeConfig, DSBDConf
 from dsbd_jax.decoding import configs, methods
 
 SHARED = {"target", "max_new_tokens", "temperature", "top_k", "top_p", "eos_token_id",
-          "pad_token_id", "progress"}
+          "pad_token_id", "progress", "options"}
 OWN = {SampleConfig: {"num_beams"}, BeamSampleConfig: {"num_beams", "replacement"},
        BeamSearchConfig: {"num_beams", "length_penalty", "early_stopping"},
        SpeculativeConfig: {"draft", "gamma"},
