@@ -208,7 +208,7 @@ def main(argv=None):
     import jax
     import numpy as np
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import speculative_sample
@@ -310,7 +310,7 @@ def main(argv=None):
         return out
     base_cfg = dict(eos_token_id=(), max_new_tokens=N, **warp)
     methods = {
-        "speculative_g4": lambda d: (speculative_sample, DecodeConfig(
+        "speculative_g4": lambda d: (speculative_sample, SpeculativeConfig(
             target=target.config, draft=draft.config, gamma=4, **base_cfg)),
         "dsbd_single_beam": lambda d: (dsbd_generate, DSBDConfig(
             target=target.config, draft=draft.config, gamma=3, draft_width=3, threshold=0.9,
@@ -324,9 +324,9 @@ def main(argv=None):
            "settings": portable_settings(vars(args), root), "table": table_name,
            "table_meta": meta, "references": {}, "drafts": {}}
     for B in batches:
-        for name, fn, cfg in (("sample", sample, DecodeConfig(target=target.config, **base_cfg)),
+        for name, fn, cfg in (("sample", sample, SampleConfig(target=target.config, **base_cfg)),
                               ("beam_sample_W4", beam_sample,
-                               DecodeConfig(target=target.config, num_beams=4, **base_cfg))):
+                               BeamSampleConfig(target=target.config, num_beams=4, **base_cfg))):
             r = run_batched(fn, target.params, cfg, prompts, B, args.seed)
             out["references"][f"{name}_b{B}"] = r
             print(f"{name} batch {B}: {r['tokens_per_s']:.2f} tok/s", flush=True)

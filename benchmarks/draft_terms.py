@@ -308,7 +308,8 @@ def main(argv=None):
                                          pass_call, run_batched)
     from benchmarks.phase_profile import forward_shapes
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length
+    from dsbd_jax.decoding.common import bucket_length
+    from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate, layout
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import num_slots, speculative_sample
@@ -353,7 +354,7 @@ def main(argv=None):
     prompt_len = max(len(p) for p in prompts)
     warp = dict(temperature=1.0, top_k=10, top_p=0.8, eos_token_id=(), max_new_tokens=N)
     tc, dc = target.config, draft.config
-    methods = {f"speculative_g{g}": (speculative_sample, DecodeConfig(
+    methods = {f"speculative_g{g}": (speculative_sample, SpeculativeConfig(
         target=tc, draft=dc, gamma=g, **warp), ("spec", {"gamma": g})) for g in args.gammas}
     methods["dsbd_single_beam"] = (dsbd_generate, DSBDConfig(target=tc, draft=dc, **DSBD_SB,
                                                              **warp), ("dsbd", DSBD_SB))
@@ -402,8 +403,8 @@ def main(argv=None):
     for bi, B in enumerate(args.batches):
         rec = out["batches"][f"b{B}"] = {"references": {}, "drafts": {}}
         # the baselines, end to end, and their prompt and decode passes alone
-        refs = {"sample": (sample, DecodeConfig(target=tc, **warp), 1),
-                "beam_sample_W4": (beam_sample, DecodeConfig(target=tc, num_beams=4, **warp), 4)}
+        refs = {"sample": (sample, SampleConfig(target=tc, **warp), 1),
+                "beam_sample_W4": (beam_sample, BeamSampleConfig(target=tc, num_beams=4, **warp), 4)}
         ref_ms = interleaved_medians(
             {"prefill": prefill_call(tc, target.params, B, P, P + N, prompt_len),
              **{f"pass_{k}": pass_call(tc, target.params, B * w, P + N, prompt_len)

@@ -67,6 +67,7 @@ def child(variant: str, small: bool, new_tokens: int) -> dict:
         llama.embed_rows = lambda embed, tokens: embed(tokens).astype(llama.ACT)
     from dsbd_jax.decoding import common
     from dsbd_jax.decoding.common import pad_prompts
+    from dsbd_jax.decoding.configs import SpeculativeConfig
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.eval.timing import run_over_prompts
@@ -80,7 +81,7 @@ def child(variant: str, small: bool, new_tokens: int) -> dict:
              DSBDConfig(target=tc, draft=dc, gamma=2, draft_width=4, threshold=0.7, min_width=2,
                         **warp)),
             ("speculative_g4", speculative_sample,
-             common.DecodeConfig(target=tc, draft=dc, gamma=4, **warp))]:
+             SpeculativeConfig(target=tc, draft=dc, gamma=4, **warp))]:
         ids, lens = pad_prompts([prompts[0]], length=P)
         hlo = fn.prepare(params, ids, jax.random.PRNGKey(0), cfg,
                          prompt_lengths=lens).compile().as_text()

@@ -89,7 +89,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length
+    from dsbd_jax.decoding.common import bucket_length
+    from dsbd_jax.decoding.configs import BeamSampleConfig
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import (machine_info, portable_settings, run_over_prompts,
@@ -131,8 +132,8 @@ def main(argv=None):
     warp = dict(top_k=10, top_p=0.8, eos_token_id=(), max_new_tokens=args.max_new_tokens,
                 replacement=not args.no_replacement)
     tc = target.config
-    configs = {"beam_W4": (beam_sample, target.params, DecodeConfig(target=tc, num_beams=4,
-                                                                     **warp))}
+    configs = {"beam_W4": (beam_sample, target.params, BeamSampleConfig(target=tc, num_beams=4,
+                                                                         **warp))}
     both = {"target": target.params, "draft": dp}
     for b in args.budgets:
         cfg = DSBDConfig(target=tc, draft=dc, node_budget=b, **W4, **warp)

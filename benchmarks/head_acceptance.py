@@ -81,7 +81,8 @@ def main(argv=None):
 
     import jax
     import numpy as np
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length, pad_prompts
+    from dsbd_jax.decoding.common import bucket_length, pad_prompts
+    from dsbd_jax.decoding.configs import SpeculativeConfig
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
@@ -114,8 +115,8 @@ def main(argv=None):
         prompts = benchmark_prompts(target.tokenizer, args.prompts)[1]
     writer = next(iter(drafts))
     wc, wp = drafts[writer]
-    cfg = DecodeConfig(target=target.config, draft=wc, gamma=1, max_new_tokens=args.max_new_tokens,
-                       top_k=args.top_k, top_p=args.top_p, eos_token_id=())
+    cfg = SpeculativeConfig(target=target.config, draft=wc, gamma=1,
+                            max_new_tokens=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p, eos_token_id=())
     P = bucket_length(max(len(p) for p in prompts))
     T = bucket_length(P + args.max_new_tokens)
     acc = jax.jit(acceptance_along, static_argnums=(0, 2, 6, 7))

@@ -64,7 +64,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.decoding.common import DecodeConfig, pad_prompts, bucket_length
+    from dsbd_jax.decoding.common import pad_prompts, bucket_length
+    from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.models.loading import load_model
     if args.small:
@@ -82,8 +83,8 @@ def main(argv=None):
     trees = {"plain": model.params, "blocked": kernels.transpose_params(model.params, blocks)}
     base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
                 temperature=1.0, top_k=10, top_p=0.8)
-    methods = {"sample": (sample, DecodeConfig(**base), trees),
-               "beam_sample_W4": (beam_sample, DecodeConfig(num_beams=4, **base), trees)}
+    methods = {"sample": (sample, SampleConfig(**base), trees),
+               "beam_sample_W4": (beam_sample, BeamSampleConfig(num_beams=4, **base), trees)}
     if set(args.methods) & set(PAIR_METHODS):
         from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
         from dsbd_jax.decoding.speculative import speculative_sample
@@ -93,7 +94,7 @@ def main(argv=None):
                 # both models transposed, as load_model stores them where that is faster
                 "blocked": {"target": trees["blocked"], "draft": dt}}
         methods["speculative_g4"] = (
-            speculative_sample, DecodeConfig(draft=draft.config, gamma=4, **base), pair)
+            speculative_sample, SpeculativeConfig(draft=draft.config, gamma=4, **base), pair)
         methods["dsbd_beamW4_point"] = (
             dsbd_generate, DSBDConfig(draft=draft.config, gamma=2, draft_width=4, threshold=0.7,
                                       min_width=2, **base), pair)

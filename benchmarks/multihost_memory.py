@@ -48,7 +48,7 @@ def measure(directory: str, mode: str, port: int, pid: int) -> dict:
         distributed.initialize(f"127.0.0.1:{port}", 2, pid)
     import jax
     from dsbd_jax import load_model, sample
-    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.configs import SampleConfig
     from dsbd_jax.eval.timing import machine_info
     from dsbd_jax.models.loading import read_config
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
@@ -57,7 +57,7 @@ def measure(directory: str, mode: str, port: int, pid: int) -> dict:
     path = os.path.join(directory, "target")
     place = None
     if mode == "placed":
-        dec = ShardedDecoder(sample, DecodeConfig(target=read_config(path)), make_mesh(1, 2))
+        dec = ShardedDecoder(sample, SampleConfig(read_config(path)), make_mesh(1, 2))
         place = dec.placer("target")
     model = load_model(path, tokenizer=False, progress=False, layout="stacked", place=place)
     leaves = jax.tree.leaves(model.params)

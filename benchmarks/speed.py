@@ -47,6 +47,7 @@ def jax_part(args, dtype="float32"):
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+    from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
 
     target = load_model(TARGET, dtype)
     draft = load_model(DRAFT, dtype)
@@ -54,13 +55,13 @@ def jax_part(args, dtype="float32"):
     P = common.bucket_length(max(len(p) for p in prompts))
     warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
                 max_new_tokens=args.max_new_tokens)
-    methods = [("sample", sample, common.DecodeConfig(target=target.config, **warp), False)]
+    methods = [("sample", sample, SampleConfig(target=target.config, **warp), False)]
     for W in args.widths:
         methods.append((f"beam_sample_W{W}", beam_sample,
-                        common.DecodeConfig(target=target.config, num_beams=W, **warp), False))
+                        BeamSampleConfig(target=target.config, num_beams=W, **warp), False))
     methods.append((f"speculative_g{args.gamma}", speculative_sample,
-                    common.DecodeConfig(target=target.config, draft=draft.config,
-                                        gamma=args.gamma, **warp), True))
+                    SpeculativeConfig(target=target.config, draft=draft.config,
+                                      gamma=args.gamma, **warp), True))
     for spec_s in args.dsbd:
         g, ws, t, wmin, *sb = spec_s.split(",")
         single = bool(sb and sb[0] == "sb")

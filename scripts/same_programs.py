@@ -31,7 +31,8 @@ import jax, jax.numpy as jnp, numpy as np
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama, kernels
 from dsbd_jax.models.cache import empty_cache
-from dsbd_jax import (DSBDConfig, DecodeConfig, beam_sample, dsbd_generate, sample,
+from dsbd_jax import (BeamSampleConfig, DSBDConfig, SampleConfig, SpeculativeConfig, TreeConfig,
+                      beam_sample, dsbd_generate, sample,
                       speculative_sample, tree_speculative_sample)
 
 out = Path(sys.argv[1])
@@ -57,11 +58,11 @@ for dtype in ("float32", "bfloat16"):
     calls = {
         "dsbd": dsbd_generate.prepare(pair, ids, key, DSBDConfig(
             draft=c, gamma=2, draft_width=2, threshold=0.7, **base)),
-        "sample": sample.prepare(tree, ids, key, DecodeConfig(**base)),
-        "beam_sample": beam_sample.prepare(tree, ids, key, DecodeConfig(num_beams=2, **base)),
+        "sample": sample.prepare(tree, ids, key, SampleConfig(**base)),
+        "beam_sample": beam_sample.prepare(tree, ids, key, BeamSampleConfig(num_beams=2, **base)),
         "speculative": speculative_sample.prepare(pair, ids, key,
-                                                  DecodeConfig(draft=c, gamma=2, **base)),
-        "tree": tree_speculative_sample.prepare(pair, ids, key, DecodeConfig(
+                                                  SpeculativeConfig(draft=c, gamma=2, **base)),
+        "tree": tree_speculative_sample.prepare(pair, ids, key, TreeConfig(
             draft=c, gamma=2, tree_widths=(2, 2), **base)),
     }
     for name, call in calls.items():
@@ -77,7 +78,8 @@ from pathlib import Path
 import jax, numpy as np
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
-from dsbd_jax import DSBDConfig, DecodeConfig, beam_search, dsbd_generate, sample
+from dsbd_jax import (BeamSearchConfig, DSBDConfig, SampleConfig, beam_search, dsbd_generate,
+                      sample)
 from dsbd_jax.parallel import ShardedDecoder, make_mesh
 
 out = Path(sys.argv[1])
@@ -87,8 +89,8 @@ p = llama.convert_layout(llama.init_params(c, jax.random.key(0)), "per_layer")
 pair = {"target": p, "draft": p}
 ids, lens, key = np.ones((3, 4), np.int32), np.array([4, 2, 3], np.int32), jax.random.key(0)
 base = dict(target=c, max_new_tokens=4, top_k=10, top_p=0.8)
-cases = {"sample": (sample, DecodeConfig(num_beams=2, **base), p),
-         "beam_search": (beam_search, DecodeConfig(num_beams=2, **base), p),
+cases = {"sample": (sample, SampleConfig(num_beams=2, **base), p),
+         "beam_search": (beam_search, BeamSearchConfig(num_beams=2, **base), p),
          "dsbd": (dsbd_generate, DSBDConfig(draft=c, gamma=2, draft_width=2, threshold=0.7,
                                             **base), pair)}
 for name, (fn, config, params) in cases.items():

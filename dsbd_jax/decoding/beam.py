@@ -40,8 +40,8 @@ import numpy as np
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, inputs
-from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.configs import check_config
+from dsbd_jax.decoding.common import GenerateOutput
+from dsbd_jax.decoding.configs import BeamSampleConfig, BeamSearchConfig, check_config
 from dsbd_jax.decoding.sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
 from dsbd_jax.decoding.warping import draw_from, sample_without_replacement, warp_logits
 
@@ -94,7 +94,7 @@ def flat_rows(beam: jax.Array) -> jax.Array:
 
 
 def beam_sample_step(key_rows: jax.Array, scores: jax.Array, logp: jax.Array,
-                     config: DecodeConfig, W: int):
+                     config: BeamSampleConfig, W: int):
     """One beam-sampling step for every row.
 
     Args:
@@ -129,7 +129,7 @@ class BeamState:
 
 @calls.core("beam_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
-def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig):
+def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: BeamSampleConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
@@ -186,7 +186,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeCon
     return inputs.mark_invalid(out, invalid, pad)
 
 
-def _beam_sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+def _beam_sample_call(params, prompt_ids, key, config: BeamSampleConfig, prompt_lengths=None):
     """``beam_sample``'s checked ``calls.CoreCall``, not run."""
     check_config("beam_sample", config)
     prompt_ids = as_array(prompt_ids)
@@ -198,7 +198,7 @@ def _beam_sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_leng
 
 
 @calls.prepared_by(_beam_sample_call)
-def beam_sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None
+def beam_sample(params, prompt_ids, key, config: BeamSampleConfig, prompt_lengths=None
                 ) -> GenerateOutput:
     """Beam sampling of width ``W = config.num_beams`` from the warped joint (module doc).
 
@@ -237,7 +237,7 @@ class SearchState:
 @calls.core("beam_search")
 @functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
-                      best_at_max_length, config: DecodeConfig):
+                      best_at_max_length, config: BeamSearchConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
@@ -327,7 +327,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
     return inputs.mark_invalid(out, invalid, pad)
 
 
-def _beam_search_call(params, prompt_ids, config: DecodeConfig, prompt_lengths=None):
+def _beam_search_call(params, prompt_ids, config: BeamSearchConfig, prompt_lengths=None):
     """``beam_search``'s checked ``calls.CoreCall``, not run."""
     check_config("beam_search", config)
     prompt_ids = as_array(prompt_ids)
@@ -350,7 +350,7 @@ def _beam_search_call(params, prompt_ids, config: DecodeConfig, prompt_lengths=N
 
 
 @calls.prepared_by(_beam_search_call)
-def beam_search(params, prompt_ids, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:
+def beam_search(params, prompt_ids, config: BeamSearchConfig, prompt_lengths=None) -> GenerateOutput:
     """Deterministic beam search of width ``config.num_beams`` (Hugging Face semantics).
 
     Warping settings are ignored (the W best entries of the unwarped joint are kept).

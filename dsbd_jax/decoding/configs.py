@@ -31,7 +31,9 @@ config                        its own fields
 ============================  ===================================================================
 
 Fields after ``target`` are keyword-only. :class:`DecodeConfig` holds every baseline decoder's
-fields at once (the one config before these); every baseline decoder still accepts it.
+fields at once (the one config before these); every baseline decoder still accepts it, and it
+is deprecated: its first construction warns (``DeprecationWarning``), and it goes in the next
+release.
 All share one set of checks (:meth:`Settings.__post_init__`), which reads only the fields a
 class has.
 """
@@ -39,6 +41,7 @@ class has.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -150,9 +153,10 @@ _keywords = dataclasses.dataclass(frozen=True, kw_only=True)
 
 @_frozen
 class DecodeConfig(Settings):
-    """Every baseline decoder's settings in one class (``sample``, ``beam_sample``,
-    ``beam_search``, ``speculative_sample``, ``tree_speculative_sample`` each accept it; each
-    has its own config too, with only the fields it reads: module doc).
+    """Deprecated: every baseline decoder's settings in one class (``sample``,
+    ``beam_sample``, ``beam_search``, ``speculative_sample``, ``tree_speculative_sample`` each
+    accept it, for one more release); use each decoder's own config, with only the fields it
+    reads (module doc). Its first construction in a process warns (``DeprecationWarning``).
 
     ``target`` / ``draft`` are the model configs (``draft`` only for the speculative methods).
     ``eos_token_id``: ``None`` (default) means the target's (``eos_ids`` is what applies; the
@@ -181,6 +185,20 @@ class DecodeConfig(Settings):
     length_penalty: float = 1.0
     early_stopping: bool = False
     progress: Any = False
+
+    def __post_init__(self):
+        if not _WARNED:
+            _WARNED.append(True)
+            warnings.warn("DecodeConfig is deprecated: use the decoder's own config "
+                          "(SampleConfig, BeamSampleConfig, BeamSearchConfig, "
+                          "SpeculativeConfig or TreeConfig, each with the fields its decoder "
+                          "reads); it will be removed in the next release",
+                          DeprecationWarning, stacklevel=3)
+        super().__post_init__()
+
+
+# DecodeConfig warns once per process (its first construction), as the progress hooks do
+_WARNED: list = []
 
 
 @_frozen

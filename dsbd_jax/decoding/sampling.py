@@ -27,8 +27,8 @@ import numpy as np
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, inputs
-from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.configs import check_config
+from dsbd_jax.decoding.common import GenerateOutput
+from dsbd_jax.decoding.configs import SampleConfig, check_config
 from dsbd_jax.decoding.inputs import check_key, row_keys  # noqa: F401  (re-exported)
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
@@ -61,7 +61,7 @@ def step_keys(keys: jax.Array, step) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
 
 
-def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
+def check_inputs(params, prompt_ids, config: SampleConfig, prompt_lengths, key=None) -> None:
     """Host-side checks shared by the baseline decoders; raise ``ValueError`` (never NaN later).
     The config's type is each decoder's own check (``configs.check_config``)."""
     inputs.check_prompt_batch(prompt_ids, prompt_lengths, config.target.vocab_size)
@@ -85,7 +85,7 @@ def as_array(x):
     return x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
 
 
-def is_greedy(config: DecodeConfig) -> bool:
+def is_greedy(config: SampleConfig) -> bool:
     return config.temperature == 0.0 or config.top_k == 1
 
 
@@ -103,7 +103,7 @@ class SampleState:
 
 @calls.core("sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
-def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) -> GenerateOutput:
+def _sample_core(params, prompt_ids, prompt_lengths, key, config: SampleConfig) -> GenerateOutput:
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
@@ -161,7 +161,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: DecodeConfig) 
     return inputs.mark_invalid(out, invalid, pad)
 
 
-def _sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+def _sample_call(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None):
     """``sample``'s checked ``calls.CoreCall``, not run."""
     check_config("sample", config)
     prompt_ids = as_array(prompt_ids)
@@ -172,7 +172,7 @@ def _sample_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=N
 
 
 @calls.prepared_by(_sample_call)
-def sample(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None) -> GenerateOutput:
+def sample(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None) -> GenerateOutput:
     """Multinomial sampling from the warped target (greedy if temperature 0 or top_k 1).
 
     Args:

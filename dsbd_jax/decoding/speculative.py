@@ -40,8 +40,8 @@ import numpy as np
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs
-from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.configs import check_config
+from dsbd_jax.decoding.common import GenerateOutput
+from dsbd_jax.decoding.configs import SpeculativeConfig, Settings, check_config
 from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
 
@@ -95,7 +95,7 @@ def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Ar
 # ---------------------------------------------------------------------------------------------
 # Host-side checks (before the jitted core: concrete values, clear errors, never NaN).
 
-def check_inputs(params, prompt_ids, config: DecodeConfig, prompt_lengths, key=None) -> None:
+def check_inputs(params, prompt_ids, config: Settings, prompt_lengths, key=None) -> None:
     """Raise ``ValueError`` for anything the speculative decoders cannot run (``key`` required;
     the config's type is each decoder's own check, ``configs.check_config``, and its settings
     the config's own checks: ``gamma``, the draft's vocabulary, ``tree_widths``)."""
@@ -138,7 +138,7 @@ def draw_token(probs: jax.Array, u: jax.Array) -> jax.Array:
     return draw_from(probs, u[..., None])[..., 0]
 
 
-def warp(config: DecodeConfig, logits: jax.Array) -> jax.Array:
+def warp(config: Settings, logits: jax.Array) -> jax.Array:
     """Warped log-probabilities (temperature, top-k, top-p of ``config``) over the last axis."""
     return warp_logits(logits, config.temperature, config.top_k, config.top_p)
 
@@ -170,12 +170,12 @@ class DecodeState:
     feat_pend: jax.Array        # [B, d] draft-head feature read with pending
 
 
-def num_slots(config: DecodeConfig, prompt_len: int) -> int:
+def num_slots(config: Settings, prompt_len: int) -> int:
     """Cache slots: prompt + max_new_tokens + look-ahead slack (gamma + 1)."""
     return prompt_len + config.max_new_tokens + config.gamma + 1
 
 
-def init_state(config: DecodeConfig, params, prompt_ids, prompt_lengths, keys,
+def init_state(config: Settings, params, prompt_ids, prompt_lengths, keys,
                draft_extra_slots: int = 0) -> DecodeState:
     """Prefill both models; the last prompt token becomes the pending token. ``keys``: ``[B]``."""
     B, P = prompt_ids.shape
@@ -201,7 +201,7 @@ def init_state(config: DecodeConfig, params, prompt_ids, prompt_lengths, keys,
         feat_prev=feat_prev, feat_pend=feat_pend)
 
 
-def draft_root_call(config: DecodeConfig, params, state: DecodeState):
+def draft_root_call(config: Settings, params, state: DecodeState):
     """Draft forward over ``[prev, pending]`` at slots ``length - 1, length``; commits both.
 
     Returns ``(logits [B, V] after pending, draft cache, feature [B, d] after pending or None)``
@@ -230,7 +230,7 @@ def draft_root_call(config: DecodeConfig, params, state: DecodeState):
     return logits[:, 0], cache, None if out_feats is None else out_feats[:, 1]
 
 
-def draft_step(config: DecodeConfig, params, cache: kvc.KVCache, tokens, feats, lengths):
+def draft_step(config: Settings, params, cache: kvc.KVCache, tokens, feats, lengths):
     """One draft token per row at slot ``lengths`` (a head also reads ``feats [B, d]``).
     Returns ``(logits [B, V], cache, feature [B, d] or None)``."""
     if not drafting.uses_head(config):
@@ -259,7 +259,7 @@ def advance_features(state: DecodeState, feats, n: jax.Array) -> DecodeState:
                          feat_pend=jnp.where(active, pend, state.feat_pend))
 
 
-def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, draft_cache,
+def commit_iteration(config: Settings, state: DecodeState, target_cache, draft_cache,
                      emitted: jax.Array, num_accepted: jax.Array, num_verify: jax.Array,
                      emitted_logp: jax.Array, draft_calls: int) -> DecodeState:
     """Write one iteration's output for the active rows and advance the counters.
@@ -301,7 +301,7 @@ def commit_iteration(config: DecodeConfig, state: DecodeState, target_cache, dra
         draft_calls=state.draft_calls + draft_calls)
 
 
-def decode_loop(config: DecodeConfig, state: DecodeState,
+def decode_loop(config: Settings, state: DecodeState,
                 iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
     body = calls.with_progress(config, iteration, lambda s: dict(
@@ -310,7 +310,7 @@ def decode_loop(config: DecodeConfig, state: DecodeState,
     return jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
 
 
-def to_output(config: DecodeConfig, state: DecodeState) -> GenerateOutput:
+def to_output(config: Settings, state: DecodeState) -> GenerateOutput:
     sequences = state.sequences[:, None, :]
     loglik = state.loglik[:, None]
     lengths, best = common.best_and_lengths(sequences, loglik, config.eos_ids)
@@ -343,7 +343,7 @@ def gather_logp(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeState:
+def chain_iteration(config: Settings, params, state: DecodeState) -> DecodeState:
     """One speculative-sampling iteration for every row (see module doc)."""
     gamma = config.gamma
     B = state.length.shape[0]
@@ -400,7 +400,7 @@ def chain_iteration(config: DecodeConfig, params, state: DecodeState) -> DecodeS
 
 @calls.core("speculative_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
-def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
+def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: SpeculativeConfig):
     invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
         "speculative_sample", config, params, prompt_ids, prompt_lengths)
     params = inputs.with_prompt_rows(params, prompt_ids)
@@ -409,7 +409,7 @@ def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: DecodeCo
     return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 
-def _speculative_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+def _speculative_call(params, prompt_ids, key, config: SpeculativeConfig, prompt_lengths=None):
     """``speculative_sample``'s checked ``calls.CoreCall``, not run."""
     check_config("speculative_sample", config)
     check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
@@ -420,7 +420,7 @@ def _speculative_call(params, prompt_ids, key, config: DecodeConfig, prompt_leng
 
 
 @calls.prepared_by(_speculative_call)
-def speculative_sample(params, prompt_ids, key, config: DecodeConfig,
+def speculative_sample(params, prompt_ids, key, config: SpeculativeConfig,
                        prompt_lengths=None) -> GenerateOutput:
     """Speculative sampling: exact samples from the warped target, ``gamma`` drafts per target call.
 

@@ -39,8 +39,8 @@ import numpy as np
 from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs, speculative as spec
-from dsbd_jax.decoding.common import DecodeConfig, GenerateOutput
-from dsbd_jax.decoding.configs import check_config
+from dsbd_jax.decoding.common import GenerateOutput
+from dsbd_jax.decoding.configs import TreeConfig, check_config
 from dsbd_jax.decoding.warping import draw_from
 from dsbd_jax.decoding.verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
 
@@ -48,11 +48,11 @@ from dsbd_jax.decoding.verify import remove as remove_drawn  # without replaceme
 # ---------------------------------------------------------------------------------------------
 # Tree structure.
 
-def tree_widths(config: DecodeConfig) -> Tuple[int, ...]:
+def tree_widths(config: TreeConfig) -> Tuple[int, ...]:
     return tuple(config.tree_widths) if config.tree_widths is not None else (2,) * config.gamma
 
 
-def draft_extra_slots(config: DecodeConfig) -> int:
+def draft_extra_slots(config: TreeConfig) -> int:
     """Draft-cache slots beyond the chain's for the tree's non-root nodes' scratch K/V."""
     return tree_structure(tree_widths(config))[2][config.gamma] - 1
 
@@ -185,7 +185,7 @@ def children_uniforms(n: int, k: int, V: int, replacement: bool) -> int:
     return n * k if replacement else n * V
 
 
-def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spec.DecodeState:
+def tree_iteration(config: TreeConfig, params, state: spec.DecodeState) -> spec.DecodeState:
     """One token-tree iteration for every row (see module doc)."""
     widths = tree_widths(config)
     gamma = config.gamma
@@ -277,7 +277,7 @@ def tree_iteration(config: DecodeConfig, params, state: spec.DecodeState) -> spe
 
 @calls.core("tree_speculative_sample")
 @functools.partial(tuned_jit, static_argnames=("config",))
-def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
+def _tree_core(params, prompt_ids, prompt_lengths, keys, config: TreeConfig):
     invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
         "tree_speculative_sample", config, params, prompt_ids, prompt_lengths)
     params = inputs.with_prompt_rows(params, prompt_ids)
@@ -287,7 +287,7 @@ def _tree_core(params, prompt_ids, prompt_lengths, keys, config: DecodeConfig):
     return inputs.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
 
 
-def _tree_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=None):
+def _tree_call(params, prompt_ids, key, config: TreeConfig, prompt_lengths=None):
     """``tree_speculative_sample``'s checked ``calls.CoreCall``, not run."""
     check_config("tree_speculative_sample", config)
     spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
@@ -298,7 +298,7 @@ def _tree_call(params, prompt_ids, key, config: DecodeConfig, prompt_lengths=Non
 
 
 @calls.prepared_by(_tree_call)
-def tree_speculative_sample(params, prompt_ids, key, config: DecodeConfig,
+def tree_speculative_sample(params, prompt_ids, key, config: TreeConfig,
                             prompt_lengths=None) -> GenerateOutput:
     """Token-tree speculative sampling (SpecInfer / MCSD): exact samples from the warped target.
 

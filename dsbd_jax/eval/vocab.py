@@ -93,9 +93,10 @@ def generation_counts(config, params, prompt_ids: Sequence[Sequence[int]], vocab
     warping; tokens after EOS are not counted)."""
     import jax
 
-    from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
+    from dsbd_jax.decoding.common import pad_prompts
+    from dsbd_jax.decoding.configs import SampleConfig
     from dsbd_jax.decoding.sampling import sample
-    cfg = DecodeConfig(target=config, max_new_tokens=max_new_tokens, temperature=temperature,
+    cfg = SampleConfig(config, max_new_tokens=max_new_tokens, temperature=temperature,
                        top_k=top_k, top_p=top_p, eos_token_id=eos_token_id)
     counts = np.zeros(vocab_size, np.int64)
     for i in range(0, len(prompt_ids), batch_size):

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.kernels import unblock_params
 from dsbd_jax.models.param_check import plain_projection
@@ -130,7 +130,7 @@ def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillCo
     (tc, tp), (dcf, dp) = target, draft
     pc, pp = (dcf, dp) if dc.policy == "draft" else (tc, tp)
     T = dc.max_new_tokens
-    cfg = DecodeConfig(target=pc, max_new_tokens=T, temperature=dc.temperature,
+    cfg = SampleConfig(pc, max_new_tokens=T, temperature=dc.temperature,
                        top_k=dc.top_k, top_p=dc.top_p, eos_token_id=eos_token_id)
     P = max(len(p) for p in prompts)
     out = {k: [] for k in ("tokens", "total", "pos", "mask", "idx", "p")}

@@ -76,9 +76,10 @@ def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int,
     ``batch`` prompts at a time (one compiled program). Returns ``(texts, loss_from)``: prompt
     plus continuation, and the index of the position that predicts the first continuation token
     (the loss and the acceptance count from there)."""
-    from dsbd_jax.decoding.common import DecodeConfig, bucket_length
+    from dsbd_jax.decoding.common import bucket_length
+    from dsbd_jax.decoding.configs import SampleConfig
     from dsbd_jax.training.rollouts import sampled_batches
-    dc = DecodeConfig(target=target_config, max_new_tokens=new_tokens,
+    dc = SampleConfig(target_config, max_new_tokens=new_tokens,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       eos_token_id=target_config.eos_token_id)
     P = bucket_length(max(len(p) for p in prompts))

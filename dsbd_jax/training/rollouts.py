@@ -9,11 +9,12 @@ from typing import Iterator, List, Sequence, Tuple
 import jax
 import numpy as np
 
-from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
+from dsbd_jax.decoding.common import pad_prompts
+from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.decoding.sampling import sample
 
 
-def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: DecodeConfig, key,
+def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: SampleConfig, key,
                     batch: int, length: int
                     ) -> Iterator[Tuple[int, int, List[List[int]], np.ndarray, np.ndarray,
                                         np.ndarray]]:

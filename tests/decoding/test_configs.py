@@ -95,3 +95,25 @@ def test_a_decoder_takes_its_own_config_or_decodeconfig_and_refuses_others(fn):
         with pytest.raises(ValueError, match=f"{fn.__name__} takes a {own_cls.__name__}"):
             _run(fn, params, pair, other, ids, lens)
     assert configs.ACCEPTS[fn.__name__][0] is own_cls
+
+
+def test_decodeconfig_is_deprecated_and_warns_once(monkeypatch):
+    """``DecodeConfig``'s first construction in a process warns, naming the configs that
+    replace it; later constructions (and ``replace``) do not; the per-decoder configs never
+    warn, nor does the library when it builds a decoder."""
+    import warnings
+    config, _ = ref.toy_model(vocab=12)
+    monkeypatch.setattr(configs, "_WARNED", [])
+    with pytest.warns(DeprecationWarning, match="DecodeConfig is deprecated.*SampleConfig.*"
+                                                "BeamSampleConfig.*TreeConfig"):
+        old = DecodeConfig(config, num_beams=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        old.replace(top_k=4)
+        DecodeConfig(config)
+        monkeypatch.setattr(configs, "_WARNED", [])
+        for method in ("sample", "beam", "beam_search", "spec", "tree", "dsbd"):
+            methods.build(method, config, config if method in ("spec", "tree", "dsbd")
+                          else None)
+        SampleConfig(config, num_beams=2)
+    assert configs._WARNED == []
