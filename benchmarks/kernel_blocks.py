@@ -21,8 +21,8 @@ The models load in the dtype ``load_model`` picks for this host (``$DSBD_JAX_DTY
     .venv/bin/python benchmarks/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
 
 Blocked kernels (``[out / n, in, n]``), which ``--blocks 64`` / ``--blocks halves`` compared
-before they were removed, made sampling and beam sampling slower on the hosts measured
-(``results/kernel_blocks_*_epyc.json``, ``docs/results/cpu.md``).
+before they were removed, made sampling slower in both dtypes and beam sampling slower in
+bfloat16 (``results/kernel_blocks_*_epyc.json``, ``docs/results/cpu.md``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ bfloat16 result, Flax ``Dense``'s product) and ``torch bf16`` (weights and input
 independent products side by side. That flatters variants whose products are single-threaded
 (the blocked ones: a gain here need not survive a whole forward pass with the same blocks). ``benchmarks/forward.py`` is the arbiter;
 ``dsbd_jax.models.kernels.measure_forms`` chains its products for that reason (blocked
-kernels, once a load option, were removed: slower in every decoder measured,
-``docs/results/cpu.md``).
+kernels, once a load option, were removed: ``docs/results/cpu.md``).
 
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
 MINIMUM over ``--repeats`` rounds, so that load from other processes hurts every variant alike

@@ -75,7 +75,7 @@ def _block(w, n):
 
 def _blocked(x, w):
     """``x [M, in]`` times a blocked kernel: one batched product over the blocks (the blocked
-    kernels the library once stored; removed, slower in every decoder measured)."""
+    kernels the library once stored, since removed: ``docs/results/cpu.md``)."""
     c, din, n = w.shape
     m = x.shape[0]
     xm = jnp.pad(x, ((0, 1), (0, 0))) if m == 1 else x

@@ -33,7 +33,8 @@ options, and differs between hosts (``benchmarks/matmul.py``, ``docs/results/cpu
   ``docs/performance.md``).
 
 Blocked kernels (``[out / n, in, n]`` column blocks, one batched product over the blocks) were
-removed after 0.2.0: they made every decoder slower on every host measured
+removed after 0.2.0: measured side by side they made sampling slower in both dtypes and beam
+sampling slower in bfloat16, gaining a few percent only in float32 beam sampling
 (``results/kernel_blocks_*_epyc.json``; ``docs/results/cpu.md``).
 """
 

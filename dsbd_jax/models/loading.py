@@ -246,8 +246,8 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         ``docs/results/cpu.md``). ``"transposed"``: transposed whatever the measurement says.
         ``None``: plain kernels. ``info["kernel_transposed"]`` records what was applied. Every
         form gives the same outputs up to float rounding. The blocked kernels of ``"auto"``,
-        ``"halves"`` and ``{projection: width}`` were removed (slower in every decoder
-        measured: ``docs/results/cpu.md``); those values load plain kernels with a
+        ``"halves"`` and ``{projection: width}`` were removed (no gain worth a form
+        where measured: ``docs/results/cpu.md``); those values load plain kernels with a
         ``DeprecationWarning``, for one release.
       place: ``place(path, host, dtype) -> jax.Array`` for each tensor as it is read (path: the
         stacked-layout key tuple), e.g. ``ShardedDecoder.placer("target")``, which puts it
@@ -371,7 +371,7 @@ def _removed_blocks(kernel_blocks):
                                               and str(kernel_blocks) in ("auto", "halves")
                                               or str(kernel_blocks).isdigit()):
         warnings.warn(f"load_model(kernel_blocks={kernel_blocks!r}): blocked kernels were "
-                      f"removed (slower in every decoder measured, docs/results/cpu.md); "
+                      f"removed (no gain worth a form where measured, docs/results/cpu.md); "
                       f"loading plain kernels. Use kernel_blocks='measured' (the default) or "
                       f"None; this value will be an error in the next release",
                       DeprecationWarning, stacklevel=3)
