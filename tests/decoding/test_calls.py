@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsbd_jax import (DSBDConfig, DecodeConfig, beam_sample, beam_search, dsbd_generate, sample,
+from dsbd_jax import (DSBDConfig, beam_sample, beam_search, dsbd_generate, sample,
                       speculative_sample, tree_speculative_sample)
-from dsbd_jax.decoding import calls, common, methods
+from dsbd_jax.decoding import calls, common, configs, methods
 from dsbd_jax.models import cpu_options as co
 from dsbd_jax.models import host
 
@@ -20,10 +20,10 @@ def _setup(bench_pair, name):
     if name == "dsbd_generate":
         cfg = DSBDConfig(draft=draft.config, gamma=2, draft_width=2, threshold=0.9, **kw)
     elif name in ("speculative_sample", "tree_speculative_sample"):
-        cfg = DecodeConfig(draft=draft.config, gamma=2, **kw)
+        cfg = configs.ACCEPTS[name][0](draft=draft.config, gamma=2, **kw)
     else:
-        cfg = DecodeConfig(num_beams=2, **kw)
-    params = ({"target": target.params, "draft": draft.params} if cfg.draft is not None
+        cfg = configs.ACCEPTS[name][0](num_beams=2, **kw)
+    params = ({"target": target.params, "draft": draft.params} if getattr(cfg, "draft", None)
               else target.params)
     return cfg, params
 
@@ -123,7 +123,6 @@ def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, forced_o
 def _own(name, cfg, **changes):
     """``cfg`` as the decoder's own config (:data:`configs.ACCEPTS`), with ``changes``."""
     import dataclasses
-    from dsbd_jax.decoding import configs
     cls = configs.ACCEPTS[name][0]
     kept = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)}
     return cls(**{**kept, **changes})
@@ -148,12 +147,12 @@ def test_a_config_names_its_options_and_nothing_is_asked_of_the_host(bench_pair,
         raise AssertionError("the host's options choice was asked")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(co, "choice", asked)
-        _run_named(fn, args, params, ids, lengths, key, named, name, want)
+        _run_named(fn, args, params, ids, lengths, key, named, name, want, forced_options)
 
 
-def _run_named(fn, args, params, ids, lengths, key, named, name, want):
+def _run_named(fn, args, params, ids, lengths, key, named, name, want, forced):
     call = fn.prepare(*args, named, prompt_lengths=lengths)
-    assert call.options == {} != forced_options
+    assert call.options == {} != forced
     call.via.clear_cache()
     before = common.compile_count(name)
     assert "while" in call.lower().as_text()
@@ -164,6 +163,14 @@ def _run_named(fn, args, params, ids, lengths, key, named, name, want):
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(want.sequences))
     inner = jax.jit(lambda i, l: fn(params, i, key, named, prompt_lengths=l).sequences)
     np.testing.assert_array_equal(np.asarray(inner(ids, lengths)), np.asarray(want.sequences))
+    # the sharded decoder runs the same core under the same named options
+    from dsbd_jax.parallel import ShardedDecoder, make_mesh
+    sdec = ShardedDecoder(fn, named, make_mesh(1, 1))
+    placed = sdec.place(params)
+    keys = np.asarray(jax.random.key_data(jax.random.split(key, 2)))
+    assert sdec.core_call(placed, ids, lengths, keys).options == {}
+    got = sdec(placed, ids, key, prompt_lengths=lengths)
+    np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
 
 
 def test_a_config_refuses_unknown_options(bench_pair):
