@@ -361,5 +361,5 @@ def check_config(decoder: str, config) -> None:
     """``ValueError`` unless ``config`` is one that ``decoder`` accepts (:data:`ACCEPTS`)."""
     kinds = ACCEPTS[decoder]
     if not isinstance(config, kinds):
-        raise ValueError(f"{decoder} takes a {' or a '.join(k.__name__ for k in kinds)}, got "
-                         f"{type(config).__name__}")
+        raise ValueError(f"{decoder} takes a {kinds[0].__name__}, got "
+                         f"{type(config).__name__}")   # (DecodeConfig too: deprecated)
