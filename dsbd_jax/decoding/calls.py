@@ -20,7 +20,6 @@ import numpy as np
 
 from dsbd_jax.decoding import programs
 from dsbd_jax.decoding.compiles import core_name, note_core_call
-from dsbd_jax.models.cpu_options import nested_options_error
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -64,9 +63,8 @@ class CoreCall(NamedTuple):
         return {}
 
     def lower(self):
-        named = named_options(self.kwargs)
-        if named is not None and hasattr(self.core, "for_call"):
-            return self.core.for_call(self.args, self.kwargs, named)[0].lower(
+        if hasattr(self.core, "for_call"):
+            return self.core.for_call(self.args, self.kwargs, named_options(self.kwargs))[0].lower(
                 *self.args, **self.kwargs)
         return self.core.lower(*self.args, **self.kwargs)
 
@@ -102,18 +100,13 @@ class _Core:
 
     def __call__(self, *args, **kwargs):
         note_core_call(self.decoder, args)
+        if not hasattr(self._jitted, "run"):
+            return self._jitted(*args, **kwargs)
         folder, named = programs.store_folder(), named_options(kwargs)
-        if (folder is None and named is None) or not hasattr(self._jitted, "for_call") or any(
-                isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
-            return self._jitted(*args, **kwargs)   # under a trace: the enclosing jit's options
+        if folder is None or any(isinstance(x, jax.core.Tracer)
+                                 for x in jax.tree.leaves((args, kwargs))):
+            return self._jitted.run(args, kwargs, named)
         jitted, options = self._jitted.for_call(args, kwargs, named)
-        if folder is None:
-            try:
-                return jitted(*args, **kwargs)
-            except ValueError as e:  # under a trace although no argument is a tracer
-                if not nested_options_error(e):
-                    raise
-                return self._jitted(*args, **kwargs)
         return programs.call(self.decoder, jitted, self._jitted._fun, self._jitted._jit_kwargs,
                              options, self.programs, args, kwargs, folder)
 

@@ -383,7 +383,7 @@ def compiler_options(form: str = PLAIN, dtype="float32",
     return dict(CANDIDATES[options_name(form, dtype, row_head)])
 
 
-def nested_options_error(e: Exception) -> bool:
+def _nested_options_error(e: Exception) -> bool:
     """Whether ``e`` is jax refusing ``compiler_options`` on a jit inside another trace."""
     msg = str(e)
     return "compiler_options" in msg and "top-level" in msg
@@ -414,11 +414,6 @@ class tuned_jit:
         ``dtype``, with or without a row-stored head (:func:`options_name`)."""
         return self._jit(options_name(form, dtype, row_head))
 
-    def for_name(self, name: str):
-        """The ``jax.jit`` object compiling under the candidate ``name`` of ``CANDIDATES``
-        (checked: :func:`check_name`; off the CPU: XLA's defaults whatever the name)."""
-        return self._jit(check_name(name) if jax.default_backend() == "cpu" else "default")
-
     def _jit(self, name: str):
         if name not in self._jits:
             self._jits[name] = jax.jit(self._fun, compiler_options=dict(CANDIDATES[name]),
@@ -439,21 +434,27 @@ class tuned_jit:
 
     def for_call(self, args, kwargs, options: Optional[str] = None):
         """``(jax.jit object, its compiler options)`` for a top-level call with these
-        arguments: what ``__call__`` would run. ``options``: a candidate's name given by the
-        caller (a ``HostPlan``'s), used instead of the choice for the arguments' kernels."""
+        arguments: what :meth:`run` would run. ``options``: a candidate's name given by the
+        caller (a ``HostPlan``'s; checked, :func:`check_name`; XLA's defaults off the CPU),
+        used instead of the choice for the arguments' kernels."""
         if options is None:
-            kind = program_kind((args, kwargs))
-            return self.for_form(*kind), dict(CANDIDATES[options_name(*kind)])
-        jitted = self.for_name(options)
-        return jitted, dict(CANDIDATES[options]) if jax.default_backend() == "cpu" else {}
+            name = options_name(*program_kind((args, kwargs)))
+        else:
+            name = check_name(options) if jax.default_backend() == "cpu" else "default"
+        return self._jit(name), dict(CANDIDATES[name])
 
     def __call__(self, *args, **kwargs):
+        return self.run(args, kwargs)
+
+    def run(self, args, kwargs, options: Optional[str] = None):
+        """The call, compiled as :meth:`for_call` says; called inside another trace, the plain
+        ``jax.jit`` (the enclosing program's options apply)."""
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             return self.plain(*args, **kwargs)
         try:
-            return self._for_args(args, kwargs)(*args, **kwargs)
+            return self.for_call(args, kwargs, options)[0](*args, **kwargs)
         except ValueError as e:  # under a trace although no argument is a tracer
-            if not nested_options_error(e):
+            if not _nested_options_error(e):
                 raise
             return self.plain(*args, **kwargs)
 
