@@ -20,17 +20,20 @@ kernels stored as ``load_model`` stores them: transposed with ``kernels.transpos
   gate times up); no bias, norm, RoPE, attention, softmax or cache;
 * **pass**: the whole forward (``llama.forward``) at the same shapes over a KV cache of
   ``--slots`` slots, set up as ``draft_levers.pass_call`` sets up the draft benchmarks' passes
-  (empty cache, all-ones mask, ``cpu_options.tuned_jit``), logits at every new token.
+  (empty cache, all-ones mask, ``cpu_options.tuned_jit``), logits at every new token;
+* **attention**: the pass's attention alone (``llama.attend_cache`` of every layer over the
+  same cache and mask, chained through its queries): what the pass adds to its products is
+  mostly this (``docs/performance.md``, *The products floor*).
 
 Rows: ``--shape auto`` (default) runs 1 and 4 as rows of one new token (``[n, 1]``: a decode
 step, beams) and more as one row of ``n`` tokens (``[1, n]``: a DSBD forest, a speculative
 chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry records its ``B``,
 ``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
-floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms`` and
-``pass_over_floor``; ``--hlo`` adds the instruction counts of each compiled program's entry
-computation. The JSON is written after every row count (a run cut off by a time limit keeps what it
-measured); a Markdown table is printed at the end.
+floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms``,
+``pass_over_floor`` and ``attention_ms``; ``--hlo`` adds the instruction counts of each compiled
+program's entry computation. The JSON is written after every row count (a run cut off by a time
+limit keeps what it measured); a Markdown table is printed at the end.
 
     .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
     .venv/bin/python benchmarks/pass_floor.py --models target --dtypes bfloat16 --rows 1 12 \\
@@ -139,6 +142,17 @@ def floor(config, params, x):
     return logits.astype(jnp.float32)
 
 
+def attention(config, q, k, v, cache, mask):
+    """The pass's attention alone: every layer's :func:`llama.attend_cache` (the concatenation
+    of the cache with the new keys and values, the scores, the softmax, the values product),
+    chained layer to layer through its queries; no projection, norm or RoPE. ``q [B, T, H, D]``
+    float32, ``k, v [B, T, K, D]`` in the cache's dtype."""
+    from dsbd_jax.models.llama import attend_cache
+    for i in range(config.num_layers):
+        q = attend_cache(config, q, k, v, cache.k[i], cache.v[i], mask).reshape(q.shape)
+    return q
+
+
 def programs(config, params, B, T, slots, seed=0):
     """``{"floor": (fn, args), "pass": (fn, args)}`` over ``[B, T]`` new tokens: :func:`floor`
     of random float32 rows, and the whole forward over ``slots`` cached slots as
@@ -152,9 +166,15 @@ def programs(config, params, B, T, slots, seed=0):
     x = jax.random.normal(jax.random.PRNGKey(seed), (B, T, config.hidden_size), jnp.float32)
     positions = jnp.broadcast_to(slots - T + jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T, slots + T), bool)
+    H, K, D = config.num_heads, config.num_kv_heads, config.head_dim
+    q = jax.random.normal(jax.random.PRNGKey(seed + 1), (B, T, H, D), jnp.float32)
+    kv = jax.random.normal(jax.random.PRNGKey(seed + 2), (2, B, T, K, D), config.jnp_dtype)
+    cache = empty_cache(config, B, slots)
     return {"floor": (lambda p, x: floor(config, p, x), (params, x)),
             "pass": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
-                     (params, empty_cache(config, B, slots), jnp.ones((B, T), jnp.int32)))}
+                     (params, cache, jnp.ones((B, T), jnp.int32))),
+            "attention": (lambda q, kv, c: attention(config, q, kv[0], kv[1], c, mask),
+                          (q, kv, cache))}
 
 
 def jitted(fn):
@@ -223,15 +243,16 @@ def resolve_form(config, form: str) -> str:
 
 def table(results) -> str:
     """The Markdown table of a run's ``results``."""
-    lines = ["| model | dtype | form | new tokens | B x T | floor ms | pass ms | pass / floor |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | dtype | form | new tokens | B x T | floor ms | pass ms | pass / floor "
+             "| attention alone ms |", "|---|---|---|---|---|---|---|---|---|"]
     for model, by_dtype in results.items():
         for dtype, by_form in by_dtype.items():
             for form, rec in by_form.items():
                 for n, r in rec["rows"].items():
                     lines.append(f"| {model} | {dtype} | {form} | {n} | {r['B']} x {r['T']} "
                                  f"| {r['floor_ms']:.2f} | {r['pass_ms']:.2f} "
-                                 f"| {r['pass_over_floor']:.2f} |")
+                                 f"| {r['pass_over_floor']:.2f} "
+                                 f"| {r.get('attention_ms', float('nan')):.2f} |")
     return "\n".join(lines)
 
 
@@ -297,6 +318,7 @@ def main(argv=None):
                     r = {"B": B, "T": T, "shape": shape, "floor_ms": ms["floor"],
                          "pass_ms": ms["pass"], "pass_over_floor": ms["pass"] / ms["floor"],
                          "pass_minus_floor_ms": ms["pass"] - ms["floor"],
+                         "attention_ms": ms["attention"],
                          "first_call_s": first}
                     if args.hlo:
                         r["hlo_ops"] = hlo
@@ -304,7 +326,8 @@ def main(argv=None):
                     by_form[form] = rec
                     write_json(args.out, out)  # after every row count: a cut-off run keeps them
                     print(f"{model} {dtype} {form} {n} ({B}x{T}): floor {ms['floor']:.2f} ms, "
-                          f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x", flush=True)
+                          f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x; attention alone "
+                          f"{ms['attention']:.2f} ms", flush=True)
                     del progs, calls
                 by_form[form] = rec
                 del params

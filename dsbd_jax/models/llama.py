@@ -193,19 +193,43 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         k, v = k.astype(store), v.astype(store)
-        keys = jnp.concatenate([cache_k.astype(store), k], axis=1).astype(ACT)  # [B, S+T, K, D]
-        values = jnp.concatenate([cache_v.astype(store), v], axis=1).astype(ACT)
-        q = q.astype(ACT)
-        q = q.reshape(B, T, K, H // K, D)  # query head h uses kv head h // groups (HF repeat_kv)
-        scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else D) ** -0.5
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
-                            preferred_element_type=jnp.float32) * scale
-        scores = softcap(scores, cfg.attn_logit_softcap)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
-        probs = jax.nn.softmax(scores, axis=-1).astype(ACT)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * D)
+        out = attend_cache(cfg, q, k, v, cache_k, cache_v, mask)
         out = _dense(cfg.hidden_size, False, dt, "o_proj")(out)
         return out, k, v
+
+
+def attend_cache(cfg: ModelConfig, q, k, v, cache_k, cache_v, mask):
+    """A layer's attention after its projections: queries ``q [B, T, H, D]`` (after RoPE) over
+    the cached keys and values ``cache_k, cache_v [B, S, K, D]`` followed by the new ones
+    ``k, v [B, T, K, D]`` (the cache's dtype), under ``mask [B, T, S + T]``; ``[B, T, H * D]``
+    float32. Query head ``h`` reads kv head ``h // (H // K)`` (HF's ``repeat_kv``)."""
+    B, T, H, D = q.shape
+    K = k.shape[2]
+    keys = jnp.concatenate([cache_k.astype(k.dtype), k], axis=1).astype(ACT)  # [B, S+T, K, D]
+    values = jnp.concatenate([cache_v.astype(v.dtype), v], axis=1).astype(ACT)
+    q = q.astype(ACT).reshape(B, T, K, H // K, D)
+    scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else D) ** -0.5
+    return attend(q, keys, values, mask, scale, cfg.attn_logit_softcap).reshape(B, T, H * D)
+
+
+def attend(q, keys, values, mask, scale: float, cap=None):
+    """Softmax attention in float32: ``q [B, T, K, G, D]`` (G query heads per kv head) over
+    ``keys, values [B, S, K, D]`` under ``mask [B, T, S]`` (True = may attend; a row with no key
+    allowed averages all values instead of dividing by zero), scores scaled by ``scale`` and
+    soft-capped at ``cap``; ``[B, T, K, G, D]``.
+
+    Written for XLA:CPU, where a pass's time outside its matrix products is this function
+    (``benchmarks/pass_floor.py``): the keys are the products' first operand, and the weights
+    are normalised after the values product (on ``[.., D]`` rather than ``[.., S]``), which took
+    the offline pair's passes from up to 1.26x their products floor to 1.15x or less on an
+    AVX512-BF16 host (``docs/performance.md``, *The products floor*). The same softmax as
+    ``jax.nn.softmax`` up to the order of float32 roundings."""
+    scores = jnp.einsum("bskd,btkgd->bkgts", keys, q, preferred_element_type=jnp.float32) * scale
+    scores = softcap(scores, cap)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    weights_ = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
+    total = jnp.moveaxis(weights_.sum(-1), 3, 1)[..., None]  # [B, T, K, G, 1]
+    return jnp.einsum("bskd,bkgts->btkgd", values, weights_) / total
 
 
 class MLP(nn.Module):

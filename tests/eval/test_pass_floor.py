@@ -1,7 +1,7 @@
 """``benchmarks/pass_floor.py``: a ``--small`` run of the products floor and the pass on it (both
 tiny models, bfloat16, the host's form and transposed kernels, 1 and 12 new tokens), its JSON's
-sections, and by hand that the floor runs the model's own projections, one product each, in
-the pass's order, plus the head."""
+sections (the pass's attention alone among them), and by hand that the floor runs the model's
+own projections, one product each, in the pass's order, plus the head."""
 
 import json
 
@@ -75,17 +75,18 @@ def test_small_run(tmp_path, monkeypatch):
                 assert last["stored"] == "Rows" and last["shape"] == [V, d]
             else:
                 assert last["stored"] == "plain" and last["shape"] == [d, V]
-            # one dot_general per product; the pass adds attention's two per layer
-            assert rec["dots"] == {"floor": 7 * L + 1, "pass": 9 * L + 1}
+            # one dot_general per product; the pass adds attention's two per layer, which
+            # are the attention program's
+            assert rec["dots"] == {"floor": 7 * L + 1, "pass": 9 * L + 1, "attention": 2 * L}
             assert rec["options"] == "default"
             assert set(rec["rows"]) == {"1", "12"}
             assert (rec["rows"]["1"]["B"], rec["rows"]["1"]["T"]) == (1, 1)
             assert (rec["rows"]["12"]["B"], rec["rows"]["12"]["T"]) == (1, 12)
             assert rec["rows"]["12"]["shape"] == "tokens"
             for r in rec["rows"].values():
-                assert r["floor_ms"] > 0 and r["pass_ms"] > 0
+                assert r["floor_ms"] > 0 and r["pass_ms"] > 0 and r["attention_ms"] > 0
                 assert abs(r["pass_over_floor"] - r["pass_ms"] / r["floor_ms"]) < 1e-9
-                assert set(r["first_call_s"]) == {"floor", "pass"}
+                assert set(r["first_call_s"]) == {"floor", "pass", "attention"}
     assert "| target | bfloat16 | transposed | 12 | 1 x 12 |" in bench.table(data["results"])
 
 
