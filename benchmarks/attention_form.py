@@ -1,21 +1,30 @@
-"""The attention's softmax, side by side: the decoders as they are (``llama.attend``: the keys as
-the products' first operand, the weights normalised after the values product) against the former
-form (``jax.nn.softmax`` over the scores, then the values product, queries first), on sampling,
-beam sampling W=4, DSBD g2 / W_S 4 / t 0.7 / W_min 2 and speculative sampling g4 with the offline
-Qwen2.5-Coder 1.5B / 0.5B pair in bfloat16, end to end (the benchmark prompts, batch 1, EOS off,
-top-k 10 / top-p 0.8, each prompt timed after a warm-up call), every variant in its own process,
-alternating (``--rounds`` pairs; ``benchmarks/variant_processes.py``). Each compiled program's
-``dot`` and fusion instructions are counted.
+"""The attention's softmax, side by side in one process: the decoders as they are
+(``llama.attend``: the keys as the products' first operand, the weights normalised after the
+values product) against the former form (``jax.nn.softmax`` over the scores, then the values
+product, the queries first), on sampling, beam sampling W=4, DSBD g2 / W_S 4 / t 0.7 / W_min 2 and
+speculative sampling g4 with the offline Qwen2.5-Coder 1.5B / 0.5B pair in bfloat16 (the
+benchmark prompts, batch 1, EOS off, top-k 10 / top-p 0.8). Per decoder both forms are compiled
+(the former traced with it patched in, jax's caches cleared around it), then every prompt runs
+under each form in turn, ``--repeats`` rounds; the median per prompt counts. Each compiled
+program's ``dot`` and fusion instructions are counted, and both forms' output lengths recorded.
 
-    .venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json  # ~15 min
-    .venv/bin/python benchmarks/attention_form.py --small --rounds 1 --out /tmp/attention_form.json
+Run in one process, interleaved: the same comparison run as separate processes
+(``benchmarks/variant_processes.py``) differed by up to 8 % between two processes of the same
+form on this host.
+
+    .venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json  # ~8 min
+    .venv/bin/python benchmarks/attention_form.py --small --out /tmp/attention_form.json
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import re
+import statistics
 import sys
+import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # run as a script from a checkout
@@ -23,32 +32,46 @@ if _ROOT not in sys.path:  # run as a script from a checkout
 
 from benchmarks import variant_processes  # noqa: E402
 
-VARIANTS = ("softmax_then_values", "normalised_after_values")
+FORMS = ("softmax_then_values", "normalised_after_values")
 DECODERS = variant_processes.UNDRAFTED + variant_processes.DRAFTED
 
 
-def softmax_then_values():
+def softmax_then_values(q, keys, values, mask, scale, cap=None):
     """The former ``llama.attend`` (to 2026-11-29): the same scores, ``jax.nn.softmax``, then
     the values product, the queries the products' first operand."""
     import jax
     import jax.numpy as jnp
 
     from dsbd_jax.models import llama
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys, preferred_element_type=jnp.float32) * scale
+    scores = llama.softcap(scores, cap)
+    scores = jnp.where(mask[:, None, None, :, :], scores, llama._NEG)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, values)
 
-    def attend(q, keys, values, mask, scale, cap=None):
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, keys,
-                            preferred_element_type=jnp.float32) * scale
-        scores = llama.softcap(scores, cap)
-        scores = jnp.where(mask[:, None, None, :, :], scores, llama._NEG)
-        probs = jax.nn.softmax(scores, axis=-1)
-        return jnp.einsum("bkgts,bskd->btkgd", probs, values)
-    llama.attend = attend
+
+@contextlib.contextmanager
+def form(name: str):
+    """Inside, ``llama.attend`` is the form ``name``; jax's caches are cleared on the way in and
+    out (the layers' inner ``jit`` would otherwise reuse a trace made under the other form)."""
+    import jax
+
+    from dsbd_jax.models import llama
+    current = llama.attend
+    jax.clear_caches()
+    if name == "softmax_then_values":
+        llama.attend = softmax_then_values
+    try:
+        yield
+    finally:
+        llama.attend = current
+        jax.clear_caches()
 
 
 _OPS = re.compile(r"=\s*\S+\s+(fusion|dot)\(")
 
 
-def instructions(hlo: str, _config=None) -> dict:
+def instructions(hlo: str) -> dict:
     """How many ``fusion`` and ``dot`` instructions a compiled program's text holds (every
     computation: the decode loop's body is its own)."""
     counts = {"fusion": 0, "dot": 0}
@@ -56,14 +79,66 @@ def instructions(hlo: str, _config=None) -> dict:
         m = _OPS.search(line)
         if m:
             counts[m.group(1)] += 1
-    return {"instructions": counts}
+    return counts
 
 
 def main(argv=None):
-    return variant_processes.main(
-        __file__, __doc__.splitlines()[0],
-        {"softmax_then_values": softmax_then_values, "normalised_after_values": None},
-        DECODERS, instructions, argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of every prompt and form")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--decoders", nargs="+", default=list(DECODERS), choices=list(DECODERS))
+    ap.add_argument("--small", action="store_true", help="a tiny random bfloat16 pair (seconds)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import jax
+    import numpy as np
+
+    from dsbd_jax.decoding import common
+    from dsbd_jax.decoding.common import pad_prompts
+    from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    t0 = time.perf_counter()
+    tc, tp, dc, dp, prompts = variant_processes.models(args.small)
+    P = common.bucket_length(max(len(p) for p in prompts))
+    res = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
+           "models": "tiny random pair" if args.small else {
+               "target": variant_processes.TARGET, "draft": variant_processes.DRAFT},
+           "dtypes": {"target": tc.dtype, "draft": dc.dtype}, "decoders": {}, "ratios": {}}
+    for name, fn, cfg, drafted in variant_processes.decoder_runs(tc, dc, args.max_new_tokens,
+                                                                 args.decoders):
+        params = {"target": tp, "draft": dp} if drafted else tp
+        runs, rec = {}, {}
+        for f in FORMS:
+            with form(f):
+                calls = []
+                for i, p in enumerate(prompts):
+                    ids, lens = pad_prompts([p], length=P)
+                    calls.append(fn.prepare(params, ids, jax.random.PRNGKey(i), cfg,
+                                            prompt_lengths=lens))
+                program = calls[0].compile()   # one bucket: one program for every prompt
+            outs = [jax.block_until_ready(program(*c.args)) for c in calls]  # warm-up
+            runs[f] = [(program, c.args) for c in calls]
+            rec[f] = {"instructions": instructions(program.as_text()),
+                      "lengths": [np.asarray(o.lengths).tolist() for o in outs], "seconds": []}
+        for _ in range(args.repeats):
+            for i in range(len(prompts)):
+                for f in FORMS:
+                    program, a = runs[f][i]
+                    s = time.perf_counter()
+                    jax.block_until_ready(program(*a))
+                    rec[f]["seconds"].append((i, time.perf_counter() - s))
+        for f in FORMS:
+            rec[f]["median_s"] = [statistics.median(s for j, s in rec[f]["seconds"] if j == i)
+                                  for i in range(len(prompts))]
+        ratio = sum(rec[FORMS[1]]["median_s"]) / sum(rec[FORMS[0]]["median_s"])
+        res["decoders"][name] = rec
+        res["ratios"][f"{name}: {FORMS[1]} / {FORMS[0]}, seconds"] = ratio
+        print(f"{name}: " + ", ".join(f"{f} {sum(rec[f]['median_s']):.2f} s" for f in FORMS)
+              + f"; {ratio:.3f}", flush=True)
+        write_json(args.out, res)
+    res["wall_s"] = time.perf_counter() - t0
+    write_json(args.out, res)
+    return res
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ kernels stored as ``load_model`` stores them: transposed with ``kernels.transpos
 * **pass**: the whole forward (``llama.forward``) at the same shapes over a KV cache of
   ``--slots`` slots, set up as ``draft_levers.pass_call`` sets up the draft benchmarks' passes
   (empty cache, all-ones mask, ``cpu_options.tuned_jit``), logits at every new token;
-* **attention**: the pass's attention alone (``llama.attend_cache`` of every layer over the
-  same cache and mask, chained through its queries): what the pass adds to its products is
-  mostly this (``docs/performance.md``, *The products floor*).
+* **no_attention**: the same pass with every layer's attention (``llama.attend``: scores,
+  softmax, values product, and the cache's concatenation it reads) replaced by its queries,
+  patched in while this program alone is traced (:func:`without_attention`): the pass less
+  its attention, in place, so ``pass_ms - no_attention_ms`` is what the attention costs there
+  (``docs/performance.md``, *The products floor*).
 
 Rows: ``--shape auto`` (default) runs 1 and 4 as rows of one new token (``[n, 1]``: a decode
 step, beams) and more as one row of ``n`` tokens (``[1, n]``: a DSBD forest, a speculative
@@ -31,7 +33,7 @@ chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry reco
 ``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
 floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms``,
-``pass_over_floor`` and ``attention_ms``; ``--hlo`` adds the instruction counts of each compiled
+``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``; ``--hlo`` adds the instruction counts of each compiled
 program's entry computation. The JSON is written after every row count (a run cut off by a time
 limit keeps what it measured); a Markdown table is printed at the end.
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import os
 import re
@@ -142,15 +145,21 @@ def floor(config, params, x):
     return logits.astype(jnp.float32)
 
 
-def attention(config, q, k, v, cache, mask):
-    """The pass's attention alone: every layer's :func:`llama.attend_cache` (the concatenation
-    of the cache with the new keys and values, the scores, the softmax, the values product),
-    chained layer to layer through its queries; no projection, norm or RoPE. ``q [B, T, H, D]``
-    float32, ``k, v [B, T, K, D]`` in the cache's dtype."""
-    from dsbd_jax.models.llama import attend_cache
-    for i in range(config.num_layers):
-        q = attend_cache(config, q, k, v, cache.k[i], cache.v[i], mask).reshape(q.shape)
-    return q
+@contextlib.contextmanager
+def without_attention():
+    """While inside, ``llama.attend`` returns its queries (the shape of its output), so a pass
+    traced inside runs everything but its attention; jax's caches are cleared on the way in and
+    out (the layers' inner ``jit`` would otherwise reuse a trace made outside)."""
+    import jax
+    from dsbd_jax.models import llama
+    attend = llama.attend
+    jax.clear_caches()
+    llama.attend = lambda q, keys, values, mask, scale, cap=None: q
+    try:
+        yield
+    finally:
+        llama.attend = attend
+        jax.clear_caches()
 
 
 def programs(config, params, B, T, slots, seed=0):
@@ -166,15 +175,25 @@ def programs(config, params, B, T, slots, seed=0):
     x = jax.random.normal(jax.random.PRNGKey(seed), (B, T, config.hidden_size), jnp.float32)
     positions = jnp.broadcast_to(slots - T + jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T, slots + T), bool)
-    H, K, D = config.num_heads, config.num_kv_heads, config.head_dim
-    q = jax.random.normal(jax.random.PRNGKey(seed + 1), (B, T, H, D), jnp.float32)
-    kv = jax.random.normal(jax.random.PRNGKey(seed + 2), (2, B, T, K, D), config.jnp_dtype)
-    cache = empty_cache(config, B, slots)
+    pass_args = (params, empty_cache(config, B, slots), jnp.ones((B, T), jnp.int32))
     return {"floor": (lambda p, x: floor(config, p, x), (params, x)),
-            "pass": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
-                     (params, cache, jnp.ones((B, T), jnp.int32))),
-            "attention": (lambda q, kv, c: attention(config, q, kv[0], kv[1], c, mask),
-                          (q, kv, cache))}
+            "pass": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0], pass_args),
+            # the same pass, traced under without_attention()
+            "no_attention": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
+                             pass_args)}
+
+
+def dots_of(name, fn, args) -> int:
+    """:func:`count_dots` of a program, ``no_attention`` traced as :func:`compiled` traces it."""
+    with (without_attention() if name == "no_attention" else contextlib.nullcontext()):
+        return count_dots(fn, *args)
+
+
+def compiled(name, fn, args):
+    """``fn`` compiled for ``args`` as :func:`jitted` compiles it; ``no_attention`` under
+    :func:`without_attention`."""
+    with (without_attention() if name == "no_attention" else contextlib.nullcontext()):
+        return jitted(fn).lower(*args).compile()
 
 
 def jitted(fn):
@@ -244,7 +263,8 @@ def resolve_form(config, form: str) -> str:
 def table(results) -> str:
     """The Markdown table of a run's ``results``."""
     lines = ["| model | dtype | form | new tokens | B x T | floor ms | pass ms | pass / floor "
-             "| attention alone ms |", "|---|---|---|---|---|---|---|---|---|"]
+             "| no attention ms | no attention / floor |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for model, by_dtype in results.items():
         for dtype, by_form in by_dtype.items():
             for form, rec in by_form.items():
@@ -252,7 +272,8 @@ def table(results) -> str:
                     lines.append(f"| {model} | {dtype} | {form} | {n} | {r['B']} x {r['T']} "
                                  f"| {r['floor_ms']:.2f} | {r['pass_ms']:.2f} "
                                  f"| {r['pass_over_floor']:.2f} "
-                                 f"| {r.get('attention_ms', float('nan')):.2f} |")
+                                 f"| {r.get('no_attention_ms', float('nan')):.2f} "
+                                 f"| {r.get('no_attention_over_floor', float('nan')):.2f} |")
     return "\n".join(lines)
 
 
@@ -298,7 +319,7 @@ def main(argv=None):
                 B0, T0, _ = shape_of(args.rows[0], args.shape)
                 rec = {"asked": asked, "options": options_of(params),
                        "products": product_list(config, params),
-                       "dots": {k: count_dots(fn, *a) for k, (fn, a) in
+                       "dots": {k: dots_of(k, fn, a) for k, (fn, a) in
                                 programs(config, params, B0, T0, args.slots).items()},
                        "rows": {}}
                 rec["num_products"] = len(rec["products"])
@@ -307,18 +328,19 @@ def main(argv=None):
                     progs = programs(config, params, B, T, args.slots)
                     calls, first, hlo = {}, {}, {}
                     for k, (fn, a) in progs.items():  # compile + one run, apart from the medians
-                        f = jitted(fn)
-                        calls[k] = functools.partial(f, *a)
                         t0 = time.perf_counter()
+                        program = compiled(k, fn, a)
+                        calls[k] = functools.partial(program, *a)
                         jax.block_until_ready(calls[k]())
                         first[k] = time.perf_counter() - t0
                         if args.hlo:
-                            hlo[k] = hlo_ops(f.lower(*a).compile().as_text())
+                            hlo[k] = hlo_ops(program.as_text())
                     ms = interleaved_medians(calls, args.repeats)
                     r = {"B": B, "T": T, "shape": shape, "floor_ms": ms["floor"],
                          "pass_ms": ms["pass"], "pass_over_floor": ms["pass"] / ms["floor"],
                          "pass_minus_floor_ms": ms["pass"] - ms["floor"],
-                         "attention_ms": ms["attention"],
+                         "no_attention_ms": ms["no_attention"],
+                         "no_attention_over_floor": ms["no_attention"] / ms["floor"],
                          "first_call_s": first}
                     if args.hlo:
                         r["hlo_ops"] = hlo
@@ -326,8 +348,8 @@ def main(argv=None):
                     by_form[form] = rec
                     write_json(args.out, out)  # after every row count: a cut-off run keeps them
                     print(f"{model} {dtype} {form} {n} ({B}x{T}): floor {ms['floor']:.2f} ms, "
-                          f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x; attention alone "
-                          f"{ms['attention']:.2f} ms", flush=True)
+                          f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x; without attention "
+                          f"{r['no_attention_over_floor']:.2f}x", flush=True)
                     del progs, calls
                 by_form[form] = rec
                 del params

@@ -1,6 +1,6 @@
 """Two forms of one piece of library code, end to end side by side, each in its own process: the
-machinery of ``benchmarks/embed_gather.py`` (the embedding lookup) and
-``benchmarks/attention_form.py`` (the attention's softmax).
+machinery of ``benchmarks/embed_gather.py`` (the embedding lookup); its models and decoders are
+also ``benchmarks/attention_form.py``'s (which runs both forms in one process).
 
 A comparison names its variants (the first is the library's former form, patched in by the child
 process before anything is traced; the last is the library as it is), its decoders and what to
@@ -54,7 +54,7 @@ def models(small: bool):
     return t.config, t.params, d.config, d.params, prompts
 
 
-def _decoders(tc, dc, new_tokens: int, names: Sequence[str]):
+def decoder_runs(tc, dc, new_tokens: int, names: Sequence[str]):
     """``[(name, function, config, takes both models)]`` of the decoders named."""
     from dsbd_jax.decoding.beam import beam_sample
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
@@ -87,7 +87,7 @@ def child(patch: Optional[Callable[[], None]], small: bool, new_tokens: int,
     tc, tp, dc, dp, prompts = models(small)
     P = common.bucket_length(max(len(p) for p in prompts))
     out = {"dtypes": {"target": tc.dtype, "draft": dc.dtype}, "decoders": {}}
-    for name, fn, cfg, drafted in _decoders(tc, dc, new_tokens, decoders):
+    for name, fn, cfg, drafted in decoder_runs(tc, dc, new_tokens, decoders):
         params = {"target": tp, "draft": dp} if drafted else tp
         ids, lens = pad_prompts([prompts[0]], length=P)
         hlo = fn.prepare(params, ids, jax.random.PRNGKey(0), cfg,

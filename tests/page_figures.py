@@ -42,6 +42,8 @@ DTYPE_RUNS = "results/dtype_runs.json"
 DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX512-BF16
 DTYPES_EPYC = "results/speed_dtypes_epyc.json"
 FLOOR_EPYC = "results/pass_floor_epyc.json"
+ATTENTION_EPYC = "results/attention_form_epyc.json"
+FLOOR_EPYC_SOFTMAX = "results/pass_floor_epyc_softmax_attention.json"  # the former attention
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
 TRAINING_EPYC = "results/head_qwen_training_epyc.json"
@@ -126,11 +128,18 @@ def faster(model: str, both: bool):
     return out
 
 
-def floor_ratios(model: str, dtype: str, rel: str = FLOOR_EPYC):
-    """``pass_over_floor`` of every row count of ``benchmarks/pass_floor.py``'s run ``rel`` for
-    ``model`` (``target`` / ``draft``) in ``dtype``, in the host's kernel form."""
+def floor_ratios(model: str, dtype: str, key: str = "pass_over_floor", rel: str = FLOOR_EPYC):
+    """``key`` (``pass_over_floor``, ``no_attention_over_floor``) of every row count of
+    ``benchmarks/pass_floor.py``'s run ``rel`` for ``model`` (``target`` / ``draft``) in
+    ``dtype``, in the host's kernel form."""
     (entry,) = load(rel)["results"][model][dtype].values()
-    return [r["pass_over_floor"] for r in entry["rows"].values()]
+    return [r[key] for r in entry["rows"].values()]
+
+
+def floor_row(model: str, dtype: str, n: int, key: str, rel: str = FLOOR_EPYC):
+    """``key`` of ``n`` new tokens in that run, whatever the host's kernel form."""
+    (entry,) = load(rel)["results"][model][dtype].values()
+    return entry["rows"][str(n)][key]
 
 
 def probe_gap(rel: str) -> float:
@@ -144,7 +153,8 @@ def probe_gap(rel: str) -> float:
 HELPERS = {"span": span, "probe_gap": probe_gap, "FOREST_EPYC": FOREST_EPYC, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
            "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
            "TARGET": TARGET, "DRAFT": DRAFT, "DTYPE_RUNS_EPYC": DTYPE_RUNS_EPYC,
-           "floor_ratios": floor_ratios}
+           "floor_ratios": floor_ratios, "floor_row": floor_row,
+           "FLOOR_EPYC_SOFTMAX": FLOOR_EPYC_SOFTMAX}
 
 # --- the registry ---------------------------------------------------------------------------
 
@@ -343,10 +353,27 @@ add("docs/performance.md", FLOOR_EPYC,
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "
     "{=span(floor_ratios('draft', 'float32')):.2f}x and "
     "{=span(floor_ratios('draft', 'bfloat16')):.2f}x",
-    "the target's one-token pass {results.target.bfloat16.transposed.rows.1.pass_ms:.0f} ms in "
-    "bfloat16 against {results.target.float32.transposed.rows.1.pass_ms:.0f} ms in float32, a "
-    "12-token forest {results.target.bfloat16.transposed.rows.12.pass_ms:.0f} against "
-    "{results.target.float32.transposed.rows.12.pass_ms:.0f} ms")
+    "Without their attention the same passes take {=span(sum((floor_ratios(m, dt, "
+    "'no_attention_over_floor') for m in ('target', 'draft') for dt in ('float32', "
+    "'bfloat16')), [])):.2f}x their floor",
+    "64-token pass in bfloat16 ({=floor_row('draft', 'bfloat16', 64, 'pass_over_floor'):.2f}x;",
+    "The target's one-token pass takes {=floor_row('target', 'bfloat16', 1, 'pass_ms'):.0f} ms in "
+    "bfloat16 against {=floor_row('target', 'float32', 1, 'pass_ms'):.0f} ms in float32, a "
+    "12-token forest {=floor_row('target', 'bfloat16', 12, 'pass_ms'):.0f} against "
+    "{=floor_row('target', 'float32', 12, 'pass_ms'):.0f} ms")
+add("docs/performance.md", FLOOR_EPYC_SOFTMAX,
+    "passes took up to {=max(floor_ratios('draft', 'bfloat16', rel=FLOOR_EPYC_SOFTMAX)):.2f}x "
+    "their floor for the draft in bfloat16 and {=max(floor_ratios('target', 'bfloat16', "
+    "rel=FLOOR_EPYC_SOFTMAX)):.2f}x for the target")
+add("docs/performance.md", ATTENTION_EPYC,
+    "`.venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json`, "
+    "{=v('wall_s') / 60:.0f} minutes;",
+    "the current form takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: normalised_after_values / "
+    "softmax_then_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios.speculative_g4: "
+    "normalised_after_values / softmax_then_values, seconds'):.3f}x for speculative sampling, "
+    "{=v('ratios.beam_sample_W4: normalised_after_values / softmax_then_values, seconds'):.3f}x "
+    "for beam sampling W=4 and {=v('ratios.sample: normalised_after_values / "
+    "softmax_then_values, seconds'):.3f}x for sampling")
 add(README, DTYPES_EPYC,
     "DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
     ":.2f}x our beam sampling W=4 (two prompts of 32 new tokens")

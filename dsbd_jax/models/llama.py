@@ -218,12 +218,13 @@ def attend(q, keys, values, mask, scale: float, cap=None):
     allowed averages all values instead of dividing by zero), scores scaled by ``scale`` and
     soft-capped at ``cap``; ``[B, T, K, G, D]``.
 
-    Written for XLA:CPU, where a pass's time outside its matrix products is this function
-    (``benchmarks/pass_floor.py``): the keys are the products' first operand, and the weights
-    are normalised after the values product (on ``[.., D]`` rather than ``[.., S]``), which took
-    the offline pair's passes from up to 1.26x their products floor to 1.15x or less on an
-    AVX512-BF16 host (``docs/performance.md``, *The products floor*). The same softmax as
-    ``jax.nn.softmax`` up to the order of float32 roundings."""
+    On XLA:CPU a pass's time outside its matrix products is this function
+    (``benchmarks/pass_floor.py``'s pass without attention is within 5 % of the products
+    alone). So the keys are the products' first operand, and the weights are normalised after
+    the values product (on ``[.., D]`` rather than ``[.., S]``): on an AVX512-BF16 host the
+    offline pair's passes went from up to 1.23x their products floor to 1.16x
+    (``docs/performance.md``, *The products floor*). The same softmax as ``jax.nn.softmax``
+    up to the order of float32 roundings."""
     scores = jnp.einsum("bskd,btkgd->bkgts", keys, q, preferred_element_type=jnp.float32) * scale
     scores = softcap(scores, cap)
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)

@@ -1,6 +1,6 @@
 """``benchmarks/attention_form.py --small``: the attention's former and current forms on a tiny
-bfloat16 pair, each in its own process, every decoder; both give the same number of tokens, and
-the former form is really the one its process ran (its programs differ)."""
+bfloat16 pair, every decoder, in one process; both give full outputs, the former form is really
+the one its programs ran (they differ), and the patch is gone afterwards."""
 
 import json
 
@@ -13,37 +13,40 @@ from bench_setup import load_bench
 
 def test_small_pair(tmp_path):
     bench = load_bench("attention_form")
+    from dsbd_jax.models import llama
+    current = llama.attend
     out = tmp_path / "attention.json"
-    res = bench.main(["--small", "--rounds", "1", "--max-new-tokens", "4", "--out", str(out)])
-    by = {r["variant"]: r for r in res["runs"]}
-    assert set(by) == set(bench.VARIANTS)
-    for name in bench.DECODERS:
-        for v in bench.VARIANTS:
-            assert by[v]["decoders"][name]["tokens"] == [4, 4], (v, name)
-        former, current = (by[v]["decoders"][name]["instructions"] for v in bench.VARIANTS)
-        assert former["dot"] + former["fusion"] > 0 and former != current, name
+    res = bench.main(["--small", "--repeats", "1", "--max-new-tokens", "4", "--out", str(out)])
+    assert llama.attend is current
+    assert set(res["decoders"]) == set(bench.DECODERS)
+    for name, rec in res["decoders"].items():
+        assert set(rec) == set(bench.FORMS)
+        for f in bench.FORMS:
+            assert len(rec[f]["median_s"]) == 2 and min(rec[f]["median_s"]) > 0
+            best = [max(max(row) for row in lengths) for lengths in rec[f]["lengths"]]
+            assert best == [4, 4], (name, f)
+        former, now = (rec[f]["instructions"] for f in bench.FORMS)
+        assert former["dot"] + former["fusion"] > 0 and former != now, name
         assert res["ratios"][f"{name}: normalised_after_values / softmax_then_values, "
                              f"seconds"] > 0
-    assert by["normalised_after_values"]["dtypes"] == {"target": "bfloat16", "draft": "bfloat16"}
+    assert res["dtypes"] == {"target": "bfloat16", "draft": "bfloat16"}
     stored = json.loads(out.read_text())
     assert stored["machine"]["cpu_flags"] is not None and "/tmp/" not in out.read_text()
 
 
-def test_the_former_form_computes_the_same_attention(monkeypatch):
+def test_the_former_form_computes_the_same_attention():
     """What the comparison patches in is the same function up to float32 roundings."""
     from dsbd_jax.models import llama
-    current = llama.attend
     bench = load_bench("attention_form")
-    monkeypatch.setattr(llama, "attend", current)  # restored after the patch below
-    bench.softmax_then_values()
-    former = llama.attend
-    assert former is not current
     r = np.random.default_rng(0)
     q = jnp.asarray(r.normal(size=(2, 3, 2, 2, 8)), jnp.float32)
     keys, values = (jnp.asarray(r.normal(size=(2, 5, 2, 8)), jnp.float32) for _ in range(2))
     mask = jnp.asarray(r.random((2, 3, 5)) < 0.7).at[..., 0].set(True)
     for cap in (None, 4.0):
-        np.testing.assert_allclose(np.asarray(former(q, keys, values, mask, 0.3, cap)),
-                                   np.asarray(current(q, keys, values, mask, 0.3, cap)),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(bench.softmax_then_values(q, keys, values, mask, 0.3, cap)),
+            np.asarray(llama.attend(q, keys, values, mask, 0.3, cap)), rtol=1e-5, atol=1e-6)
+    with bench.form("softmax_then_values"):
+        assert llama.attend is bench.softmax_then_values
+    assert llama.attend is not bench.softmax_then_values
     jax.clear_caches()
