@@ -365,6 +365,8 @@ add("docs/performance.md", FLOOR_EPYC_SOFTMAX,
     "passes took up to {=max(floor_ratios('draft', 'bfloat16', rel=FLOOR_EPYC_SOFTMAX)):.2f}x "
     "their floor for the draft in bfloat16 and {=max(floor_ratios('target', 'bfloat16', "
     "rel=FLOOR_EPYC_SOFTMAX)):.2f}x for the target")
+add(INDEX_MD, ATTENTION_EPYC,
+    "takes {=min(v('ratios').values()):.3f}-{=max(v('ratios').values()):.3f}x its time end to end")
 add("docs/performance.md", ATTENTION_EPYC,
     "`.venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json`, "
     "{=v('wall_s') / 60:.0f} minutes;",
