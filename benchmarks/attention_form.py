@@ -51,21 +51,27 @@ def softmax_then_values(q, keys, values, mask, scale, cap=None):
 
 
 @contextlib.contextmanager
-def form(name: str):
-    """Inside, ``llama.attend`` is the form ``name``; jax's caches are cleared on the way in and
-    out (the layers' inner ``jit`` would otherwise reuse a trace made under the other form)."""
+def attention_as(attend):
+    """Inside, ``llama.attend`` is ``attend`` (``None``: left as it is); jax's caches are cleared
+    on the way in and out (the layers' inner ``jit`` would otherwise reuse a trace made under
+    the other form). ``benchmarks/pass_floor.py`` traces its pass without attention with it."""
     import jax
 
     from dsbd_jax.models import llama
     current = llama.attend
     jax.clear_caches()
-    if name == "softmax_then_values":
-        llama.attend = softmax_then_values
+    if attend is not None:
+        llama.attend = attend
     try:
         yield
     finally:
         llama.attend = current
         jax.clear_caches()
+
+
+def form(name: str):
+    """:func:`attention_as` the form ``name`` (one of :data:`FORMS`)."""
+    return attention_as(softmax_then_values if name == "softmax_then_values" else None)
 
 
 _OPS = re.compile(r"=\s*\S+\s+(fusion|dot)\(")

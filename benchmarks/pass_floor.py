@@ -33,8 +33,8 @@ chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry reco
 ``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
 floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms``,
-``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``; ``--hlo`` adds the instruction counts of each compiled
-program's entry computation. The JSON is written after every row count (a run cut off by a time
+``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``; ``--hlo`` adds the
+instruction counts of each compiled program's entry computation. The JSON is written after every row count (a run cut off by a time
 limit keeps what it measured); a Markdown table is printed at the end.
 
     .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
@@ -145,21 +145,17 @@ def floor(config, params, x):
     return logits.astype(jnp.float32)
 
 
-@contextlib.contextmanager
 def without_attention():
     """While inside, ``llama.attend`` returns its queries (the shape of its output), so a pass
-    traced inside runs everything but its attention; jax's caches are cleared on the way in and
-    out (the layers' inner ``jit`` would otherwise reuse a trace made outside)."""
-    import jax
-    from dsbd_jax.models import llama
-    attend = llama.attend
-    jax.clear_caches()
-    llama.attend = lambda q, keys, values, mask, scale, cap=None: q
-    try:
-        yield
-    finally:
-        llama.attend = attend
-        jax.clear_caches()
+    traced inside runs everything but its attention (``attention_form.attention_as``, which
+    clears jax's caches around it)."""
+    from benchmarks.attention_form import attention_as
+    return attention_as(lambda q, keys, values, mask, scale, cap=None: q)
+
+
+def tracing(name: str):
+    """The context a program is traced in: :func:`without_attention` for ``no_attention``."""
+    return without_attention() if name == "no_attention" else contextlib.nullcontext()
 
 
 def programs(config, params, B, T, slots, seed=0):
@@ -175,24 +171,23 @@ def programs(config, params, B, T, slots, seed=0):
     x = jax.random.normal(jax.random.PRNGKey(seed), (B, T, config.hidden_size), jnp.float32)
     positions = jnp.broadcast_to(slots - T + jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T, slots + T), bool)
-    pass_args = (params, empty_cache(config, B, slots), jnp.ones((B, T), jnp.int32))
+    whole = (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
+             (params, empty_cache(config, B, slots), jnp.ones((B, T), jnp.int32)))
+    # no_attention: the same pass, traced under without_attention() (tracing)
     return {"floor": (lambda p, x: floor(config, p, x), (params, x)),
-            "pass": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0], pass_args),
-            # the same pass, traced under without_attention()
-            "no_attention": (lambda p, c, t: forward(config, p, t, positions, mask, c)[0],
-                             pass_args)}
+            "pass": whole, "no_attention": whole}
 
 
 def dots_of(name, fn, args) -> int:
-    """:func:`count_dots` of a program, ``no_attention`` traced as :func:`compiled` traces it."""
-    with (without_attention() if name == "no_attention" else contextlib.nullcontext()):
+    """:func:`count_dots` of a program, traced in its :func:`tracing` context."""
+    with tracing(name):
         return count_dots(fn, *args)
 
 
 def compiled(name, fn, args):
-    """``fn`` compiled for ``args`` as :func:`jitted` compiles it; ``no_attention`` under
-    :func:`without_attention`."""
-    with (without_attention() if name == "no_attention" else contextlib.nullcontext()):
+    """``fn`` compiled for ``args`` as :func:`jitted` compiles it, traced in its
+    :func:`tracing` context."""
+    with tracing(name):
         return jitted(fn).lower(*args).compile()
 
 
