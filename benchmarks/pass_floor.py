@@ -33,7 +33,9 @@ chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry reco
 ``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
 floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms``,
-``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``; ``--hlo`` adds the
+``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``, and what the products
+compute and how fast (:func:`rates`: the floor's and the attention's GFLOP, the attention's share
+of the floor's, each one's GFLOP/s; counted from the jaxprs); ``--hlo`` adds the
 instruction counts of each compiled program's entry computation. The JSON is written after every row count (a run cut off by a time
 limit keeps what it measured); a Markdown table is printed at the end.
 
@@ -216,6 +218,51 @@ def count_dots(fn, *args) -> int:
     return walk(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
+def dot_flops(fn, *args) -> int:
+    """The floating-point operations of the ``dot_general`` equations in ``fn``'s jaxpr, inner
+    jaxprs included (a ``scan``'s body counted ``length`` times): ``2 x`` the output's elements
+    ``x`` the contracted size of each."""
+    import jax
+    import numpy as np
+
+    def walk(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                (contract, _), _ = eqn.params["dimension_numbers"]
+                a = eqn.invars[0].aval.shape
+                n += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(
+                    np.prod([a[i] for i in contract]))
+            times = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (list, tuple)) else [v]):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        n += times * walk(inner)
+        return n
+    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def flops_of(name, fn, args) -> int:
+    """:func:`dot_flops` of a program, traced in its :func:`tracing` context."""
+    with tracing(name):
+        return dot_flops(fn, *args)
+
+
+def rates(ms, gflop) -> dict:
+    """What a row's products compute and how fast: ``floor_gflop`` and ``attention_gflop``
+    (the pass's products less the pass without attention's: its scores and values products),
+    ``attention_flop_share`` (of the floor's), and each one's rate in GFLOP/s:
+    ``floor_gflop_per_s`` over ``floor_ms``, ``attention_gflop_per_s`` over ``pass_ms -
+    no_attention_ms`` (what the attention costs in place)."""
+    att = gflop["pass"] - gflop["no_attention"]
+    att_ms = ms["pass"] - ms["no_attention"]
+    return {"floor_gflop": gflop["floor"], "attention_gflop": att,
+            "attention_flop_share": att / gflop["floor"],
+            "floor_gflop_per_s": gflop["floor"] / ms["floor"] * 1e3,
+            "attention_gflop_per_s": att / att_ms * 1e3 if att_ms > 0 else None}
+
+
 _KIND = re.compile(r"\bkind=(k\w+)")
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][\w\-]*)\(")
 
@@ -258,8 +305,10 @@ def resolve_form(config, form: str) -> str:
 def table(results) -> str:
     """The Markdown table of a run's ``results``."""
     lines = ["| model | dtype | form | new tokens | B x T | floor ms | pass ms | pass / floor "
-             "| no attention ms | no attention / floor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| no attention ms | no attention / floor | attention GFLOP / floor's "
+             "| floor GFLOP/s | attention GFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    num = lambda r, k, f: "" if r.get(k) is None else format(r[k], f)
     for model, by_dtype in results.items():
         for dtype, by_form in by_dtype.items():
             for form, rec in by_form.items():
@@ -268,7 +317,10 @@ def table(results) -> str:
                                  f"| {r['floor_ms']:.2f} | {r['pass_ms']:.2f} "
                                  f"| {r['pass_over_floor']:.2f} "
                                  f"| {r.get('no_attention_ms', float('nan')):.2f} "
-                                 f"| {r.get('no_attention_over_floor', float('nan')):.2f} |")
+                                 f"| {r.get('no_attention_over_floor', float('nan')):.2f} "
+                                 f"| {num(r, 'attention_flop_share', '.3f')} "
+                                 f"| {num(r, 'floor_gflop_per_s', '.0f')} "
+                                 f"| {num(r, 'attention_gflop_per_s', '.0f')} |")
     return "\n".join(lines)
 
 
@@ -337,6 +389,8 @@ def main(argv=None):
                          "no_attention_ms": ms["no_attention"],
                          "no_attention_over_floor": ms["no_attention"] / ms["floor"],
                          "first_call_s": first}
+                    r.update(rates(ms, {k: flops_of(k, fn, a) / 1e9
+                                        for k, (fn, a) in progs.items()}))
                     if args.hlo:
                         r["hlo_ops"] = hlo
                     rec["rows"][str(n)] = r
@@ -344,7 +398,8 @@ def main(argv=None):
                     write_json(args.out, out)  # after every row count: a cut-off run keeps them
                     print(f"{model} {dtype} {form} {n} ({B}x{T}): floor {ms['floor']:.2f} ms, "
                           f"pass {ms['pass']:.2f} ms, {r['pass_over_floor']:.2f}x; without attention "
-                          f"{r['no_attention_over_floor']:.2f}x", flush=True)
+                          f"{r['no_attention_over_floor']:.2f}x; attention "
+                          f"{r['attention_flop_share']:.3f} of the floor's GFLOP", flush=True)
                     del progs, calls
                 by_form[form] = rec
                 del params

@@ -310,7 +310,8 @@ def is_head_dir(path) -> bool:
 def load(path, target_config: Optional[ModelConfig] = None):
     """``(HeadConfig, params, meta)`` from a directory written by :func:`save`. The weights take
     the target's dtype when ``target_config`` is given (a head trained in float32 runs beside a
-    bfloat16 target); ``ValueError`` if the head was made for another target shape."""
+    bfloat16 target), its block's kernels then in this host's form (:func:`in_host_form`);
+    ``ValueError`` if the head was made for another target shape."""
     from safetensors.numpy import load_file
     path = Path(path)
     if not is_head_dir(path):
@@ -336,11 +337,29 @@ def load(path, target_config: Optional[ModelConfig] = None):
         x = jnp.asarray(a)
         node[keys[-1]] = x if keys[-1] == "rows" else x.astype(dt)
     check_params(config, params)
+    if target_config is not None:
+        params = in_host_form(config, params)
     return config, params, d.get("meta", {})
 
 
+def in_host_form(config: HeadConfig, params: dict) -> dict:
+    """``params`` with the block's projection kernels in the form ``load_model`` gives a model
+    of the block's shape and dtype on this host (:func:`dsbd_jax.models.kernels.choose_form`,
+    cached per host; ``$DSBD_JAX_KERNEL_FORM`` forces it): transposed ``[out, in]`` row blocks
+    where that form was measured faster (16-bit kernels on AVX512-BF16 hosts: the bfloat16
+    ``[in, out]`` product takes XLA:CPU's slow path), else unchanged. :func:`load` applies it when
+    it binds a head to its target, so a head drafts in its target's form; :func:`save` writes
+    plain kernels whatever the form. Converts ``params`` in place."""
+    from dsbd_jax.models import kernels
+    block = config.block
+    if kernels.choose_form(block, block.dtype) != kernels.TRANSPOSED:
+        return params
+    return kernels.transpose_params_(params, kernels.transposed_widths(block))
+
+
 __all__ = ["HeadConfig", "is_head", "forward", "target_features", "features_of_prompt",
-           "init_params", "check_params", "save", "load", "is_head_dir", "num_params", "truncate",
+           "init_params", "check_params", "save", "load", "in_host_form", "is_head_dir",
+           "num_params", "truncate",
            "VOCAB_HEAD"]
 
 

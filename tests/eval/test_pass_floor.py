@@ -90,6 +90,19 @@ def test_small_run(tmp_path, monkeypatch):
                            - r["no_attention_ms"] / r["floor_ms"]) < 1e-9
                 assert abs(r["pass_over_floor"] - r["pass_ms"] / r["floor_ms"]) < 1e-9
                 assert set(r["first_call_s"]) == {"floor", "pass", "no_attention"}
+            # the products' work, counted from the jaxprs: at 12 tokens (no padded row) the
+            # floor's is every projection's and the head's, the attention's its two products
+            # over the slots and the new tokens
+            r = rec["rows"]["12"]
+            H, K, D, F = (shapes["num_heads"], shapes["num_kv_heads"], shapes["head_dim"],
+                          shapes["intermediate_size"])
+            per_row = L * (d * H * D + 2 * d * K * D + H * D * d + 3 * d * F) + d * V
+            assert abs(r["floor_gflop"] - 2 * 12 * per_row / 1e9) < 1e-12
+            assert abs(r["attention_gflop"] - 2 * 2 * 12 * H * (16 + 12) * D * L / 1e9) < 1e-12
+            assert abs(r["attention_flop_share"] - r["attention_gflop"] / r["floor_gflop"]) < 1e-12
+            assert abs(r["floor_gflop_per_s"] - r["floor_gflop"] / r["floor_ms"] * 1e3) < 1e-6
+            att_ms = r["pass_ms"] - r["no_attention_ms"]
+            assert (r["attention_gflop_per_s"] is None) == (att_ms <= 0)
     assert "| target | bfloat16 | transposed | 12 | 1 x 12 |" in bench.table(data["results"])
     # the patch is gone: a pass traced now has its attention
     from dsbd_jax.models import llama
@@ -114,3 +127,18 @@ def test_hlo_ops_reads_the_entry_computation():
         "}",
     ])
     assert bench.hlo_ops(text) == {"dot": 1, "fusion kLoop": 1, "parameter": 2}
+
+
+def test_dot_flops_counts_every_product_and_a_scans_body_per_step():
+    import jax
+    import jax.numpy as jnp
+    bench = load_bench("pass_floor")
+    a, b = jnp.ones((3, 5)), jnp.ones((5, 7))
+    assert bench.dot_flops(lambda a, b: a @ b, a, b) == 2 * 3 * 5 * 7
+    # a batched einsum: batch 4, out 3 x 7, contracted 5
+    x, y = jnp.ones((4, 3, 5)), jnp.ones((4, 5, 7))
+    assert bench.dot_flops(lambda x, y: jnp.einsum("bij,bjk->bik", x, y), x, y) == 2 * 4 * 3 * 5 * 7
+
+    def scanned(a, b):
+        return jax.lax.scan(lambda c, _: (c @ b[:, :5], None), a, None, length=6)[0]
+    assert bench.dot_flops(scanned, a, b) == 6 * 2 * 3 * 5 * 5

@@ -89,6 +89,18 @@ def test_truncated_head_save_load_and_bad_parameters(tmp_path):
         mh.load(tmp_path / "nothing")
 
 
+def _same_logits(hc, a, b):
+    """A head's logits over four tokens and random features are the same with ``a`` and ``b``,
+    each ``(head params, target params)``."""
+    T = 4
+    toks = jnp.arange(T)[None] + 3
+    pos = jnp.arange(T)[None]
+    mask = jnp.tril(jnp.ones((T, T), bool))[None]
+    feats = jax.random.normal(jax.random.PRNGKey(4), (1, T, 16))
+    la, lb = (mh.forward(hc, hp, tp, toks, feats, pos, mask)[0] for hp, tp in (a, b))
+    np.testing.assert_allclose(la, lb, rtol=1e-5, atol=1e-5)
+
+
 def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
     """A block copied from a target in the transposed kernel form (what ``load_model`` gives on
     hosts that pick it) keeps that form: it passes the check, gives the plain block's logits,
@@ -101,17 +113,42 @@ def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
     trans = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tpt)
     assert isinstance(trans["layers_0"]["mlp"]["up_proj"]["kernel"], kernels.RowBlocks)
     mh.check_params(hc, trans)
-    B, T = 1, 4
-    toks = jnp.arange(T)[None] + 3
-    pos = jnp.arange(T)[None]
-    mask = jnp.tril(jnp.ones((T, T), bool))[None]
-    feats = jax.random.normal(jax.random.PRNGKey(4), (B, T, 16))
-    a = mh.forward(hc, plain, tp, toks, feats, pos, mask)[0]
-    b = mh.forward(hc, trans, tpt, toks, feats, pos, mask)[0]
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    _same_logits(hc, (plain, tp), (trans, tpt))
     mh.save(tmp_path / "h", hc, trans)
     _, back, _ = mh.load(tmp_path / "h", CFG)
     assert "kernel" in back["layers_0"]["mlp"]["up_proj"]
+    for (pa, x), (pb, y) in zip(jax.tree_util.tree_flatten_with_path(plain)[0],
+                                jax.tree_util.tree_flatten_with_path(back)[0]):
+        assert pa == pb
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_head_bound_to_its_target_loads_in_the_hosts_kernel_form(tmp_path, monkeypatch):
+    """``load`` with the target's config gives the block the kernel form ``load_model`` would give
+    a model of its shape on this host (forced here through ``$DSBD_JAX_KERNEL_FORM``): transposed
+    row blocks, the same logits as the plain block, saved plain again; unbound, or where the
+    host's form is plain, the kernels stay plain."""
+    from dsbd_jax.models import kernels
+    tp = _target()
+    hc = mh.HeadConfig(CFG)
+    hp = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
+    mh.save(tmp_path / "h", hc, hp)
+    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
+    _, trans, _ = mh.load(tmp_path / "h", CFG)
+    _, unbound, _ = mh.load(tmp_path / "h")
+    monkeypatch.setenv(kernels.FORM_ENV, "plain")
+    _, plain, _ = mh.load(tmp_path / "h", CFG)
+    layer = trans["layers_0"]
+    for blk, names in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+                       ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+        for n in names:
+            assert isinstance(layer[blk][n]["kernel"], kernels.RowBlocks), n
+            assert not kernels.weights.is_kernel(plain["layers_0"][blk][n]["kernel"])
+            assert not kernels.weights.is_kernel(unbound["layers_0"][blk][n]["kernel"])
+    assert not kernels.weights.is_kernel(trans["fc"]["kernel"])  # not a projection of the block
+    _same_logits(hc, (plain, tp), (trans, tp))
+    mh.save(tmp_path / "again", hc, trans)
+    _, back, _ = mh.load(tmp_path / "again", CFG)   # $DSBD_JAX_KERNEL_FORM is plain here
     for (pa, x), (pb, y) in zip(jax.tree_util.tree_flatten_with_path(plain)[0],
                                 jax.tree_util.tree_flatten_with_path(back)[0]):
         assert pa == pb
