@@ -1,7 +1,8 @@
-"""Is ``dtype="auto"`` the same on every fresh run of a host? ``dsbd host`` N times, each with an
-empty cache folder (``DSBD_JAX_CACHE`` a new temporary folder: the kernel forms, the compiler
-options and the dtype are all measured again), for each model; records every run's choice and
-the figures it printed (``host.dtype_choice``'s pass timings).
+"""Is ``dtype="auto"`` the same on every fresh run of a host, and the kernel form with it? ``dsbd
+host`` N times, each with an empty cache folder (``DSBD_JAX_CACHE`` a new temporary folder: the
+kernel forms, the compiler options and the dtype are all measured again), for each model;
+records every run's dtype, kernel form and the figures it printed (``host.dtype_choice``'s pass
+timings), and whether each is the same on every run.
 
     .venv/bin/python benchmarks/dtype_runs.py --runs 5 --out results/dtype_runs.json  # ~10 min
     .venv/bin/python benchmarks/dtype_runs.py --small --runs 2 --out /tmp/dtype_runs.json
@@ -22,7 +23,8 @@ if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
 MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+) \((?P<why>.*)\); kernels")
+LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+) \((?P<why>.*)\); "
+                  r"kernels (?P<form>\w+)")
 
 
 def one_run(models, env_extra=None):
@@ -43,7 +45,7 @@ def one_run(models, env_extra=None):
     for line in r.stdout.splitlines():
         m = LINE.match(line)
         if m:
-            got[m["model"]] = {"dtype": m["dtype"],
+            got[m["model"]] = {"dtype": m["dtype"], "form": m["form"],
                                "why": m["why"].replace(cache, "<fresh cache>")}
     return got, wall
 
@@ -69,18 +71,22 @@ def main(argv=None):
     for i in range(args.runs):
         got, wall = one_run(models, env)
         runs.append({"choices": got, "wall_s": round(wall, 1)})
-        print(f"run {i + 1}: " + ", ".join(f"{m} {c['dtype']}" for m, c in got.items())
+        print(f"run {i + 1}: " + ", ".join(f"{m} {c['dtype']} {c['form']}"
+                                            for m, c in got.items())
               + f" ({wall:.0f} s)", flush=True)
     stable = {m: len({r["choices"][m]["dtype"] for r in runs}) == 1 for m in models}
+    stable_form = {m: len({r["choices"][m]["form"] for r in runs}) == 1 for m in models}
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
            "models": [os.path.basename(m) if args.small else m for m in models],
-           "runs": runs, "same_on_every_run": stable}
+           "runs": runs, "same_on_every_run": stable, "same_form_on_every_run": stable_form}
     if args.small:
         for r in runs:
             r["choices"] = {os.path.basename(k): v for k, v in r["choices"].items()}
         out["same_on_every_run"] = {os.path.basename(k): v for k, v in stable.items()}
+        out["same_form_on_every_run"] = {os.path.basename(k): v for k, v in stable_form.items()}
     write_json(args.out, out)
-    print(f"same on every run: {out['same_on_every_run']}; wrote {args.out}")
+    print(f"same dtype on every run: {out['same_on_every_run']}; same kernel form: "
+          f"{out['same_form_on_every_run']}; wrote {args.out}")
     if tmp is not None:
         tmp.cleanup()
     return out

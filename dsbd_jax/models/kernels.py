@@ -25,8 +25,10 @@ options, and differs between hosts (``benchmarks/matmul.py``, ``docs/results/cpu
   kernels'. So :func:`dsbd_jax.models.cpu_options.choice` is measured per form, and
   ``tuned_jit`` compiles a call whose arguments hold transposed kernels under the transposed
   form's options. :func:`choose_form` then times both forms, each under its own options, on a
-  model's MLP shape (chained pairs at ``M = 1, 4, 16``; transposed only if ``GAIN`` faster in
-  total and never ``MARGIN`` slower), cached per host and shape in
+  model's MLP shape (chained pairs at ``M = 1, 4, 16``), starting from a prior form
+  (:func:`prior_form`: transposed for 16-bit kernels, plain for float32) that the other must
+  beat by ``GAIN`` in total without being ``MARGIN`` slower at any ``M``, cached per host and
+  shape in
   ``$DSBD_JAX_CACHE/host_plan.json``; ``load_model(..., kernel_blocks="measured")``, the
   default, applies it (``benchmarks/forward.py`` and ``benchmarks/kernel_blocks.py`` measure
   the forward passes and the decoders in both forms; what each host picks:
@@ -65,7 +67,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 PROBE_ROWS = (1, 4, 16)
 PROBE_REPEATS = 5
 MIN_ELEMENTS = 1 << 21  # in * out below this: plain kernels, not measured (fits in cache)
-GAIN = 0.10    # a form must be 10% faster than plain kernels over PROBE_ROWS in total ...
+GAIN = 0.10    # a form must be 10% faster than the prior form over PROBE_ROWS in total ...
 MARGIN = 0.05  # ... and never 5% slower at any M
 
 
@@ -246,34 +248,46 @@ def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=
     return best
 
 
-def pick_form(times: Mapping[str, Mapping[int, float]]) -> str:
-    """``"transposed"`` if its total over the probe rows is ``GAIN`` below the plain kernels'
-    and it is never ``MARGIN`` slower at any ``M``; else ``"plain"``."""
-    plain, tr = times["plain"], times[TRANSPOSED]
-    faster = sum(tr.values()) < (1 - GAIN) * sum(plain.values())
-    never_slower = all(tr[m] <= (1 + MARGIN) * plain[m] for m in plain)
-    return TRANSPOSED if faster and never_slower else "plain"
+def prior_form(dtype) -> str:
+    """The form a measurement must beat: ``"transposed"`` for 16-bit kernels (XLA:CPU runs a
+    16-bit product of an ``[in, out]`` kernel on a slow path, of ``[out, in]`` rows with float32
+    accumulation on a fast one), ``"plain"`` for float32."""
+    return TRANSPOSED if jnp.dtype(dtype).itemsize == 2 else "plain"
+
+
+def pick_form(times: Mapping[str, Mapping[int, float]], prior: str = "plain") -> str:
+    """The other form than ``prior`` if its total over the probe rows is ``GAIN`` below
+    ``prior``'s and it is never ``MARGIN`` slower at any ``M``; else ``prior``. Two forms within
+    the margins keep the prior, so the choice does not flip between fresh runs of a host."""
+    other = "plain" if prior == TRANSPOSED else TRANSPOSED
+    base, alt = times[prior], times[other]
+    faster = sum(alt.values()) < (1 - GAIN) * sum(base.values())
+    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in base)
+    return other if faster and never_slower else prior
 
 
 def form_key(din: int, dout: int, dtype: str) -> str:
     """The entry of a shape's form choice in the host's plan cache: the options of each form
-    (each form is measured under its own), the shape and the dtype."""
+    (each form is measured under its own), the shape, the dtype and the prior form."""
     return (f"form | options plain {choice('plain')}, transposed "
-            f"{choice(TRANSPOSED)} | {din}x{dout} {dtype}")
+            f"{choice(TRANSPOSED)} | {din}x{dout} {dtype} | prior {prior_form(dtype)}")
 
 
 @functools.lru_cache(maxsize=None)
 def _choose_form(din: int, dout: int, dtype: str) -> str:
     if din * dout < MIN_ELEMENTS:
         return "plain"
+    prior = prior_form(dtype)
     return _cached(form_key(din, dout, dtype), lambda f: f in ("plain", TRANSPOSED),
-                   lambda: measure_forms(din, dout, dtype), pick_form)
+                   lambda: measure_forms(din, dout, dtype),
+                   functools.partial(pick_form, prior=prior))
 
 
 def choose_form(config, dtype=None) -> str:
     """``"plain"`` or ``"transposed"``: the faster form of projection kernels for ``config``'s
     MLP shape on this host, each form timed under its own compiler options (a few seconds once
-    per host and shape, then cached in ``$DSBD_JAX_CACHE/host_plan.json``). Plain off the
+    per host and shape, then cached in ``$DSBD_JAX_CACHE/host_plan.json``); the dtype's
+    :func:`prior_form` unless the other form is clearly faster (:func:`pick_form`). Plain off the
     CPU and for models whose MLP has under ``MIN_ELEMENTS`` weights. ``$DSBD_JAX_KERNEL_FORM``
     forces ``plain`` or ``transposed`` (default ``auto``)."""
     forced = os.environ.get(FORM_ENV, "auto").strip() or "auto"

@@ -1,5 +1,5 @@
 """``benchmarks/dtype_runs.py``: ``dsbd host`` run twice with empty caches on a tiny model, every
-run's choice parsed from its output, the JSON with its host and no path of this machine."""
+run's choice (dtype and kernel form) parsed from its output, the JSON with its host and no path of this machine."""
 
 import json
 
@@ -14,8 +14,10 @@ def test_small_runs(tmp_path):
     assert len(res["runs"]) == 2
     for run in res["runs"]:
         assert run["choices"][model]["dtype"] == "float32"          # a tiny model
+        assert run["choices"][model]["form"] == "plain"             # under MIN_ELEMENTS
         assert "small model" in run["choices"][model]["why"]
     assert res["same_on_every_run"] == {model: True}
+    assert res["same_form_on_every_run"] == {model: True}
     stored = json.loads(out.read_text())
     assert stored["machine"]["cpu_flags"] is not None and "/tmp/" not in out.read_text()
 
@@ -28,3 +30,4 @@ def test_a_line_of_dsbd_host_is_parsed():
             "kernels transposed; compiler options default")
     m = bench.LINE.match(line)
     assert m["dtype"] == "float32" and m["why"].startswith("the CPU has no AMX-BF16")
+    assert m["form"] == "transposed"

@@ -146,6 +146,22 @@ def test_pick_form_rule():
     assert kernels.pick_form({"plain": base, "transposed": {1: 1.2, 4: 1.0, 16: 2.0}}) == "plain"
     # not GAIN faster in total
     assert kernels.pick_form({"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}) == "plain"
+    # from the transposed prior the same rule runs the other way: two forms within the margins
+    # keep whichever is the prior, so a measurement that wobbles between runs cannot flip it
+    close = {"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}
+    assert kernels.pick_form(close, prior="transposed") == "transposed"
+    assert kernels.pick_form({"plain": {1: 0.8, 4: 1.5, 16: 2.6}, "transposed": base},
+                             prior="transposed") == "plain"
+    assert kernels.pick_form({"plain": {1: 1.2, 4: 1.0, 16: 2.0}, "transposed": base},
+                             prior="transposed") == "transposed"
+
+
+def test_prior_form_is_transposed_for_16_bit_kernels():
+    assert kernels.prior_form("bfloat16") == kernels.prior_form(jnp.float16) == "transposed"
+    assert kernels.prior_form("float32") == "plain"
+    # the prior is part of the cached entry: a choice made under another rule is not reused
+    assert kernels.form_key(16, 32, "bfloat16").endswith("| prior transposed")
+    assert kernels.form_key(16, 32, "float32").endswith("| prior plain")
 
 
 def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
@@ -173,6 +189,25 @@ def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
     assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "transposed"
     kernels._choose_form.cache_clear()
     assert kernels.choose_form(config) == "transposed" and len(calls) == 1
+
+
+def test_choose_form_starts_from_the_dtypes_prior(fresh, monkeypatch):
+    """Measured forms within the margins: a float32 model keeps plain kernels, a bfloat16 one
+    transposed kernels, each cached under its own entry."""
+    config, _ = ref.kernel_model()
+    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
+    kernels._choose_form.cache_clear()
+    monkeypatch.setattr(co, "choice", lambda form="plain": "default")
+    monkeypatch.setattr(kernels, "measure_forms", lambda din, dout, dtype: {
+        "plain": {1: 1.0, 4: 2.0, 16: 4.0}, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}})
+    try:
+        assert kernels.choose_form(config, "float32") == "plain"
+        assert kernels.choose_form(config, "bfloat16") == "transposed"
+        cached = co.host_entries()
+        assert cached[kernels.form_key(16, 32, "bfloat16")]["choice"] == "transposed"
+        assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "plain"
+    finally:
+        kernels._choose_form.cache_clear()
 
 
 def test_measure_forms_runs_both_products():
