@@ -118,11 +118,11 @@ def forest12(rel: str) -> float:
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
-def faster(model: str, both: bool):
-    """How much less time bfloat16 takes than float32 in each run (%): the forest pass alone, or
-    the two passes together."""
+def faster(model: str, both: bool, rel: str = DTYPE_RUNS):
+    """How much less time bfloat16 takes than float32 in each run of ``rel`` (%): the forest
+    pass alone, or the two passes together."""
     out = []
-    for r in probe(model):
+    for r in probe(model, rel):
         (f1, f12), (b1, b12) = r["float32"], r["bfloat16"]
         out.append(100 * (1 - ((b1 + b12) / (f1 + f12) if both else b12 / f12)))
     return out
@@ -368,6 +368,11 @@ add(PRECISION_MD, DTYPES,
 # the AVX512-BF16 host (AMD EPYC)
 dtype_tables(DTYPE_RUNS_EPYC, DTYPES_EPYC)
 add(PRECISION_MD, DTYPES_EPYC, _DSBD_VS_BEAM % "on this host")
+add(PRECISION_MD, DTYPE_RUNS_EPYC,
+    "bfloat16 runs the forest {=span(faster(TARGET, False, DTYPE_RUNS_EPYC) + faster(DRAFT, False, "
+    "DTYPE_RUNS_EPYC)):.0f} % faster here",
+    "--runs 5 --out results/dtype_runs_epyc.json`, {=sum(r['wall_s'] for r in v('runs')) / 60:.0f} "
+    "minutes)")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "
