@@ -74,16 +74,15 @@ def main(argv=None):
         print(f"run {i + 1}: " + ", ".join(f"{m} {c['dtype']} {c['form']}"
                                             for m, c in got.items())
               + f" ({wall:.0f} s)", flush=True)
-    stable = {m: len({r["choices"][m]["dtype"] for r in runs}) == 1 for m in models}
-    stable_form = {m: len({r["choices"][m]["form"] for r in runs}) == 1 for m in models}
+    name = os.path.basename if args.small else str  # --small: no path of this machine
+    for r in runs:
+        r["choices"] = {name(k): v for k, v in r["choices"].items()}
+    names = [name(m) for m in models]
+    same = lambda key: {m: len({r["choices"][m][key] for r in runs}) == 1  # noqa: E731
+                        for m in names}
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
-           "models": [os.path.basename(m) if args.small else m for m in models],
-           "runs": runs, "same_on_every_run": stable, "same_form_on_every_run": stable_form}
-    if args.small:
-        for r in runs:
-            r["choices"] = {os.path.basename(k): v for k, v in r["choices"].items()}
-        out["same_on_every_run"] = {os.path.basename(k): v for k, v in stable.items()}
-        out["same_form_on_every_run"] = {os.path.basename(k): v for k, v in stable_form.items()}
+           "models": names, "runs": runs, "same_on_every_run": same("dtype"),
+           "same_form_on_every_run": same("form")}
     write_json(args.out, out)
     print(f"same dtype on every run: {out['same_on_every_run']}; same kernel form: "
           f"{out['same_form_on_every_run']}; wrote {args.out}")

@@ -180,10 +180,21 @@ def programs(config, params, B, T, slots, seed=0):
             "pass": whole, "no_attention": whole}
 
 
+def in_context(measure, name, fn, args) -> int:
+    """``measure(fn, *args)`` (:func:`count_dots`, :func:`dot_flops`) of a program, traced in
+    its :func:`tracing` context."""
+    with tracing(name):
+        return measure(fn, *args)
+
+
 def dots_of(name, fn, args) -> int:
     """:func:`count_dots` of a program, traced in its :func:`tracing` context."""
-    with tracing(name):
-        return count_dots(fn, *args)
+    return in_context(count_dots, name, fn, args)
+
+
+def flops_of(name, fn, args) -> int:
+    """:func:`dot_flops` of a program, traced in its :func:`tracing` context."""
+    return in_context(dot_flops, name, fn, args)
 
 
 def compiled(name, fn, args):
@@ -200,40 +211,19 @@ def jitted(fn):
     return tuned_jit(fn)
 
 
-def count_dots(fn, *args) -> int:
-    """The ``dot_general`` equations in ``fn``'s jaxpr, inner jaxprs (``jnp.einsum``'s jit)
-    included."""
+def sum_over_dots(fn, args, value, per_step: bool) -> int:
+    """``value(eqn)`` summed over the ``dot_general`` equations of ``fn``'s jaxpr, inner jaxprs
+    (``jnp.einsum``'s jit, a scan's body) included; with ``per_step`` a ``scan``'s body counts
+    ``length`` times (what runs), else once (what is written)."""
     import jax
-
-    def walk(jaxpr):
-        n = 0
-        for eqn in jaxpr.eqns:
-            n += eqn.primitive.name == "dot_general"
-            for v in eqn.params.values():
-                for sub in (v if isinstance(v, (list, tuple)) else [v]):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        n += walk(inner)
-        return n
-    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
-
-
-def dot_flops(fn, *args) -> int:
-    """The floating-point operations of the ``dot_general`` equations in ``fn``'s jaxpr, inner
-    jaxprs included (a ``scan``'s body counted ``length`` times): ``2 x`` the output's elements
-    ``x`` the contracted size of each."""
-    import jax
-    import numpy as np
 
     def walk(jaxpr):
         n = 0
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "dot_general":
-                (contract, _), _ = eqn.params["dimension_numbers"]
-                a = eqn.invars[0].aval.shape
-                n += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(
-                    np.prod([a[i] for i in contract]))
-            times = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
+                n += value(eqn)
+            times = int(eqn.params.get("length", 1)) if (
+                per_step and eqn.primitive.name == "scan") else 1
             for v in eqn.params.values():
                 for sub in (v if isinstance(v, (list, tuple)) else [v]):
                     inner = getattr(sub, "jaxpr", sub)
@@ -243,10 +233,24 @@ def dot_flops(fn, *args) -> int:
     return walk(jax.make_jaxpr(fn)(*args).jaxpr)
 
 
-def flops_of(name, fn, args) -> int:
-    """:func:`dot_flops` of a program, traced in its :func:`tracing` context."""
-    with tracing(name):
-        return dot_flops(fn, *args)
+def count_dots(fn, *args) -> int:
+    """The ``dot_general`` equations in ``fn``'s jaxpr, inner jaxprs (``jnp.einsum``'s jit)
+    included."""
+    return sum_over_dots(fn, args, lambda eqn: 1, per_step=False)
+
+
+def dot_flops(fn, *args) -> int:
+    """The floating-point operations of the ``dot_general`` equations in ``fn``'s jaxpr, inner
+    jaxprs included (a ``scan``'s body counted ``length`` times): ``2 x`` the output's elements
+    ``x`` the contracted size of each."""
+    import numpy as np
+
+    def flops(eqn):
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        a = eqn.invars[0].aval.shape
+        return 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(
+            np.prod([a[i] for i in contract]))
+    return sum_over_dots(fn, args, flops, per_step=True)
 
 
 def rates(ms, gflop) -> dict:
