@@ -16,8 +16,16 @@ the same steps and schedule; how acceptance grows with the data), ``fused_layers
 reads a fusion of a low, a middle and the last target layer, EAGLE-3's choice, instead of the
 final hidden state: layers ``L // 10``, ``L // 2``, ``L - 1`` of ``L``; their features come from
 one more target pass over each stored text, cached in ``--run-dir/fused_layers/features.npz``,
-the continuations and the target's distributions unchanged). Each trains in
-``--run-dir/VARIANT`` (resumable: a killed run picks up at its last checkpoint).
+the continuations and the target's distributions unchanged), ``longer`` (the recipe's data and
+settings on a schedule of 600 steps, five times the recipe's: what more training alone gives),
+``more_text`` (``longer`` with 400 more training texts: GSM8K problems 160-559, none of them a
+benchmark, rollout or held-out prompt, each its prompt and the dataset's worked answer, scored
+by one target pass each, the loss counting the answer's positions as a rollout counts its
+continuation (``text_loss: answer``); cached in ``--run-dir/more_text/texts.npz``). A variant
+with its own schedule trains for ``--steps`` of that schedule. Each trains in
+``--run-dir/VARIANT`` (resumable: a killed run picks up at its last checkpoint) and leaves its
+head in ``--run-dir/VARIANT/head``, a draft by path (``benchmarks/draft_terms.py --head PATH``,
+``dsbd generate --draft PATH``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ VARIANTS = {
     "half_data": {"data_stride": 2},
     "quarter_data": {"data_stride": 4},
     "fused_layers": {"head": {"feature_layers": "low_mid_high"}},
+    "longer": {"train": {"steps": 600}},
+    "more_text": {"train": {"steps": 600},
+                  "texts": [{"task": "gsm8k", "start": 160, "stop": 560}]},
 }
 CHOICES = ("recipe", "random_init", "no_feature_loss", "one_step")   # the default set
 
@@ -59,11 +70,15 @@ def main(argv=None):
     import numpy as np
 
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
+    from dsbd_jax.models import head as mhead
     from dsbd_jax.models.loading import load_model
     from dsbd_jax.training import head as th
+    from dsbd_jax.training.head_data import concat_data
     r = th.load_recipe(args.recipe)
-    if not 0 < args.steps <= r["train"].steps:
-        raise SystemExit(f"--steps must be within the recipe's 1..{r['train'].steps}")
+    for name in args.variants:
+        n = VARIANTS[name].get("train", {}).get("steps", r["train"].steps)
+        if not 0 < args.steps <= n:
+            raise SystemExit(f"--steps must be within 1..{n}, the schedule of {name}")
     data_path = Path(r["run_dir"]) / "data.npz"
     if not data_path.is_file():
         raise SystemExit(f"no data at {data_path}: run `dsbd train-head {args.recipe}` first "
@@ -96,6 +111,9 @@ def main(argv=None):
         params = th.initial_params(hc, h, target, cfg.seed, r["target"])
         stride = over.get("data_stride", 1)
         data = {k: v[::stride] for k, v in data.items()}
+        if over.get("texts"):
+            data = concat_data(data, _answer_text_data(target, over["texts"], cfg,
+                                                       r["max_tokens"], run_root / name))
         t0 = time.perf_counter()
         res = th.train(hc, params, shared, data, held_v, cfg, run_root / name,
                        progress=True, stop_at=args.steps)
@@ -103,17 +121,43 @@ def main(argv=None):
             raise SystemExit(f"{run_root / name} holds a checkpoint at step {res['step']}, not "
                              f"{args.steps}: delete it to train this variant again")
         metrics = th.heldout_metrics(hc, res["params"], shared, held_v, count_cfg)
+        head_dir = mhead.save(run_root / name / "head", hc, res["params"],
+                              {"recipe": r["name"], "variant": name, "steps": args.steps,
+                               "overrides": over})
         out["variants"][name] = {"overrides": over,
                                  "feature_layers": h.get("feature_layers", []),
                                  "steps": args.steps,
                                  "train_texts": int(data["tokens"].shape[0]),
                                  "train_positions": int(data["mask"].sum()), **metrics,
                                  "seconds_this_run": time.perf_counter() - t0,
+                                 "head": os.path.relpath(head_dir, _ROOT),
                                  "log": res["log"]}
         print(f"{name}: acceptance {metrics['acceptance_1']:.3f} / "
               f"{metrics['acceptance_2']:.3f}, kl {metrics['kl_1']:.3f}", flush=True)
         write_json(args.out, out)   # after each variant: a partial file is a valid one
     print(f"wrote {args.out}")
+
+
+def _answer_text_data(target, specs, cfg, max_tokens: int, run_dir: Path):
+    """:func:`~dsbd_jax.training.head_data.prepare_data`'s arrays for the texts of ``specs``, the
+    loss on each answer alone (one target pass per text, cached in ``run_dir/texts.npz``)."""
+    import json
+
+    import numpy as np
+
+    from dsbd_jax.training.head_data import answer_texts, prepare_data
+    path = run_dir / "texts.npz"
+    key = json.dumps({"texts": specs, "store_k": cfg.store_k, "max_tokens": max_tokens,
+                      "warping": [cfg.temperature, cfg.top_k, cfg.top_p]}, sort_keys=True)
+    if path.is_file():
+        z = np.load(path)
+        if str(z["key"]) == key:
+            return {k: z[k] for k in z.files if k != "key"}
+    texts, answer_from = answer_texts(target.tokenizer, specs)
+    d = prepare_data(target.config, target.params, texts, (), cfg, max_tokens, True, answer_from)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    np.savez(path, key=np.asarray(key), **d)
+    return d
 
 
 def _with_layer_features(target, train_data, held, layers, run_dir: Path):

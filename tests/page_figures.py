@@ -31,6 +31,7 @@ DTYPES = "results/speed_dtypes_host.json"
 TERMS = "results/draft_terms_head.json"
 TERMS2 = "results/draft_terms_head_rollouts.json"
 TERMS_EPYC = "results/draft_terms_head_epyc.json"   # the AMD EPYC host, bfloat16
+TERMS_MORE = "results/draft_terms_head_more_text_epyc.json"   # the more_text head, same host
 PROFILE = "results/profile_float32_host.json"
 PROFILE_EPYC = "results/profile_bfloat16_epyc.json"   # the AMD EPYC host, bfloat16
 GATHER_EPYC = "results/embed_gather_epyc.json"
@@ -50,6 +51,7 @@ TRAINING_EPYC = "results/head_qwen_training_epyc.json"
 HELDOUT = "results/head_heldout.json"
 ABLATION = "results/head_ablation.json"
 ABLATION2 = "results/head_ablation_data_layers.json"   # 120 steps: the data size, fused layers
+ABLATION3 = "results/head_ablation_more.json"   # 600 steps: longer training, more texts
 CLI = "results/cli_latency.json"
 HEAD_DATA = "results/head_data_speed.json"
 H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
@@ -151,6 +153,11 @@ def heldout_gap(a: str, b: str) -> float:
                for x, y in zip(la, lb) for k in (1, 2))
 
 
+def _recipe120(key: str) -> float:
+    """The recipe's row of the 120-step ablation (what the 600-step variants are read against)."""
+    return load(ABLATION2)["variants"]["recipe"][key]
+
+
 def floor_gap(a: str, b: str) -> float:
     """The largest difference of ``pass_over_floor`` between two runs of
     ``benchmarks/pass_floor.py`` (every model, dtype and row count of both)."""
@@ -167,6 +174,7 @@ def probe_gap(rel: str) -> float:
 
 
 HELPERS = {"span": span, "probe_gap": probe_gap, "heldout_gap": heldout_gap,
+           "_recipe120": _recipe120,
            "TRAINING": TRAINING, "TRAINING_EPYC": TRAINING_EPYC, "FOREST_EPYC": FOREST_EPYC, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
            "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
            "TARGET": TARGET, "DRAFT": DRAFT, "DTYPE_RUNS_EPYC": DTYPE_RUNS_EPYC,
@@ -808,6 +816,50 @@ add(DRAFT_MD, ABLATION2,
     "{=v(_AV + 'recipe.log')[-1]['acceptance_1']:.3f})",
     "is {=v(_AV + 'recipe.acceptance_1') - v(_AV + 'fused_layers.acceptance_1'):.3f} below the "
     "recipe at {variants.recipe.steps:d} steps")
+add(DRAFT_MD, ABLATION3,
+    "| five times the steps (`longer`) | {variants.longer.train_texts:d} "
+    "({variants.longer.train_positions:d}) | {variants.longer.steps:d} | "
+    "{variants.longer.acceptance_1:.3f} | {variants.longer.acceptance_2:.3f} | "
+    "{variants.longer.kl_1:.2f} |",
+    "| and 400 worked answers (`more_text`) | {variants.more_text.train_texts:d} "
+    "({variants.more_text.train_positions:d}) | {variants.more_text.steps:d} | "
+    "{variants.more_text.acceptance_1:.3f} | {variants.more_text.acceptance_2:.3f} | "
+    "{variants.more_text.kl_1:.2f} |",
+    "(training acceptance {=v(_AV + 'longer.log')[-1]['acceptance_1']:.3f}",
+    "`longer`'s 600 steps took {=v(_AV + 'longer.log')[-1]['seconds'] / 60:.0f} minutes",
+    "{=v(_AV + 'more_text.train_positions') / v(_AV + 'longer.train_positions'):.1f} times the "
+    "counted positions",
+    "gives the first draft token {=v(_AV + 'longer.acceptance_1') - _recipe120('acceptance_1')"
+    ":.3f} and the second {=v(_AV + 'longer.acceptance_2') - _recipe120('acceptance_2'):.3f},",
+    "give the first token another {=v(_AV + 'more_text.acceptance_1') - "
+    "v(_AV + 'longer.acceptance_1'):.3f} and the second {=v(_AV + 'longer.acceptance_2') - "
+    "v(_AV + 'more_text.acceptance_2'):.3f} less.")
+add(DRAFT_MD, ABLATION2,
+    "| the recipe (the table above) | {variants.recipe.train_texts:d} "
+    "({variants.recipe.train_positions:d}) | {variants.recipe.steps:d} | "
+    "{variants.recipe.acceptance_1:.3f} | {variants.recipe.acceptance_2:.3f} | "
+    "{variants.recipe.kl_1:.2f} |")
+add(DRAFT_MD, TERMS_MORE,
+    "Its pass costs {batches.b1.draft_pass_vs_target.head:.3f}x the target's one-token pass. It "
+    "proposes {=v(_B1 + 'drafts.head.dsbd_beamW4_point.tokens_per_iteration'):.2f} tokens per "
+    "DSBD iteration at the beam-W4 point and "
+    "{=v(_B1 + 'drafts.head.speculative_g4.tokens_per_iteration'):.2f} per speculative "
+    "iteration.",
+    "beam-W4 point / beam sampling W=4 {=v(_B1 + 'drafts.head.' + _TD + 'end_to_end'):.2f}x, "
+    "speculative / sampling {=v(_B1 + 'drafts.head.' + _TS + 'end_to_end'):.2f}x, single-beam "
+    "DSBD / speculative {=v(_B1 + 'drafts.head.targets.single_beam_vs_speculative."
+    "speculative_g4.end_to_end'):.2f}x; with every draft accepted, "
+    "{=v(_B1 + 'drafts.head.' + _TD + 'all_accepted'):.2f}x and "
+    "{=v(_B1 + 'drafts.head.' + _TS + 'all_accepted'):.2f}x.")
+add(DRAFT_MD, TERMS_EPYC,
+    "The recipe's head measured {=v(_B1 + 'drafts.head.' + _TD + 'end_to_end'):.2f}x, "
+    "{=v(_B1 + 'drafts.head.' + _TS + 'end_to_end'):.2f}x and {=v(_B1 + 'drafts.head.targets."
+    "single_beam_vs_speculative.speculative_g4.end_to_end'):.2f}x in its own run below")
+add(README, ABLATION3,
+    "held-out acceptance from {=_recipe120('acceptance_1'):.3f} to "
+    "{variants.more_text.acceptance_1:.3f}")
+add(README, TERMS_MORE,
+    "to {=v(_B1 + 'drafts.head.' + _TD + 'end_to_end'):.2f}x beam sampling W=4 at batch 1")
 add(SPEED_MD, GATHER_EPYC,
     "--rounds 1 --out results/embed_gather_epyc.json`, {=v('wall_s') / 60:.0f} minutes), gathering "
     "the rows as bits takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: rows_as_bits / plain_lookup, "

@@ -22,7 +22,8 @@ for training and held out:
   them (chat template). The loss and the acceptance count over the continuation only: the text
   the head drafts while decoding.
 * ``*_texts``: a task's prompt followed by the dataset's own answer (GSM8K's worked solution,
-  HumanEval's canonical solution) as the assistant's turn; every position counts.
+  HumanEval's canonical solution) as the assistant's turn; every position counts (``text_loss:
+  all``, the default), or the answer's alone (``answer``, as a rollout counts its continuation).
 
 Per position the data holds the target's features (what the head reads) and, where the loss
 counts, its warped next-token distribution (temperature / top-k / top-p of the recipe: at most
@@ -82,9 +83,9 @@ logger = logging.getLogger("dsbd_jax")
 
 KEYS = ("name", "target", "dtype", "run_dir", "train_texts", "heldout_texts", "train_rollouts",
         "heldout_rollouts", "rollout_tokens", "rollout_batch", "rollout_data",
-        "max_prompt_tokens", "head",
-        "train", "save_as", "max_tokens")
+        "max_prompt_tokens", "text_loss", "head", "train", "save_as", "max_tokens")
 ROLLOUT_DATA = ("own_passes", "rescore")
+TEXT_LOSS = ("all", "answer")
 HEAD_KEYS = ("intermediate_size", "feature_layers", "vocab_rows", "vocab_table", "init")
 INITS = ("random", "target_last")
 UNROLL_CONTEXTS = ("target", "own")
@@ -144,9 +145,9 @@ def load_recipe(path) -> Dict[str, Any]:
         v = r.setdefault(k, default)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{path}: {k} must be a positive integer, got {v!r}")
-    if r.setdefault("rollout_data", "own_passes") not in ROLLOUT_DATA:
-        raise ValueError(f"{path}: rollout_data must be one of {ROLLOUT_DATA}, got "
-                         f"{r['rollout_data']!r}")
+    for k, allowed in (("rollout_data", ROLLOUT_DATA), ("text_loss", TEXT_LOSS)):
+        if r.setdefault(k, allowed[0]) not in allowed:   # the first is the default
+            raise ValueError(f"{path}: {k} must be one of {allowed}, got {r[k]!r}")
     head = dict(r.get("head") or {})
     bad = sorted(set(head) - set(HEAD_KEYS))
     if bad:

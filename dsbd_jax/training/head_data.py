@@ -5,6 +5,7 @@ its features and, where the loss counts, its warped next-token distribution."""
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Dict, List, Optional
 
@@ -14,11 +15,20 @@ import numpy as np
 
 from dsbd_jax.models.llama import causal_mask, convert_layout, forward
 
+logger = logging.getLogger("dsbd_jax")
+
 
 def texts_of(tokenizer, specs: List[Dict[str, Any]]) -> List[List[int]]:
     """Token ids of ``prompt (chat template) + the dataset's answer`` for each spec slice."""
-    from dsbd_jax.eval.datasets import chat_prompt, load
-    out = []
+    return answer_texts(tokenizer, specs)[0]
+
+
+def answer_texts(tokenizer, specs: List[Dict[str, Any]]):
+    """``(texts, answer_from)``: :func:`texts_of`'s token ids, and for each the index of the
+    position that predicts the answer's first token (the prompt's last position: where a loss
+    over the answer alone starts)."""
+    from dsbd_jax.eval.datasets import chat_prompt, encode_chat, load
+    texts, answer_from = [], []
     for s in specs:
         if "task" not in s:
             raise ValueError(f"a text source is {{task, start, stop}}, got {s}")
@@ -33,10 +43,14 @@ def texts_of(tokenizer, specs: List[Dict[str, Any]]) -> List[List[int]]:
             if getattr(tokenizer, "chat_template", None):
                 ids = tokenizer.apply_chat_template(messages, tokenize=True)
                 ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                prompt = encode_chat(tokenizer, [messages[0]["content"]])[0]
             else:
                 ids = tokenizer.encode(messages[0]["content"] + "\n" + messages[1]["content"])
-            out.append([int(t) for t in ids])
-    return out
+                prompt = tokenizer.encode(messages[0]["content"] + "\n")
+            n = len(prompt) if list(ids[:len(prompt)]) == list(prompt) else 1
+            texts.append([int(t) for t in ids])
+            answer_from.append(max(0, min(n, len(ids)) - 1))
+    return texts, answer_from
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,8 +307,12 @@ def recipe_data(r: Dict[str, Any], target, feature_layers, cfg, progress: bool =
     parts = []
     for part in ("train", "heldout"):
         key = jax.random.PRNGKey(cfg.seed + (part == "heldout"))
-        texts = texts_of(tok, r.get(f"{part}_texts") or [])
-        loss_from = [0] * len(texts)
+        texts, answer_from = answer_texts(tok, r.get(f"{part}_texts") or [])
+        loss_from = answer_from if r.get("text_loss") == "answer" else [0] * len(texts)
+        cut = sum(f >= r["max_tokens"] - 1 for f in loss_from)
+        if cut:
+            logger.warning("%d of the %s texts count no position: their prompts fill "
+                           "max_tokens=%d", cut, part, r["max_tokens"])
         own = None
         if r.get(f"{part}_rollouts"):
             prompts = rollout_prompts(tok, r[f"{part}_rollouts"], r["max_prompt_tokens"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dsbd_jax.training import head as th
+from dsbd_jax.training.head_data import answer_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,3 +79,46 @@ def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
         np.testing.assert_allclose(normed[i, :L], d["train_feats"][i, :L], rtol=2e-3, atol=2e-4)
         assert not z["train"][i, L:].any()
     assert 0.0 <= fused["acceptance_1"] <= 1.0 and fused["steps"] == 10
+
+
+def test_more_text_adds_answer_texts_scored_once(tmp_path, tiny, monkeypatch):
+    """``more_text``: the recipe's data plus 400 GSM8K answers, each scored by one target pass
+    (cached), the loss on the answer's positions alone; on its own 600-step schedule."""
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
+    text = (ROOT / "configs" / "head_tiny.yaml").read_text()
+    text = text.replace("/tmp/dsbd_tiny/target", str(tiny / "target"))
+    text = text.replace("runs/head_tiny", str(tmp_path / "run"))
+    text = text.replace("max_tokens: 96", "max_tokens: 320")
+    recipe = tmp_path / "head_tiny.yaml"
+    recipe.write_text(text)
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.head_ablation import VARIANTS, main
+    th.run_recipe(recipe, progress=False, stop_after=1)           # writes the data
+    out = tmp_path / "ablation.json"
+    with pytest.raises(SystemExit, match="schedule of recipe"):
+        main([str(recipe), "--steps", "30", "--variants", "recipe", "more_text", "--out",
+              str(out)])
+    main([str(recipe), "--steps", "4", "--variants", "recipe", "more_text", "--out", str(out)])
+    v = json.loads(out.read_text())["variants"]
+    cache = tmp_path / "run_ablation" / "more_text" / "texts.npz"
+    z = np.load(cache)
+    from dsbd_jax.models.loading import load_model
+    tok = load_model(str(tiny / "target"), "float32", progress=False).tokenizer
+    texts, answer_from = answer_texts(tok, VARIANTS["more_text"]["texts"])
+    assert len(texts) == 400 == z["tokens"].shape[0]
+    T = z["tokens"].shape[1]
+    want = [max(0, min(len(t), T) - 1 - f) for t, f in zip(texts, answer_from)]
+    assert list(z["mask"].sum(-1)) == want and sum(want) > 0
+    m = v["more_text"]
+    assert m["train_texts"] == v["recipe"]["train_texts"] + 400
+    assert m["train_positions"] == v["recipe"]["train_positions"] + sum(want)
+    assert m["steps"] == 4 and 0.0 <= m["acceptance_1"] <= 1.0
+    # counted again from the cache, not scored again
+    stamp = cache.stat().st_mtime_ns
+    main([str(recipe), "--steps", "4", "--variants", "more_text", "--out", str(out)])
+    assert cache.stat().st_mtime_ns == stamp
+    again = json.loads(out.read_text())["variants"]["more_text"]
+    assert again["acceptance_1"] == pytest.approx(m["acceptance_1"])
+    # the variant's head, a draft by path
+    hc, params, meta = th.load_head(str((ROOT / again["head"]).resolve()))
+    assert meta["variant"] == "more_text" and meta["steps"] == 4

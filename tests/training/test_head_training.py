@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dsbd_jax.training import head as th
+from dsbd_jax.training.head_data import answer_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,4 +203,46 @@ def test_recipe_rollout_data_setting(tmp_path, tiny):
     bad = tmp_path / "bad.yaml"
     bad.write_text(p.read_text() + "\nrollout_data: twice\n")
     with pytest.raises(ValueError, match="rollout_data must be one of"):
+        th.load_recipe(bad)
+
+
+def test_answer_texts_count_the_answer_alone(tmp_path, tiny):
+    """``text_loss: answer``: a text's loss counts from the prompt's last position (the one that
+    predicts the answer's first token), as a rollout counts its continuation; ``all`` (the
+    default) counts every position; anything else is refused."""
+    from dsbd_jax.eval.datasets import chat_prompt, encode_chat, load
+    from dsbd_jax.models.loading import load_model
+    target = load_model(str(tiny / "target"), progress=False)
+    tok = target.tokenizer
+    specs = [{"task": "gsm8k", "start": 40, "stop": 42}, {"task": "humaneval", "start": 40,
+                                                          "stop": 41}]
+    texts, answer_from = answer_texts(tok, specs)
+    assert texts == th.texts_of(tok, specs) and len(texts) == 3
+    records = [("gsm8k", r, "answer") for r in load("gsm8k", 42)[40:]]
+    records += [("humaneval", r, "canonical_solution") for r in load("humaneval", 41)[40:]]
+    for t, f, (task, rec, field) in zip(texts, answer_from, records):
+        prompt = encode_chat(tok, [chat_prompt(task, rec)])[0]
+        assert f == len(prompt) - 1 and t[:len(prompt)] == prompt
+        assert rec[field].strip()[:12] in tok.decode(t[f + 1:])
+    # the recipe's data: the answer's positions only, or every position
+    p = _recipe(tmp_path, tiny)
+    counted = {}
+    for mode in ("answer", "all"):
+        q = tmp_path / f"{mode}.yaml"
+        q.write_text(p.read_text().replace("max_tokens: 96", "max_tokens: 512")
+                     + f"\ntext_loss: {mode}\n")
+        r = th.load_recipe(q)
+        train, _ = th.recipe_data(r, target, (), r["train"], progress=False)
+        t2, f2 = answer_texts(tok, r["train_texts"])
+        T = train["tokens"].shape[1]
+        lens = [min(len(t), T) for t in t2]
+        counted[mode] = train["mask"].sum(-1)
+        want = [max(0, n - 1 - f) for n, f in zip(lens, f2)] if mode == "answer" else \
+            [n - 1 for n in lens]
+        assert list(counted[mode]) == want, mode
+    assert (counted["answer"] < counted["all"]).all() and (counted["answer"] > 0).any()
+    assert th.load_recipe(p)["text_loss"] == "all"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(p.read_text() + "\ntext_loss: prompt\n")
+    with pytest.raises(ValueError, match="text_loss must be one of"):
         th.load_recipe(bad)
