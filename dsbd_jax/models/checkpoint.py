@@ -201,9 +201,12 @@ def assemble_params(config: ModelConfig, get: Callable[[str, Optional[int]], np.
 def save_host(path: Path, host: np.ndarray, dtype) -> None:
     """Write a parameter to a ``.npy`` file: float32 for a float32 model, else in the model's
     16-bit dtype (bfloat16, which numpy's format does not know, as its uint16 bit pattern;
-    :func:`load_host` reads either back)."""
+    :func:`load_host` reads either back); an integer ``dtype`` (an int8 kernel's codes) writes
+    the integers as they are."""
     dtype = jnp.dtype(dtype)
-    if dtype.itemsize == 2:
+    if not jnp.issubdtype(dtype, jnp.floating):   # integer arrays (int8 codes) as they are
+        host = np.asarray(host, dtype)
+    elif dtype.itemsize == 2:
         host = np.asarray(jnp.asarray(host).astype(dtype))
         if dtype == jnp.bfloat16:
             host = host.view(np.uint16)

@@ -360,10 +360,11 @@ def check_name(name) -> str:
 def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> str:
     """The candidate a program runs under whose projection kernels are in ``form`` and stored in
     ``dtype`` (``row_head``: its vocabulary head is stored as ``[V, d]`` rows, e.g. tied):
-    :func:`choice` of the form, except that 16-bit kernels and row heads never run under a
-    candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products)."""
+    :func:`choice` of the form, except that 16-bit and int8 kernels and row heads never run
+    under a candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products: Eigen has
+    neither a 16-bit nor an integer product on XLA:CPU)."""
     name = choice(form)
-    if (jnp.dtype(dtype).itemsize == 2 or row_head) and name in EIGEN_PRODUCTS:
+    if (jnp.dtype(dtype).itemsize <= 2 or row_head) and name in EIGEN_PRODUCTS:
         return "default"
     return name
 

@@ -42,6 +42,7 @@ sampling slower in bfloat16, gaining a few percent only in float32 beam sampling
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -55,11 +56,12 @@ import numpy as np
 from dsbd_jax.models.cpu_options import cache_file as plan_file
 from dsbd_jax.models.cpu_options import (cached_choice, choice, compiler_options,
                                          interleaved_min, mlp_pairs)
-from dsbd_jax.models import weights
+from dsbd_jax.models import products, weights
 from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, project,  # noqa: F401
                                       project_t, transpose_block, transposed_width,
                                       untranspose)
 from dsbd_jax.models.weights import RowBlocks, Rows, form_of  # noqa: F401
+from dsbd_jax.models.vocab import untie_head
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -190,6 +192,74 @@ def transpose_head_(params: dict) -> dict:
     rows replace it). Returns ``params``."""
     params.update(transpose_head(params))
     return params
+
+
+# ---------------------------------------------------------------------------------------------
+# eight-bit weights (weights.Int8)
+FLOAT, INT8 = "float", "int8"
+WEIGHT_KINDS = (FLOAT, INT8)  # load_model(..., weights=): the projections' and head's kind
+
+
+def check_weights(kind, what: str = "weights") -> str:
+    """``kind`` if it is one of :data:`WEIGHT_KINDS`, else a ``ValueError`` naming ``what`` (the
+    argument or option the caller wrote)."""
+    if not isinstance(kind, str) or kind not in WEIGHT_KINDS:
+        raise ValueError(f"{what} must be one of {list(WEIGHT_KINDS)}, got {kind!r}")
+    return kind
+
+
+def int8_params_(params: dict, config) -> tuple:
+    """``(params, config)`` with every projection kernel and the vocabulary head's kernel as
+    :class:`~dsbd_jax.models.weights.Int8` (eight-bit codes, a float32 scale per output), IN
+    PLACE, one kernel at a time (each new kernel waited for, the float one dropped: the peak is
+    the model plus one kernel). Kernels of any kind are accepted (transposed ones are read as
+    their plain arrays).
+
+    A tied head (the embedding doubling as the head) is untied first
+    (:func:`dsbd_jax.models.vocab.untie_head`): its ``[V, d]`` codes are the head's product, the
+    float embedding stays for the token lookups, and ``config.tie_word_embeddings`` becomes
+    ``False``. A truncated head's ``N`` rows are quantised as they are (its ``"full_kernel"``,
+    read only for a call's prompt rows, stays float; a truncated tied head's ``"embedding"``
+    rows become the head's kernel). Embeddings, norms and biases keep their float dtype.
+    :func:`unblock_params` gives back float kernels (the quantised values, not the original
+    ones)."""
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
+    if config.tie_word_embeddings and VOCAB_HEAD not in params:
+        params, config = untie_head(params, config)
+    for path in _projections(params):
+        parent = _get(params, path[:-1])
+        w = parent.pop(path[-1])
+        parent["kernel"] = jax.block_until_ready(weights.Int8.quantize(w))
+        del w
+    for name in (HEAD, VOCAB_HEAD):
+        head = params.get(name)
+        if not isinstance(head, Mapping):
+            continue
+        if "embedding" in head:   # a truncated tied head: its [N, d] rows
+            head = dict(head)
+            head["kernel"] = weights.Int8(*products.quantize_rows(head.pop("embedding")))
+            params[name] = head
+        elif "kernel" in head and not isinstance(head["kernel"], weights.Int8):
+            params[name] = {**head, "kernel": weights.Int8.quantize(head["kernel"])}
+    if VOCAB_HEAD in params and "full_embedding" in params[VOCAB_HEAD]:
+        head = dict(params[VOCAB_HEAD])   # prompt rows come from [d, V] columns now
+        head["full_kernel"] = jnp.transpose(head.pop("full_embedding"))
+        params[VOCAB_HEAD] = head
+    if VOCAB_HEAD in params:
+        config = dataclasses.replace(config, tie_word_embeddings=False)
+    return params, config
+
+
+def int8_params(params, config) -> tuple:
+    """:func:`int8_params_` on a copy of the tree's dicts (the input is not changed; its arrays
+    are shared until replaced)."""
+    return int8_params_(_copy_dicts(params), config)
+
+
+def is_int8(params) -> bool:
+    """Whether any kernel of the tree is an :class:`~dsbd_jax.models.weights.Int8`."""
+    return any(isinstance(leaf, weights.Int8) for leaf in weights.leaves(params))
 
 
 def _widths(params, kind) -> Dict[str, int]:

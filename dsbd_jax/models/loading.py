@@ -50,7 +50,8 @@ from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_
 from dsbd_jax.models.host import AUTO, HostPlan, dtype_choice, resolve_dtype
 from dsbd_jax.models.host import plan as host_plan
 from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import (MEASURED, TRANSPOSED, choose_form, head_transposed,
+from dsbd_jax.models.kernels import (FLOAT, INT8, MEASURED, TRANSPOSED, check_weights,
+                                     choose_form, head_transposed, int8_params_,
                                      transpose_params_, transposed_of, transposed_widths)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
@@ -188,7 +189,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                prompt_rows: bool = False,
                kernel_blocks: Optional[str] = "measured",
                untie_head: bool = False, place=None,
-               plan: Optional[HostPlan] = None) -> LoadedModel:
+               plan: Optional[HostPlan] = None, weights: str = FLOAT) -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -260,8 +261,24 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         with 2-16 rows (a draft at batch 2+, beams) is several times slower than an untied one
         (``docs/results/cpu.md``). Applied before ``head_rows``; ``info["untied_head"]`` says
         whether it changed the model. A model without a tied head is left as it is.
+      weights: the kind of the projection and vocabulary-head kernels. ``"float"`` (default):
+        the dtype's (``dtype``, ``kernel_blocks``). ``"int8"``: eight-bit codes with a float32
+        scale per output (:class:`dsbd_jax.models.weights.Int8`, made from the float weights
+        by :func:`dsbd_jax.models.kernels.int8_params_`), multiplied by XLA's integer product
+        with the activations quantised per row; the embedding, norms and KV cache stay in
+        ``dtype``, a tied head is untied (its codes are the head's product), and the kernel
+        form does not apply (``info["kernel_transposed"]`` is empty). **An int8 model is a
+        different model from the float one**: as a draft it never changes what a drafted
+        decoder outputs (the verification is against the target); as a target, every decoder
+        samples from the int8 model's distributions (``docs/precision.md``). A preset is
+        cached in its int8 form (a quarter of float32's bytes), later loads read that.
+        ``info["weights"]`` records the kind. Not with ``place`` (a mesh takes float kernels).
     """
     layout = check_layout(layout)
+    weights = check_weights(weights)
+    if weights == INT8 and place is not None:
+        raise ValueError("load_model(weights='int8') cannot place onto a mesh (place=...): "
+                         "sharded programs take float kernels; load with weights='float'")
     kernel_blocks = _removed_blocks(kernel_blocks)
     enable_compilation_cache(cache_dir)
     if plan is not None:
@@ -276,6 +293,8 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     if plan is not None:
         dtype, dtype_why = plan.dtype, plan.why
         kernel_blocks = TRANSPOSED if plan.form == TRANSPOSED and place is None else None
+    if weights == INT8:
+        kernel_blocks = None      # int8 codes have one form: [out, in] rows
     elif isinstance(dtype, str) and dtype == AUTO:
         t0 = time.perf_counter()
         config = read_config(source, revision=revision)
@@ -293,7 +312,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     if place is not None and kernel_blocks == MEASURED:
         kernel_blocks = None      # the sharded program takes plain [in, out] kernels
     host_form = _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
-                           cache_params, cache_dir, revision)
+                           cache_params, cache_dir, revision, weights)
     if host_form is not None:
         model = _load_host_form(host_form, dtype, tokenizer, cache_dir, progress)
         if model is not None:
@@ -302,6 +321,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["head_transposed"] = head_transposed(model.params)
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
             model.info["plan"] = plan_info
+            model.info["weights"] = weights
             release_freed_memory()
             return model
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
@@ -311,6 +331,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     if layout == "per_layer":
         with timed_step("split the stacked layers into per-layer arrays", progress, params):
             unstack_layers_(model.params)
+    untie_head = untie_head or weights == INT8   # an int8 head is a product, never tied
     model.info["untied_head"] = bool(untie_head and model.config.tie_word_embeddings)
     if untie_head:
         with timed_step("gave the tied head its own kernel", progress, params):
@@ -341,11 +362,16 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 # load's peak is the model plus one kernel, not two copies of the model
                 transpose_params_(model.params, transposed_widths(model.config),
                                   head=jnp.dtype(dtype).itemsize == 2)
+    if weights == INT8:
+        with timed_step("quantised the projections and the head to int8", progress, params):
+            model.params, model.config = int8_params_(model.params, model.config)
     model.info["kernel_transposed"] = transposed_of(model.params)
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
     model.info["plan"] = plan_info
-    if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]):
+    model.info["weights"] = weights
+    if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]
+                                  or weights == INT8):
         name, folder, key = host_form
         with timed_step(f"cached {name} in this host's form ({folder}: later loads only read "
                         f"it)", progress):
@@ -394,12 +420,13 @@ def _check_plan(plan, dtype, kernel_blocks) -> None:
 
 
 def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
-               cache_params, cache_dir, revision):
+               cache_params, cache_dir, revision, weights=FLOAT):
     """``(preset, folder, key)`` of the cache of a preset in the form this load leaves it in
     (layout, kernel form, head rows, dtype: :func:`presets.save_host_layout`), or ``None``
     where there is none: not a preset, the parameter cache off, or a load that places,
     truncates or unties. The form is part of the key, so a cache made for one form
-    never answers for another."""
+    never answers for another. An int8 load (``weights="int8"``) is always cached (its own
+    folder, ``-int8``), whatever its layout."""
     if place is not None or head_rows is not None or untie_head:
         return None
     if cache_params is False or (cache_params is None and not cache_params_default()):
@@ -409,6 +436,10 @@ def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_hea
         return None
     dtype_name = jnp.dtype(dtype).name
     config = preset_config(where, dtype_name, cache_dir)
+    if weights == INT8:
+        key = {"leaves": "typed kernels", "dtype": dtype_name, "layout": layout,
+               "weights": INT8, "format": 1}
+        return where, host_layout_dir_name(dtype_name, layout, INT8, False), key
     form = (TRANSPOSED if kernel_blocks == TRANSPOSED else
             choose_form(config, dtype) if kernel_blocks == MEASURED else "plain")
     row_head = form == TRANSPOSED and jnp.dtype(dtype).itemsize == 2

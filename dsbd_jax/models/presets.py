@@ -418,8 +418,9 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
                 if weights.is_kernel(leaf):  # a typed kernel: one file per array, its kind named
                     kinds[".".join(path)] = type(leaf).__name__
                     for field in leaf.fields:
-                        save_host(tmp / (".".join(path + (field,)) + ".npy"),
-                                  getattr(leaf, field), dtype)
+                        value = getattr(leaf, field)
+                        save_host(tmp / (".".join(path + (field,)) + ".npy"), value,
+                                  value.dtype if leaf.stored else dtype)
                 else:
                     save_host(tmp / (".".join(path) + ".npy"), leaf, dtype)
                 leaves.append(list(path))
@@ -445,8 +446,9 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
         return None
     dtype = jnp.dtype(dtype)
 
-    def read(path):
-        return _to_device(tuple(path), load_host(final / (".".join(path) + ".npy")), dtype)
+    def read(path, own=False):
+        host = load_host(final / (".".join(path) + ".npy"))
+        return _to_device(tuple(path), host, host.dtype if own else dtype)
     params: dict = {}
     for path in meta["leaves"]:
         tree = params
@@ -457,5 +459,5 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
             tree[path[-1]] = read(path)
         else:  # a typed kernel: one file per array
             cls = weights.kind(kind)
-            tree[path[-1]] = cls(*(read(path + [f]) for f in cls.fields))
+            tree[path[-1]] = cls(*(read(path + [f], cls.stored) for f in cls.fields))
     return config_from_json(meta["config"], dtype.name), params

@@ -65,6 +65,45 @@ def project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
 
 
+# int8 kernels (weights.Int8): codes [out, in] with one scale per output row
+INT8_MAX = 127
+
+
+def quantize_rows(w: jax.Array):
+    """``w [..., out, in]`` (any float) -> ``(codes int8 [..., out, in], scales float32 [...,
+    out])``: each output row scaled by its largest magnitude over ``127`` (symmetric, round to
+    nearest), so ``codes * scales[..., None]`` is within half a step of ``w``. An all-zero row
+    gets scale 1 and zero codes (never a division by zero); a row holding a NaN or an infinity
+    gets a non-finite scale, so whatever is multiplied by it after is non-finite too, as a float
+    product's would be (a NaN never turns into a finite number here)."""
+    w = jnp.asarray(w, jnp.float32)
+    amax = jnp.max(jnp.abs(w), axis=-1)
+    scales = jnp.where(amax == 0, 1.0, amax / INT8_MAX)
+    codes = jnp.clip(jnp.round(w / scales[..., None]), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+    return codes, scales.astype(jnp.float32)
+
+
+def int8_rows(x: jax.Array, codes: jax.Array, scales: jax.Array) -> jax.Array:
+    """``x [..., in]`` (float) times int8 ``codes [out, in]`` with per-output ``scales [out]``:
+    float32 ``[..., out]``.
+
+    ``x`` is quantised on the fly, each row to int8 by its own largest magnitude
+    (:func:`quantize_rows`), and the product runs as XLA's integer dot ``s8 x s8 -> s32``
+    (contracting both operands' last axis, the form XLA:CPU runs natively, several times
+    faster than float32 at two rows and more: ``benchmarks/int8_products.py``); the row and
+    output scales are applied to the int32 sums after. One row is padded to two
+    (:func:`_rows2`): XLA:CPU's one-row integer product takes a slow matrix-vector path. The
+    sums are exact in int32 for ``in`` below 133,000 (``127 * 127 * in < 2**31``)."""
+    lead = x.shape[:-1]
+    din = x.shape[-1]
+    xm = x.reshape(-1, din).astype(jnp.float32)
+    xq, xs = quantize_rows(xm)
+    y = jax.lax.dot_general(_rows2(xq), codes, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.int32)[:xm.shape[0]]
+    y = y.astype(jnp.float32) * xs[:, None] * scales
+    return y.reshape(*lead, codes.shape[0])
+
+
 # transposed kernels: [out, in] rows, kept as [out / n, n, in] blocks (weights.RowBlocks)
 TRANSPOSED = "transposed"
 # transposed blocks of at most this many output rows (wider blocks are slower: docs/results/cpu.md)

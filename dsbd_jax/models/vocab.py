@@ -207,7 +207,14 @@ def with_prompt_rows(params, prompt_ids: jax.Array):
     head = params[VOCAB_HEAD]
     extra = jnp.reshape(jnp.asarray(prompt_ids), (-1,)).astype(head["rows"].dtype)
     new = {"rows": jnp.concatenate([head["rows"], extra])}
-    if "full_kernel" in head and isinstance(head["kernel"], Rows):  # [N, d] rows
+    if "full_kernel" in head and isinstance(head["kernel"], weights.Int8):  # eight-bit rows
+        # each output row is quantised on its own, so the extra rows get the codes and scales
+        # a quantisation of the whole head would have given them
+        more = weights.Int8.quantize(jnp.take(head["full_kernel"], extra, axis=1))
+        new["kernel"] = weights.Int8(
+            jnp.concatenate([head["kernel"].codes, more.codes], axis=0),
+            jnp.concatenate([head["kernel"].scales, more.scales], axis=0))
+    elif "full_kernel" in head and isinstance(head["kernel"], Rows):  # [N, d] rows
         new["kernel"] = Rows(jnp.concatenate(
             [head["kernel"].value, jnp.take(head["full_kernel"], extra, axis=1).T], axis=0))
     elif "full_kernel" in head:

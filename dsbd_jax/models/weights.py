@@ -26,7 +26,10 @@ it as a pytree and by name (:func:`kind`), and no other module changes
 * :class:`Rows` ``[out, in]``: a 16-bit vocabulary head
   (:func:`dsbd_jax.models.kernels.transpose_head`);
 * :class:`RowBlocks` ``[out / n, n, in]``: transposed kernels
-  (:func:`dsbd_jax.models.kernels.transpose_params`).
+  (:func:`dsbd_jax.models.kernels.transpose_params`);
+* :class:`Int8` ``codes [out, in]`` and ``scales [out]``: eight-bit weights, multiplied by XLA's
+  integer product (:func:`dsbd_jax.models.kernels.int8_params`; ``load_model(...,
+  weights="int8")``).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Kernel:
 
     fields: ClassVar[Tuple[str, ...]] = ("value",)
     rank: ClassVar[int] = 2
+    # whether the caches store the fields in their own dtypes (True) or in the model's dtype
+    stored: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -172,6 +177,50 @@ class RowBlocks(Kernel):
         return int(np.shape(self.value)[-2])
 
 
+class Int8(Kernel):
+    """Eight-bit codes with a scale per output: ``codes int8 [out, in]`` (one output per row, the
+    operand form XLA:CPU's integer product runs natively) and ``scales float32 [out]``, the
+    kernel being ``codes * scales[:, None]`` as ``[out, in]`` rows
+    (:func:`dsbd_jax.models.products.quantize_rows`: symmetric, per output channel).
+
+    Its product quantises the activations on the fly, per row, and runs XLA's ``s8 x s8 ->
+    s32`` dot with both scales applied after (:func:`dsbd_jax.models.products.int8_rows`).
+    That is a different model from the float one, by about one part in 250 of each weight and
+    activation (``docs/precision.md``, *Eight-bit weights*): for a draft the difference never
+    reaches the output distributions (DSBD and speculative sampling verify against the target),
+    for a target it is what the user loads. Both arrays keep their dtypes whatever the model's
+    float dtype (:meth:`astype` is the identity; the caches store them as they are:
+    ``stored``)."""
+
+    fields = ("codes", "scales")
+    rank = 2
+    stored = True  # the caches keep the fields' own dtypes (int8 codes, float32 scales)
+
+    def product(self, x):
+        return products.int8_rows(x, self.codes, self.scales)
+
+    def plain(self):
+        return jnp.swapaxes(self.codes.astype(jnp.float32) * self.scales[..., None], -1, -2)
+
+    @property
+    def shape(self):
+        *lead, dout, din = np.shape(self.codes)
+        return (*lead, din, dout)
+
+    def astype(self, dtype):
+        return self
+
+    def take_outputs(self, idx):
+        return Int8(jnp.take(self.codes, idx, axis=-2), jnp.take(self.scales, idx, axis=-1))
+
+    @classmethod
+    def quantize(cls, kernel) -> "Int8":
+        """The int8 kernel of ``kernel`` (a plain ``[..., in, out]`` array or a typed kernel of
+        any kind; leading axes kept)."""
+        rows = jnp.swapaxes(plain(kernel), -1, -2)
+        return cls(*products.quantize_rows(rows))
+
+
 def is_kernel(x) -> bool:
     """Whether ``x`` is a typed kernel (a :class:`Kernel` of any kind)."""
     return isinstance(x, Kernel)
@@ -243,9 +292,13 @@ def _mappings(tree):
 
 
 def _sixteen_bit(m: Mapping):
-    """The dtype name of a kernel (of any kind) stored in 16 bits under ``m["kernel"]``, else
-    ``None``. Reads dtypes only (tracers and shape structs alike)."""
-    dt = getattr(m.get("kernel"), "dtype", None)
+    """The dtype name of a kernel (of any kind) stored in 16 bits under ``m["kernel"]``, or
+    ``"int8"`` for an :class:`Int8` kernel, else ``None``. Reads dtypes only (tracers and shape
+    structs alike)."""
+    k = m.get("kernel")
+    if isinstance(k, Int8):
+        return "int8"
+    dt = getattr(k, "dtype", None)
     if dt is not None and jnp.issubdtype(dt, jnp.floating) and jnp.dtype(dt).itemsize == 2:
         return jnp.dtype(dt).name
     return None
@@ -289,7 +342,8 @@ def form_of(tree) -> str:
 
 def kernel_dtype(tree) -> str:
     """``"bfloat16"`` (or ``"float16"``) when a kernel in the pytree ``tree`` (a parameter
-    tree, or a call's arguments) is stored in 16 bits, else ``"float32"``."""
+    tree, or a call's arguments) is stored in 16 bits, ``"int8"`` when one is an :class:`Int8`
+    (the first such kernel found decides), else ``"float32"``."""
     return next(filter(None, map(_sixteen_bit, _mappings(tree))), "float32")
 
 
