@@ -171,6 +171,19 @@ def small_or_trained_head(args, target):
     return hc, mhead.init_params(hc, jax.random.PRNGKey(0), target.params), {}
 
 
+def int8_drafts(draft, counts, rows):
+    """``{name: (config, params)}`` of the eight-bit drafts (:class:`dsbd_jax.models.weights.Int8`
+    projections and head, :func:`dsbd_jax.models.kernels.int8_params`): ``int8`` (the full head,
+    untied) and ``int8_trunc_<rows>_prompt`` (the head truncated to the table's ``rows`` most
+    frequent tokens with prompt rows, then quantised)."""
+    from dsbd_jax.models import kernels, vocab as mv
+    full = kernels.int8_params(draft.params, draft.config)
+    keep = draft.config.eos_token_id or ()
+    untied, cfg = mv.untie_head(draft.params, draft.config)
+    trunc = mv.truncate_head(untied, cfg, mv.top_rows(counts, rows, keep), prompt_rows=True)
+    return {"int8": full, f"int8_trunc_{rows}_prompt": kernels.int8_params(trunc, cfg)}
+
+
 def summarize(out):
     """Add each draft's ``targets`` (per batch) to a run's record: every target's ratio end to
     end, decode only, and with one term changed (:func:`what_if`, :func:`single_beam_what_if`);
@@ -338,7 +351,11 @@ def main(argv=None):
     if args.small:  # the tiny draft's own directory stands in for a distilled draft
         args.distilled = args.draft
     drafts = build_drafts(draft, counts, [args.rows], args.rows, True, args.distilled)
-    head_config = None  # the draft "head": its own config; every other draft has the draft's
+    # each draft's config: the draft's, but for the int8 drafts (their head untied) and the head
+    dconfs = {}
+    for name, (config, params) in int8_drafts(draft, counts, args.rows).items():
+        drafts[name], dconfs[name] = params, config
+    head_config = None  # the draft "head": its own config
     if args.head or (args.small and "head" in (args.drafts or [])):
         head_config, drafts["head"], head_meta = small_or_trained_head(args, target)
     names = args.drafts or (["base", f"trunc_{args.rows}_prompt"]
@@ -375,7 +392,8 @@ def main(argv=None):
            "dtypes": {k: {"dtype": m.info.get("dtype"),
                           "why": _no_paths(m.info.get("dtype_why"))}
                       for k, m in (("target", target), ("draft", draft))},
-           "prompt_len": prompt_len, "targets": TARGETS, "batches": {}}
+           "prompt_len": prompt_len, "targets": TARGETS, "batches": {},
+           "int8_drafts": sorted(dconfs)}
     if head_config is not None:
         from dsbd_jax.models import head as mhead
         out["head"] = {"source": args.head and portable_settings({"h": args.head}, _ROOT)["h"],
@@ -423,19 +441,20 @@ def main(argv=None):
         one = interleaved_medians(
             {"target": pass_call(tc, target.params, B, P + N, prompt_len),
              **{d: (head_pass_call(head_config, drafts[d], target.params, B, P + N)
-                    if d == "head" else pass_call(dc, drafts[d], B, P + N, prompt_len))
+                    if d == "head" else pass_call(dconfs.get(d, draft.config), drafts[d], B,
+                                                  P + N, prompt_len))
                 for d in names}}, args.repeats)
         rec["one_token_pass_ms"] = one
         rec["draft_pass_vs_target"] = {d: one[d] / one["target"] for d in names}
         log(f"b{B} one-token passes (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in one.items()))
         for dname in names if bi == 0 else [n for n in names if n in at_batch]:
+            dc = dconfs.get(dname, draft.config)
             dparams = drafts[dname]
             both = {"target": target.params, "draft": dparams}
             is_head = dname == "head"
             drec = rec["drafts"][dname] = {}
             for mname, (fn, cfg, (kind, s)) in methods.items():
-                if is_head:
-                    cfg = dataclasses.replace(cfg, draft=head_config)
+                cfg = dataclasses.replace(cfg, draft=head_config if is_head else dc)
                 if kind == "spec":  # prefill and passes over the same cache
                     pre_slots = t_slots = d_slots = num_slots(cfg, P)
                 else:  # prefill per beam, then Wc beams (+ the draft's forest scratch) per row

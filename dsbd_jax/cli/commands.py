@@ -12,7 +12,7 @@ from typing import List, Optional
 from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, PresetError, _mesh,
                                   build_parser)
 from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
-                                  progress_mode, run_method, tokens_per_second)
+                                  progress_mode, run_method, tokens_per_second, weights_label)
 
 def demo_draft(target: str, draft: Optional[str]):
     """The demo's draft and what to say about it: ``(draft, note, hint)``. ``--draft`` when
@@ -55,8 +55,8 @@ def cmd_demo(args) -> int:
         print(note, flush=True)
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
     target, draft = load_models(args, configs)
-    print(f"target {args.target} ({target.info['dtype']}: {target.info['dtype_why']}), "
-          f"draft {args.draft} ({draft.info['dtype']}); {len(prompts)} prompt(s), "
+    print(f"target {args.target} ({weights_label(target.info)}: {target.info['dtype_why']}), "
+          f"draft {args.draft} ({weights_label(draft.info)}); {len(prompts)} prompt(s), "
           f"{args.max_new_tokens} new tokens; each method runs twice (compile + warm-up, then "
           f"timed)", flush=True)
     print(f"DSBD: {args.beams} beams in the extra layer (the output: {args.min_width} to "

@@ -64,6 +64,15 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the models' dtype: auto = bfloat16 where this host runs it faster "
                         "than float32 (measured once, cached), else float32")
+    p.add_argument("--draft-weights", default="float", choices=("float", "int8"),
+                   help="the draft model's projection and head kernels: int8 = eight-bit codes "
+                        "run by XLA's integer product (a quarter of float32's bytes, several "
+                        "times faster at few rows on the CPU); the outputs keep the target's "
+                        "exact distributions whatever the draft")
+    p.add_argument("--weights", default="float", choices=("float", "int8"),
+                   help="the target's kernels: int8 makes the target ANOTHER MODEL (eight-bit "
+                        "weights and activations in its products): every method then samples "
+                        "that model's distributions, not the float model's (docs/loading.md)")
 
 
 MODEL_HELP = "target model: preset name, HF directory, .gguf or hub id org/name[@revision]"

@@ -126,6 +126,15 @@ def check_options(args, methods, prompts, raw: bool = False) -> None:
         build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None, progress=False)
 
 
+def _with_weights(config, args, option: str):
+    """``config`` as an int8 load leaves it when ``args.<option>`` is ``"int8"``
+    (:func:`dsbd_jax.models.kernels.int8_config`)."""
+    if getattr(args, option, "float") != "int8":
+        return config
+    from dsbd_jax.models.kernels import int8_config
+    return int8_config(config)
+
+
 def prepare(args, methods, prompts, raw: bool = False):
     """Everything that can fail without weights, checked before the slow load and cheapest
     first: the settings and prompts alone (:func:`check_options`), then against the model
@@ -140,9 +149,17 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.models.loading import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     dtype = getattr(args, "dtype", "auto")
-    target_config = read_config(args.target, dtype)
-    configs = (target_config, read_draft_config(args.draft, target_config, dtype)
-               if needs_draft else None)
+    target_config = _with_weights(read_config(args.target, dtype), args, "weights")
+    draft_config = (read_draft_config(args.draft, target_config, dtype) if needs_draft
+                    else None)
+    if draft_config is not None and getattr(args, "draft_weights", "float") == "int8":
+        from dsbd_jax.models.head import is_head
+        if is_head(draft_config):
+            raise CLIError(f"--draft-weights int8 quantises a draft model; --draft "
+                           f"{args.draft} is a draft head (drop --draft-weights, or give a "
+                           f"draft model)")
+        draft_config = _with_weights(draft_config, args, "draft_weights")
+    configs = (target_config, draft_config)
     progress = progress_mode(args) == "tokens"
     decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
     tokenizer = load_tokenizer(args.target)
@@ -156,6 +173,11 @@ def prepare(args, methods, prompts, raw: bool = False):
         decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
                                          node_budget=budget)
     return configs, decoders, tokenizer, ids, lens
+
+
+def weights_label(info) -> str:
+    """A loaded model's dtype, and ``int8 weights`` where its kernels are eight-bit."""
+    return info["dtype"] + (", int8 weights" if info.get("weights") == "int8" else "")
 
 
 def load_models(args, configs):
@@ -185,14 +207,16 @@ def load_models(args, configs):
                                "the vocabulary rows it was trained with")
             m = LoadedHead(source, models[0].config)
         else:
-            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False, **head)
+            kind = getattr(args, "weights" if role == "target" else "draft_weights", "float")
+            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False,
+                           weights=kind, **head)
         if head:
             _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
                     + (" + the prompt's tokens" if head["prompt_rows"] else ""))
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")
-        _status(f"loaded {role} {source} ({m.info['dtype']}) in "
+        _status(f"loaded {role} {source} ({weights_label(m.info)}) in "
                 f"{time.perf_counter() - t0:.1f} s")
         models.append(m)
     return models[0], models[1]

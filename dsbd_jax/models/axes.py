@@ -132,8 +132,13 @@ def path_keys(path) -> Tuple[str, ...]:
 def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
     """Logical axes of the parameter at ``path`` (a tuple of keys). Leaves under ``"layers"``
     (stacked layout) get a leading ``"layers"`` axis; ``"layers_<i>"`` leaves (per-layer layout)
-    do not. ``ValueError`` for a parameter no rule covers or a rank that does not match."""
+    do not. An int8 kernel's ``codes`` (``[.., out, in]``) and ``scales`` (``[.., out]``) take
+    the plain kernel's axes in their own order. ``ValueError`` for a parameter no rule covers or a rank that does not match."""
     path = tuple(path)
+    if len(path) >= 2 and path[-2] == "kernel" and path[-1] in ("codes", "scales"):
+        # an int8 kernel (models.weights.Int8): codes [.., out, in], a scale per output [.., out]
+        plain = logical_axes(path[:-1], ndim + (path[-1] == "scales"))   # [.., in, out]
+        return plain[:-2] + ((plain[-1], plain[-2]) if path[-1] == "codes" else (plain[-1],))
     axes = None
     for n in range(len(path), 0, -1):
         if path[-n:] in LOGICAL_AXES:

@@ -357,9 +357,20 @@ def in_host_form(config: HeadConfig, params: dict) -> dict:
     return kernels.transpose_params_(params, kernels.transposed_widths(block))
 
 
+def int8(params: dict) -> dict:
+    """The head with its block's projections, its ``fc`` and its truncated vocabulary rows (when
+    it keeps some) as int8 kernels (:class:`dsbd_jax.models.weights.Int8`,
+    :func:`dsbd_jax.models.kernels.int8_kernels_`); the ``fuse`` projection of fused features
+    and the target's own embedding and vocabulary head, read at call time, stay float. A new
+    tree (the input's arrays shared until replaced). Like any draft, an int8 head leaves every
+    output distribution unchanged; only acceptance can move."""
+    from dsbd_jax.models import kernels
+    return kernels.int8_kernels(params, extra=("fc",))
+
+
 __all__ = ["HeadConfig", "is_head", "forward", "target_features", "features_of_prompt",
            "init_params", "check_params", "save", "load", "in_host_form", "is_head_dir",
-           "num_params", "truncate",
+           "num_params", "truncate", "int8",
            "VOCAB_HEAD"]
 
 

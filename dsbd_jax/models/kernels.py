@@ -117,15 +117,17 @@ def _copy_dicts(tree):
     return {k: _copy_dicts(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
 
 
-def unblock_params(params):
+def unblock_params(params, keep: tuple = ()):
     """``params`` with every typed kernel (transposed, a head's rows; any
     :class:`~dsbd_jax.models.weights.Kernel`) back as its plain ``[in, out]`` array (the same
-    tree object when there is none)."""
+    tree object when there is none); kernels of the kinds in ``keep`` stay as they are (an int8
+    kernel's plain array is its quantised values in float32, four times its bytes)."""
     if not isinstance(params, Mapping):
         return params
     out = None
     for k, v in params.items():
-        new = unblock_params(v) if isinstance(v, Mapping) else weights.plain(v)
+        new = (unblock_params(v, keep) if isinstance(v, Mapping)
+               else v if isinstance(v, keep) else weights.plain(v))
         if new is not v:
             out = dict(params) if out is None else out
             out[k] = new
@@ -227,7 +229,17 @@ def int8_params_(params: dict, config) -> tuple:
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
     if config.tie_word_embeddings and VOCAB_HEAD not in params:
         params, config = untie_head(params, config)
-    for path in _projections(params):
+    return int8_kernels_(params), int8_config(config)
+
+
+def int8_kernels_(params: dict, extra=()) -> dict:
+    """IN PLACE: every projection kernel, the kernels of the modules named in ``extra`` (e.g. a
+    draft head's ``fc``) and an untied or truncated vocabulary head's kernel as
+    :class:`~dsbd_jax.models.weights.Int8`, one kernel at a time (the body of
+    :func:`int8_params_`, which first unties a tied head). Returns ``params``."""
+    paths = _projections(params) + [(k, "kernel") for k in extra
+                                    if isinstance(params.get(k), Mapping)]
+    for path in paths:
         parent = _get(params, path[:-1])
         w = parent.pop(path[-1])
         parent["kernel"] = jax.block_until_ready(weights.Int8.quantize(w))
@@ -246,15 +258,25 @@ def int8_params_(params: dict, config) -> tuple:
         head = dict(params[VOCAB_HEAD])   # prompt rows come from [d, V] columns now
         head["full_kernel"] = jnp.transpose(head.pop("full_embedding"))
         params[VOCAB_HEAD] = head
-    if VOCAB_HEAD in params:
-        config = dataclasses.replace(config, tie_word_embeddings=False)
-    return params, config
+    return params
+
+
+def int8_config(config):
+    """The config of ``config``'s model with int8 weights (:func:`int8_params_`): its head is
+    never tied (the codes are the head's product)."""
+    return dataclasses.replace(config, tie_word_embeddings=False)
 
 
 def int8_params(params, config) -> tuple:
     """:func:`int8_params_` on a copy of the tree's dicts (the input is not changed; its arrays
     are shared until replaced)."""
     return int8_params_(_copy_dicts(params), config)
+
+
+def int8_kernels(params, extra=()) -> dict:
+    """:func:`int8_kernels_` on a copy of the tree's dicts (typed kernels read as their plain
+    arrays; the input is not changed)."""
+    return int8_kernels_(_copy_dicts(unblock_params(params)), extra)
 
 
 def is_int8(params) -> bool:

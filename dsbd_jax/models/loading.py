@@ -270,8 +270,9 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         form does not apply (``info["kernel_transposed"]`` is empty). **An int8 model is a
         different model from the float one**: as a draft it never changes what a drafted
         decoder outputs (the verification is against the target); as a target, every decoder
-        samples from the int8 model's distributions (``docs/precision.md``). A preset is
-        cached in its int8 form (a quarter of float32's bytes), later loads read that.
+        samples from the int8 model's distributions (``docs/loading.md``, *Eight-bit
+        weights*). A preset is cached in its int8 form (codes a quarter of float32's bytes),
+        later loads read that.
         ``info["weights"]`` records the kind. Not with ``place`` (a mesh takes float kernels).
     """
     layout = check_layout(layout)

@@ -186,7 +186,7 @@ class Int8(Kernel):
     Its product quantises the activations on the fly, per row, and runs XLA's ``s8 x s8 ->
     s32`` dot with both scales applied after (:func:`dsbd_jax.models.products.int8_rows`).
     That is a different model from the float one, by about one part in 250 of each weight and
-    activation (``docs/precision.md``, *Eight-bit weights*): for a draft the difference never
+    activation (``docs/loading.md``, *Eight-bit weights*): for a draft the difference never
     reaches the output distributions (DSBD and speculative sampling verify against the target),
     for a target it is what the user loads. Both arrays keep their dtypes whatever the model's
     float dtype (:meth:`astype` is the identity; the caches store them as they are:

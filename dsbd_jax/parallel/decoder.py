@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 from dsbd_jax.decoding import calls, common, inputs, programs
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.weights import Int8
 from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
 from dsbd_jax.parallel.rules import (ShardingRules, model_configs, split_params, expand_kv_heads,
@@ -121,10 +122,12 @@ class ShardedDecoder:
         """The parameters placed on the mesh (``device_put`` with the rules' shardings), KV heads
         repeated first where ``kv_repeat`` says so. Typed kernels (transposed kernels, a head's
         rows: :mod:`dsbd_jax.models.kernels`, single-CPU forms) are put back to ``[in, out]``,
-        the form the sharding rules split; the sharded program runs plain kernels."""
+        the form the sharding rules split; int8 kernels (:class:`dsbd_jax.models.weights.Int8`)
+        stay int8, their codes and scales split along the plain kernel's axes
+        (:func:`dsbd_jax.models.axes.logical_axes`)."""
         configs = model_configs(self.source_config)
         pair, trees = split_params(params, configs)
-        trees = {k: unblock_params(t) for k, t in trees.items()}
+        trees = {k: unblock_params(t, keep=(Int8,)) for k, t in trees.items()}
         trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
         return shard_params(trees if pair else trees["target"], self.config, self.rules)
 

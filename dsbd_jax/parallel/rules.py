@@ -190,16 +190,24 @@ def expand_kv_heads(params, config: ModelConfig, repeat: int):
     bias columns, head-major as HF orders them: ``[.., K*D] -> [.., K*repeat*D]``, copy ``j`` of
     head ``k`` at ``k*repeat + j``). With ``num_kv_heads * repeat`` KV heads, query head ``h``
     uses head ``h // (H / (K*repeat))``, a copy of its original KV head ``h // (H / K)``: the model
-    computes the same function. Works on both weight layouts."""
+    computes the same function. Works on both weight layouts, and on int8 kernels (their codes'
+    output rows and their scales repeated alike)."""
     if repeat == 1:
         return params
     K, D = config.num_kv_heads, config.head_dim
 
+    def heads(x, axis):   # the K * D axis ``axis`` of x, each head repeated
+        x = jnp.moveaxis(x, axis, -1)
+        y = jnp.reshape(x, x.shape[:-1] + (K, D))
+        y = jnp.reshape(jnp.repeat(y, repeat, axis=-2), x.shape[:-1] + (K * repeat * D,))
+        return jnp.moveaxis(y, -1, axis)
+
     def f(path, x):
         keys = path_keys(path)
         if len(keys) >= 2 and keys[-2] in ("k_proj", "v_proj"):
-            y = jnp.reshape(x, x.shape[:-1] + (K, D))
-            return jnp.reshape(jnp.repeat(y, repeat, axis=-2), x.shape[:-1] + (K * repeat * D,))
+            return heads(x, -1)
+        if len(keys) >= 3 and keys[-3] in ("k_proj", "v_proj") and keys[-2] == "kernel":
+            return heads(x, -2 if keys[-1] == "codes" else -1)   # an int8 kernel's fields
         return x
     return jax.tree_util.tree_map_with_path(f, params)
 

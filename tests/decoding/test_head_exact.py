@@ -129,3 +129,25 @@ def test_head_with_a_wrong_q_fails(decoder, monkeypatch):
     print(f"{decoder} with a head, wrong q on purpose: p={result.pvalue:.3g} "
           f"(chi2={result.statistic:.1f}, dof={result.dof})")
     assert result.pvalue < ts.P_BROKEN, result
+
+
+@pytest.mark.parametrize("decoder", ["speculative", "dsbd"])
+def test_an_int8_head_is_exact(decoder):
+    """The head's block and ``fc`` in int8 (``head.int8``): speculative sampling (fused features
+    of layer 0) and DSBD at fixed width keep their exact distributions."""
+    from dsbd_jax.models import head as mhead, weights
+    if decoder == "speculative":
+        hc, params = _head_params((0,))
+        params["draft"] = mhead.int8(params["draft"])
+        assert isinstance(params["draft"]["fc"]["kernel"], weights.Int8)
+        assert isinstance(params["draft"]["layers_0"]["mlp"]["up_proj"]["kernel"], weights.Int8)
+        cfg = ts.eos_config().replace(draft=hc)
+        result, out = ts.run_exact(spec.speculative_sample, cfg, params)
+        ts.check_exact_case("speculative with an int8 head", cfg, result, out)
+    else:
+        config, params, exact = _dsbd_case(False, True)
+        params["draft"] = mhead.int8(params["draft"])
+        out, samples = _dsbd_run(config, params, key=12)
+        res = ref.chi_square_test(samples, exact)
+        print(f"dsbd with an int8 head: p={res.pvalue:.3g}")
+        assert res.pvalue > P_MIN, res

@@ -163,9 +163,35 @@ def main(tmp, out_path):
     except ValueError as e:
         strict_error = str(e)
     report = dict(cases=results, cli=cli, per_layer=per_layer_check(target, [(2, 4), (1, 2)]),
-                  strict_error=strict_error, seconds=round(time.time() - t_start, 1))
+                  strict_error=strict_error, int8_draft=int8_draft_case(target, draft, ids, lens,
+                                                                        key),
+                  seconds=round(time.time() - t_start, 1))
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
+
+
+def int8_draft_case(target, draft, ids, lens, key):
+    """DSBD with an int8 draft on a (2, 4) mesh against its one-device run: the draft stays int8
+    on the mesh (codes split along the plain kernel's axes, KV heads repeated in codes and
+    scales alike)."""
+    from dsbd_jax.models import kernels, weights
+    dp, dc = kernels.int8_params(draft.params, draft.config)
+    dec = build("dsbd", target.config, dc, **SETTINGS, **METHOD_SETTINGS["dsbd"])
+    params = {"target": target.params, "draft": dp}
+    ref = jax.device_get(dec(params, ids, key, prompt_lengths=lens))
+    sdec = sh.ShardedDecoder.of(dec, sh.make_mesh(2, 4), uneven_batch="pad")
+    placed = sdec.place(params)
+    out = jax.device_get(sdec(placed, ids, key, prompt_lengths=lens))
+    up = placed["draft"]["layers_0"]["mlp"]["up_proj"]["kernel"]
+    k = placed["draft"]["layers_0"]["attn"]["k_proj"]["kernel"]
+    return dict(mismatches=compare(ref, out), kind=type(up).__name__,
+                up_codes_spec=str(up.codes.sharding.spec),
+                up_scales_spec=str(up.scales.sharding.spec), kv_repeat=sdec.kv_repeat,
+                k_codes_shape=list(k.codes.shape), k_scales_shape=list(k.scales.shape),
+                draft_kv_heads=sdec.config.draft.num_kv_heads,
+                head_dim=sdec.config.draft.head_dim,
+                int8_leaves=sum(isinstance(x, weights.Int8)
+                                for x in weights.leaves(placed["draft"])))
 
 
 if __name__ == "__main__":

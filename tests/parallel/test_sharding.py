@@ -107,6 +107,21 @@ def test_per_layer_weight_layout(report):
         assert specs["layers_0/attn/q_proj/kernel"] == "P(None, 'model')"
 
 
+def test_an_int8_draft_stays_int8_on_the_mesh(report):
+    """DSBD with an int8 draft on a (2, 4) mesh gives its one-device output; the draft's kernels
+    stay int8 there, split like the plain kernels ([in, out] (None, model) -> codes [out, in]
+    (model, None), scales (model,)), the repeated KV heads repeated in codes and scales."""
+    r = report["int8_draft"]
+    # batch 3 padded to 4 over data=2: the stats summed over the prompts count the copy
+    names = {m.split("'")[1] if "stats" in m else m for m in r["mismatches"]}
+    assert names <= SUMMED_OVER_PROMPTS, r
+    assert r["kind"] == "Int8" and r["int8_leaves"] >= 8, r
+    assert r["up_codes_spec"] == "P('model', None)", r
+    assert r["up_scales_spec"] == "P('model',)", r
+    kv = r["draft_kv_heads"] * r["head_dim"]            # after any repetition
+    assert r["k_codes_shape"][0] == kv and r["k_scales_shape"] == [kv], r
+
+
 def test_cli_mesh(report):
     assert report["cli"]["code"] == 0, report["cli"]["out"]
     out = report["cli"]["out"]
