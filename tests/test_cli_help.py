@@ -98,8 +98,11 @@ def test_demo_verdict_names_what_held_dsbd_back():
 
 @pytest.mark.parametrize("argv, words", [
     (["--prompt", "hi", "--threshold", "1.5"], "threshold must be a number in [0, 1]"),
-    (["--prompt", "hi", "--beams", "0"], "num_beams"),
-    (["--method", "beam", "--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--prompt", "hi", "--beams", "0"], "--beams: num_beams"),
+    (["--method", "beam", "--prompt", "hi", "--max-new-tokens", "0"],
+     "--max-new-tokens: max_new_tokens"),
+    (["--prompt", "hi", "--draft", "no-such-draft"], "--draft 'no-such-draft': no such model"),
+    (["--prompt", "hi", "--target", "no/such/dir/"], "--target 'no/such/dir/': no such model"),
     (["--raw", "--prompt", ""], "--prompt 1 is empty"),
 ])
 def test_generate_refuses_bad_options_before_reading_a_model(argv, words, monkeypatch, capsys):
@@ -126,3 +129,48 @@ def test_beams_help_says_what_dsbd_outputs():
                                       "--draft-width", "3"])
     s = _settings("dsbd", args)
     assert (s["num_beams"], s["min_width"], s["max_width"]) == (2, 1, 3)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "--prompt", "hi", "--draft", "no-such-draft"],
+     ["--draft 'no-such-draft'", "dsbd train-head RECIPE"]),
+    (["generate", "--prompt", "hi", "--beams", "0"], ["--beams:"]),
+    (["vocab", "build", "--model", "qwen2.5-coder-0.5b-instruct", "--generate-with",
+      "qwen2.5-coder-0.5b-instruct", "--prompts", "missing.txt"], ["--prompts missing.txt"]),
+    (["vocab", "build", "--model", "no-such-model", "--text", "README.md"],
+     ["--model 'no-such-model'"]),
+    (["train-head", "configs/head_tiny.yaml"],
+     ["target '/tmp/dsbd_tiny_missing/target'", "dsbd make-tiny-pair /tmp/dsbd_tiny_missing"]),
+    (["distill", "configs/distill_qwen.yaml"], ["draft 'no-such-draft'"]),
+])
+def test_refusals_come_at_once_with_an_empty_cache(argv, words, tmp_path, monkeypatch, capsys):
+    """Every documented bad input is refused within 3 s with an empty cache, before any model
+    is read or converted, naming the option or recipe key the user wrote and, where one exists,
+    the command that fixes it."""
+    import time
+    from pathlib import Path
+    from dsbd_jax import cli
+    from dsbd_jax.models import loading, presets
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+    def fail(*a, **k):
+        raise AssertionError("a model was read or converted before the input was refused")
+    for name in ("read_config", "load_tokenizer", "load_model"):
+        monkeypatch.setattr(loading, name, fail)
+    monkeypatch.setattr(presets, "load_preset", fail)
+    (tmp_path / "README.md").write_text("some text")
+    if argv[0] in ("train-head", "distill"):          # recipes pointing at missing models
+        text = (root / argv[1]).read_text()
+        text = (text.replace("/tmp/dsbd_tiny/", "/tmp/dsbd_tiny_missing/") if argv[0] == "train-head"
+                else text.replace("models: models/qwen_offline.yaml",
+                                  "target: qwen2.5-coder-1.5b-instruct\ndraft: no-such-draft"))
+        (tmp_path / "recipe.yaml").write_text(text)
+        argv = [argv[0], "recipe.yaml"]
+    t0 = time.perf_counter()
+    assert cli.main(argv) == 2
+    assert time.perf_counter() - t0 < 3.0
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err

@@ -221,6 +221,18 @@ def cmd_vocab(args) -> int:
         raise CLIError("--generate-with needs prompts: --prompts FILE or --prompt-task SLICE")
     for spec in args.task + args.prompt_task:
         ev.parse_slice(spec)
+    for option, paths in (("--text", args.text), ("--rollouts", args.rollouts),
+                          ("--prompts", [args.prompts] if args.prompts else [])):
+        for path in paths:
+            if not Path(path).exists():
+                raise CLIError(f"{option} {path}: no such file")
+    from dsbd_jax.models.loading import check_source
+    for option, source in (("--model", args.model), ("--generate-with", args.generate_with)):
+        if source:
+            try:
+                check_source(source, option)
+            except ValueError as e:
+                raise CLIError(str(e)) from None
     config = read_config(args.model)
     V = config.vocab_size
     tokenizer = load_tokenizer(args.model)

@@ -122,8 +122,50 @@ def check_options(args, methods, prompts, raw: bool = False) -> None:
     stand_in = ModelConfig(**_STAND_IN)
     for m in methods:
         settings = _settings(m, args)
-        check_settings(m, settings)
-        build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None, progress=False)
+        try:
+            check_settings(m, settings)
+            build_decoder(m, args, stand_in, stand_in if m in NEEDS_DRAFT else None,
+                          progress=False)
+        except ValueError as e:
+            raise CLIError(option_error(str(e))) from None
+    check_sources(args, methods)
+
+
+# the decoders' setting names, as the command line spells them (option_error)
+SETTING_OPTIONS = {"num_beams": "--beams", "max_new_tokens": "--max-new-tokens",
+                   "draft_width": "--draft-width", "min_width": "--min-width",
+                   "max_width": "--beams / --draft-width", "threshold": "--threshold",
+                   "gamma": "--gamma", "temperature": "--temperature", "top_k": "--top-k",
+                   "top_p": "--top-p", "node_budget": "--node-budget"}
+
+
+def option_error(message: str) -> str:
+    """A decoder's setting error as the command line's: prefixed by the option the user typed
+    for the first setting it names (``num_beams`` -> ``--beams``)."""
+    import re
+    hits = [(m.start(), opt) for name, opt in SETTING_OPTIONS.items()
+            for m in [re.search(rf"\b{name}\b", message)] if m]
+    return f"{min(hits)[1]}: {message}" if hits else message
+
+
+def check_sources(args, methods) -> None:
+    """``--target`` and, for the drafted methods, ``--draft`` name something loadable (a
+    preset, a directory, a GGUF file, a hub id, a saved model, a draft head), checked from
+    their names and the disk alone, before any model is read or converted."""
+    from dsbd_jax.models.head_registry import cache_dir_of_heads, is_head_source
+    from dsbd_jax.models.loading import check_source
+    try:
+        check_source(args.target, "--target")
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    if not any(m in NEEDS_DRAFT for m in methods) or is_head_source(args.draft):
+        return
+    try:
+        check_source(args.draft, "--draft")
+    except ValueError as e:
+        raise CLIError(f"{e}; nor a draft head (no trained head of that name under "
+                       f"{cache_dir_of_heads()}: `dsbd train-head RECIPE` trains and "
+                       f"registers one)") from None
 
 
 def _with_weights(config, args, option: str):

@@ -105,6 +105,29 @@ def _resolve(source, revision: Optional[str] = None) -> Tuple[str, Any]:
                      f"{', '.join(list_presets())})")
 
 
+def check_source(source, what: str = "source") -> None:
+    """``ValueError`` naming ``what`` (the argument or option the user wrote) unless ``source``
+    names a model :func:`load_model` can find: a preset name, a model saved under a name, an
+    existing directory or GGUF file, or a hub id (its form only: nothing is fetched). Reads no
+    file and converts nothing, so a bad name is refused at once, before any other model is
+    read."""
+    name = os.fspath(source) if isinstance(source, os.PathLike) else source
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a path, preset name or hub id, got "
+                        f"{type(source).__name__}")
+    if name in PRESETS or is_hub_id(name):
+        return
+    local = local_model_dir(name)
+    path = Path(name).expanduser()
+    if (local is not None and local.is_dir()) or path.is_dir() or path.is_file():
+        return
+    hint = (f"; `dsbd make-tiny-pair {path.parent}` writes a tiny random pair there"
+            if path.name in ("target", "draft") else "")
+    raise ValueError(f"{what} {name!r}: no such model: not an existing directory or GGUF file, "
+                     f"not a hub id (org/name) and not a preset (presets: "
+                     f"{', '.join(list_presets())}){hint}")
+
+
 def read_config(source, dtype=jnp.float32, revision: Optional[str] = None) -> ModelConfig:
     """The :class:`ModelConfig` of a model source without loading its weights (a HF
     directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF

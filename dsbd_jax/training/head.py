@@ -138,6 +138,8 @@ def load_recipe(path) -> Dict[str, Any]:
         raise ValueError(f"{path}: unknown keys {unknown}; allowed: {list(KEYS)}")
     if not r.get("target"):
         raise ValueError(f"{path}: 'target' is required")
+    from dsbd_jax.models.loading import check_source
+    check_source(r["target"], f"{path}: target")
     for part in ("train", "heldout"):
         if not (r.get(f"{part}_texts") or r.get(f"{part}_rollouts")):
             raise ValueError(f"{path}: '{part}_texts' or '{part}_rollouts' is required")

@@ -52,6 +52,9 @@ def load_recipe(path) -> Dict[str, Any]:
     for k in ("target", "draft", "train_prompts", "heldout_prompts"):
         if not r.get(k):
             raise ValueError(f"{path}: '{k}' is required")
+    from dsbd_jax.models.loading import check_source
+    for k in ("target", "draft"):
+        check_source(r[k], f"{path}: {k}")
     fields = {f.name for f in dataclasses.fields(DistillConfig)}
     bad = sorted(set(r.get("distill") or {}) - fields)
     if bad:
