@@ -329,6 +329,46 @@ def cmd_host(args) -> int:
     return 0
 
 
+def cache_entries(root: Path):
+    """``[(entry, bytes)]`` of the cache at ``root``: each folder of a model (its source file,
+    converted parameters, host forms, tokenizer) as ``MODEL/FOLDER``, each registered head and
+    saved model, the compiled programs (``xla``) and loose files."""
+    def size(p: Path) -> int:
+        if p.is_symlink() or p.is_file():
+            return p.lstat().st_size
+        return sum(f.lstat().st_size for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+    out = []
+    if not root.is_dir():
+        return out
+    for top in sorted(root.iterdir()):
+        if top.is_dir() and not top.is_symlink() and top.name not in ("xla",):
+            for sub in sorted(top.iterdir()):
+                out.append((f"{top.name}/{sub.name}", size(sub)))
+        else:
+            out.append((top.name, size(top)))
+    return out
+
+
+def cmd_cache(args) -> int:
+    """``dsbd cache``: the cache's entries with sizes (:func:`cache_entries`), or ``--remove``."""
+    import shutil
+    from dsbd_jax.models.presets import cache_root
+    root = cache_root()
+    for entry in args.remove:
+        target = (root / entry).resolve()
+        if (entry in ("", ".") or not target.exists() or root.resolve() not in target.parents):
+            raise CLIError(f"--remove {entry}: no such entry under {root} (`dsbd cache` lists "
+                           f"them)")
+        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+        print(f"removed {entry}")
+    entries = cache_entries(root)
+    total = sum(b for _, b in entries)
+    print(f"{root}: {total / 1e9:.2f} GB in {len(entries)} entries")
+    for entry, b in entries:
+        print(f"  {b / 1e9:8.3f} GB  {entry}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # transformers only tokenizes here; its advice (e.g. "PyTorch was not found") is noise
@@ -370,5 +410,6 @@ def _is_first_process() -> bool:
 def _dispatch(args) -> int:
     commands = {"demo": cmd_demo, "generate": cmd_generate, "bench": cmd_bench, "plot": cmd_plot,
                 "summary": cmd_summary, "make-tiny-pair": cmd_make_tiny_pair, "vocab": cmd_vocab,
-                "distill": cmd_distill, "train-head": cmd_train_head, "host": cmd_host}
+                "distill": cmd_distill, "train-head": cmd_train_head, "host": cmd_host,
+                "cache": cmd_cache}
     return commands[args.command](args) if args.command in commands else 1

@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "default target and draft); only its config is read")
     hst.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="auto: measured on this host; or the plan for a forced dtype")
+    cch = add("cache", help="list what $DSBD_JAX_CACHE stores (each model's forms, draft heads, "
+                            "saved models, compiled programs) with sizes, or remove entries")
+    cch.add_argument("--remove", action="append", default=[], metavar="ENTRY",
+                     help="remove an entry as the list names it (e.g. "
+                          "qwen2.5-coder-1.5b-instruct/params-v1, or a whole model: "
+                          "qwen2.5-coder-1.5b-instruct; repeatable); later loads rebuild what "
+                          "they need")
     tiny = add("make-tiny-pair",
                           help="write a tiny random target/draft pair (Hugging Face format) to try "
                                "the CLI and configs/tiny.yaml without the offline weights; "

@@ -173,6 +173,35 @@ def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
     return forest, dbuf, lay, rand, base, in_idx, inputs
 
 
+def same_context(seq_in, anc, anc_tok, depth, ok, fin) -> jax.Array:
+    """``[B, T]``: for every node of a forest pass, the first node whose context is the same
+    (itself when none comes before it). Two nodes share a context when their input beams hold
+    the same tokens (``seq_in [B, Wc, N]``) and they have the same depth and the same tokens
+    from the root's pending token down to themselves (``anc_tok [B, T, G + 1]`` by depth;
+    ``anc [B, T, G + 1]``, column 0 the input beam), both being valid (``ok [B, T]``) and alike
+    in being finished (``fin [B, T]``).
+
+    Why: the target's logits of one context computed at two places of a pass differ by a few
+    ulps (their attention sums run over keys in another order). Beam sampling's joint over
+    duplicate beams holds equal entries, and a top-k or top-p cut through such a pair keeps
+    both; in DSBD the two rows, a few ulps apart, would be cut apart and the output would
+    leave beam sampling's distribution (seen with replacement, where duplicate beams are
+    common, on an int8 target at p < 1e-6; on float targets in about 1 % of the cuts)."""
+    B, Wc, _ = seq_in.shape
+    T, G1 = anc.shape[1], anc.shape[2]
+    same_seq = jnp.all(seq_in[:, :, None, :] == seq_in[:, None, :, :], axis=-1)   # [B, Wc, Wc]
+    root = anc[:, :, 0]                                                          # [B, T]
+    roots_same = jax.vmap(lambda m, r: m[r[:, None], r[None, :]])(same_seq, root)  # [B, T, T]
+    on = jnp.arange(G1)[None, :] <= depth[:, None]                               # [T, G + 1]
+    toks_same = jnp.all(jnp.where(on[None, :, None, :],
+                                  anc_tok[:, :, None, :] == anc_tok[:, None, :, :], True),
+                        axis=-1)                                                 # [B, T, T]
+    same = (roots_same & toks_same & (depth[:, None] == depth[None, :])[None]
+            & (ok[:, :, None] & ok[:, None, :]) & (fin[:, :, None] == fin[:, None, :]))
+    same = same | jnp.eye(T, dtype=bool)[None]
+    return jnp.argmax(same, axis=-1).astype(jnp.int32)
+
+
 def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
     """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
     B, W, N = state.sequences.shape
@@ -195,10 +224,17 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
                                                  key_positions=row_positions(lay, B))
     node_fin = jnp.concatenate([fin_in, forest.finished.reshape(B, G * C)], axis=1)   # [B, T]
     logp = common.absorb_finished(jax.nn.log_softmax(logits, axis=-1), node_fin, pad)
-    # node scores: root score + the target log-probs along the path
     T = lay.T
     anc = forest.anc                                                   # [B, T, G + 1]
     anc_tok = common.take_rows(forest.node_tokens, anc)                            # [B, T, G + 1]
+    # nodes with the same context (duplicate beams, a token drawn twice) read one node's row,
+    # so their joint rows are equal to the bit, as beam sampling's are: a top-k or top-p cut
+    # through equal entries then keeps or drops them together (same_context)
+    node_ok = jnp.concatenate([live_in, forest.valid.reshape(B, G * C)], axis=1)
+    seq_in = common.take_rows(state.sequences, in_idx)                            # [B, Wc, N]
+    canon = same_context(seq_in, anc, anc_tok, depth, node_ok, node_fin)
+    logp = common.take_rows(logp, canon)
+    # node scores: root score + the target log-probs along the path
     flat_lp = logp.reshape(B, T * V)
     steps = common.take_rows(flat_lp, anc[:, :, :-1] * V + anc_tok[:, :, 1:])      # [B, T, G]
     on_path = jnp.arange(1, G + 1)[None, :] <= depth[:, None]          # [T, G]

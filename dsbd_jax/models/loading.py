@@ -244,7 +244,10 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         later load with the same form reads that.
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
         GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
-        turns it off), else ``True``.
+        turns it off), else ``True``. A load that leaves the model in a form of its own (per
+        layer, transposed, int8: ``params-v1-host-*``) caches that form only, never the float
+        parameters it was made from as well: one stored copy per model and form
+        (``dsbd cache`` lists them).
       progress: show tqdm progress bars and one line per step on stderr (no logging set-up
         needed): a first preset load says it converts, every load where from and how long.
       layout: weight layout, ``"per_layer"`` or ``"stacked"`` (``None``: by backend, see
@@ -348,9 +351,13 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["weights"] = weights
             release_freed_memory()
             return model
+    # a load that ends in a host form caches that form alone: the float parameters it starts
+    # from are not written beside it (one stored copy per model and form; a later load in
+    # another form dequantises the source file again, once)
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
-                        progress=progress, cache_params=cache_params, revision=revision,
-                        place=place)
+                        progress=progress,
+                        cache_params=False if host_form is not None else cache_params,
+                        revision=revision, place=place)
     params = lambda: model.params  # noqa: E731
     if layout == "per_layer":
         with timed_step("split the stacked layers into per-layer arrays", progress, params):

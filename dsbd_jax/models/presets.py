@@ -273,6 +273,9 @@ def load_preset(name: str, dtype, tokenizer="auto", cache_dir=None, progress: bo
         gguf_path = ensure_gguf(name, cache_dir, progress)
         info["gguf_s"] = time.perf_counter() - t0
     if not _params_ready(directory, dtype_name) and not cache_params:
+        notice(f"converting {name} to float parameters from its GGUF (not cached as such: "
+               f"$DSBD_JAX_CACHE_PARAMS=0, or a load that caches its own form in "
+               f"{directory})", progress)
         t1 = time.perf_counter()
         loaded = load_gguf(gguf_path, dtype, tokenizer=False, progress=progress, place=place)
         params, config = loaded.params, loaded.config

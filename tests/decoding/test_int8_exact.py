@@ -212,3 +212,29 @@ def test_int8_draft_with_a_wrong_q_fails(pair, lp, decoder, monkeypatch):
     print(f"{decoder} with an int8 draft, wrong q on purpose: p={res.pvalue:.3g} "
           f"(chi2={res.statistic:.1f}, dof={res.dof})")
     assert res.pvalue < P_BROKEN, res
+
+
+def test_same_context_maps_duplicates_to_their_first_node():
+    """DSBD's forest pass reads one row per context (``dsbd.same_context``): duplicate input
+    beams, a token drawn twice under one parent and the same path under duplicate roots map to
+    their first node; a different token, depth, root or an invalid node do not. Without it a
+    top-k cut through the joint's equal entries splits them (the int8-target test above fails
+    at p < 1e-6)."""
+    # 2 input beams (the same tokens), gamma 2, 2 nodes per layer: T = 2 + 4
+    seq_in = jnp.asarray([[[5, 7, 0], [5, 7, 0]]])
+    depth = jnp.asarray([0, 0, 1, 1, 2, 2])
+    # layer 1: node 2 = beam 0 -> token 3, node 3 = beam 1 -> token 3 (same context as node 2)
+    # layer 2: node 4 = node 2 -> token 1, node 5 = node 3 -> token 2 (not the same)
+    anc = jnp.asarray([[[0, 0, 0], [1, 1, 1], [0, 2, 2], [1, 3, 3], [0, 2, 4], [1, 3, 5]]])
+    tokens = jnp.asarray([[9, 9, 3, 3, 1, 2]])
+    anc_tok = jax.vmap(lambda t, a: t[a])(tokens, anc)
+    ok = jnp.ones((1, 6), bool)
+    fin = jnp.zeros((1, 6), bool)
+    canon = dsbd.same_context(seq_in, anc, anc_tok, depth, ok, fin)
+    np.testing.assert_array_equal(np.asarray(canon), [[0, 0, 2, 2, 4, 5]])
+    # other tokens in the beams: nothing is shared
+    other = dsbd.same_context(seq_in.at[0, 1, 1].set(8), anc, anc_tok, depth, ok, fin)
+    np.testing.assert_array_equal(np.asarray(other), [[0, 1, 2, 3, 4, 5]])
+    # an invalid node reads its own row
+    bad = dsbd.same_context(seq_in, anc, anc_tok, depth, ok.at[0, 3].set(False), fin)
+    np.testing.assert_array_equal(np.asarray(bad), [[0, 0, 2, 3, 4, 5]])

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.models import gguf as gguf_loader
-from dsbd_jax.models import hf, loading
+from dsbd_jax.models import hf, kernels, loading, weights
 from dsbd_jax.models import presets
 from dsbd_jax.models.gguf import permute_rows, unpermute_rows
 from dsbd_jax.models.loading import config_from_hf, list_presets, load_model
@@ -428,8 +428,11 @@ def fake_preset(tmp_path, monkeypatch):
 
 
 def test_preset_join_verify_and_cache(fake_preset, monkeypatch):
+    """The stacked layout in plain kernels is the parameter cache's own form: a first load
+    writes it (``params-v1``), later loads read it (other forms: ``params-v1-host-*`` only,
+    ``test_a_host_form_load_stores_one_copy``)."""
     preset, t, cache = fake_preset
-    m = load_model("fake-tiny", progress=False)
+    m = load_model("fake-tiny", progress=False, layout="stacked")
     d = cache / "fake-tiny"
     site = cache.parent / "site"
     joined = b"".join((site / f"dsbd_fake_weights_part{j}" / "data" / f"part{j:02d}.bin").read_bytes()
@@ -449,11 +452,12 @@ def test_preset_join_verify_and_cache(fake_preset, monkeypatch):
     monkeypatch.setattr(presets, "part_files", fail)
     monkeypatch.setattr(gguf_loader, "tokenizer_from_gguf", fail)
     (d / "model.gguf").unlink()
-    m2 = load_model("fake-tiny", progress=False)
+    m2 = load_model("fake-tiny", progress=False, layout="stacked")
     assert m2.config == m.config and not m2.info["built_cache"]
     check_layout(m2.params, t, False)
     assert m2.tokenizer("hello")["input_ids"] == m.tokenizer("hello")["input_ids"]
-    m3 = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    m3 = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False,
+                    layout="stacked")
     assert m3.config.dtype == "bfloat16" and m3.tokenizer is None
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m3.params))
 
@@ -464,17 +468,18 @@ def test_preset_bfloat16_cache(fake_preset, monkeypatch):
     bfloat16 loads read it, and give the values of the float32 parameters rounded to bfloat16."""
     preset, t, cache = fake_preset
     d = cache / "fake-tiny"
-    b = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    b = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False, layout="stacked")
     assert b.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
     assert not (d / "params-v1").exists()
     f32_bytes = sum(np.prod(x.shape) * 4 for x in jax.tree.leaves(b.params))
     disk = sum(f.stat().st_size for f in (d / "params-v1-bfloat16").glob("*.npy"))
     assert disk < 0.6 * f32_bytes
-    f = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False)
+    f = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False, layout="stacked")
     assert f.info["built_cache"] and (d / "params-v1" / "config.json").exists()
     # both caches read back; the bfloat16 values are the float32 ones rounded
     monkeypatch.setattr(presets, "load_gguf", lambda *a, **k: pytest.fail("cache not used"))
-    again = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    again = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False,
+                       layout="stacked")
     assert not again.info["built_cache"]
     for x, y in zip(jax.tree.leaves(again.params), jax.tree.leaves(f.params)):
         assert x.dtype == jnp.bfloat16
@@ -485,7 +490,8 @@ def test_preset_bfloat16_cache(fake_preset, monkeypatch):
     for host_form in d.glob("params-v1-host-*"):     # the caches in this host's form too
         shutil.rmtree(host_form)
     (d / "model.gguf").unlink()
-    conv = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False)
+    conv = load_model("fake-tiny", jnp.bfloat16, tokenizer=False, progress=False,
+                      layout="stacked")
     assert conv.info["built_cache"] and (d / "params-v1-bfloat16" / "config.json").exists()
     for x, y in zip(jax.tree.leaves(conv.params), jax.tree.leaves(again.params)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -556,9 +562,9 @@ def test_preset_without_param_cache(fake_preset, monkeypatch):
     assert not m.info["built_cache"] and "convert_s" in m.info
     check_layout(m.params, t, False)
     monkeypatch.delenv("DSBD_JAX_CACHE_PARAMS")
-    m2 = load_model("fake-tiny", tokenizer=False, progress=False)
+    m2 = load_model("fake-tiny", tokenizer=False, progress=False, layout="stacked")
     assert (d / "params-v1" / "config.json").exists() and m2.config == m.config
-    assert load_model("fake-tiny", tokenizer=False, progress=False,
+    assert load_model("fake-tiny", tokenizer=False, progress=False, layout="stacked",
                       cache_params=False).info["cached_load_s"] >= 0  # a built cache is used
 
 
@@ -568,7 +574,8 @@ def test_config_and_tokenizer_without_weights(fake_preset, tmp_path, monkeypatch
     write_hf(tmp_path / "hf", hf_config(), hf_tensors())
     gguf_path = write_gguf(tmp_path / "g.gguf", hf_tensors(seed=9, bias=True), "qwen2",
                            tokenizer=True)
-    expected = {"fake-tiny": load_model("fake-tiny", tokenizer=False, progress=False).config,
+    expected = {"fake-tiny": load_model("fake-tiny", tokenizer=False, progress=False,
+                                        layout="stacked").config,
                 tmp_path / "hf": load_model(tmp_path / "hf", progress=False).config,
                 gguf_path: load_model(gguf_path, tokenizer=False, progress=False).config}
     shutil.rmtree(fake_preset[2] / "fake-tiny" / "params-v1")  # preset: from the GGUF metadata
@@ -628,7 +635,9 @@ def test_preset_load_is_visible_without_logging(fake_preset, capfd):
     load_model("fake-tiny", tokenizer=False)
     err = capfd.readouterr().err
     assert "dsbd_jax: converting fake-tiny" in err and str(cache / "fake-tiny") in err
-    assert "loaded preset fake-tiny (float32) in" in err and "(first load, now cached)" in err
+    assert "loaded preset fake-tiny (float32) in" in err
+    # the float parameters' own cache, or (per-layer, the CPU's layout) this host's form
+    assert "(first load, now cached)" in err or "(from the GGUF)" in err
     load_model("fake-tiny", tokenizer=False)
     err = capfd.readouterr().err
     assert "converting" not in err
@@ -704,3 +713,39 @@ def test_saved_tokenizer_matches_auto_tokenizer_without_torch(tmp_path):
             f"saved_tokenizer({str(tmp_path / 'tok')!r}); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
+    """A preset loaded into a form of its own (per layer, transposed; int8) caches that form
+    alone, not the float parameters it was made from beside it; `dsbd cache` lists each folder
+    with its size and removes what it is told to."""
+    from dsbd_jax.cli import main as cli_main
+    preset, t, cache = fake_preset
+    first = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
+                       layout="per_layer", kernel_blocks="transposed")
+    folders = sorted(p.name for p in (cache / "fake-tiny").iterdir() if p.is_dir())
+    assert folders == ["params-v1-host-float32-per_layer-transposed"], folders
+    q = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
+                   layout="per_layer", weights="int8")
+    assert q.info["weights"] == "int8" and kernels.is_int8(q.params)
+    again = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
+                       layout="per_layer", weights="int8")
+    assert again.info["host_form_cache"] == q.info["host_form_cache"]
+    assert again.config == q.config and not q.config.tie_word_embeddings
+    for (pa, x), (pb, y) in zip(weights.leaves_with_path(q.params),
+                                weights.leaves_with_path(again.params)):
+        assert pa == pb and type(x) is type(y)
+        for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
+            assert u.dtype == v.dtype                       # int8 codes stay int8
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    folders = sorted(p.name for p in (cache / "fake-tiny").iterdir() if p.is_dir())
+    assert folders == ["params-v1-host-float32-per_layer-int8",
+                       "params-v1-host-float32-per_layer-transposed"], folders
+    capsys.readouterr()
+    assert cli_main(["cache"]) == 0
+    listed = capsys.readouterr().out
+    assert "fake-tiny/params-v1-host-float32-per_layer-int8" in listed and " GB" in listed
+    assert cli_main(["cache", "--remove", "fake-tiny/params-v1-host-float32-per_layer-int8"]) == 0
+    assert not (cache / "fake-tiny" / "params-v1-host-float32-per_layer-int8").exists()
+    assert cli_main(["cache", "--remove", "../outside"]) == 2
+    assert first.info["kernel_transposed"]
