@@ -177,11 +177,12 @@ def int8_drafts(draft, counts, rows):
     untied) and ``int8_trunc_<rows>_prompt`` (the head truncated to the table's ``rows`` most
     frequent tokens with prompt rows, then quantised)."""
     from dsbd_jax.models import kernels, vocab as mv
-    full = kernels.int8_params(draft.params, draft.config)
+    full, full_config = kernels.int8_params(draft.params, draft.config)
     keep = draft.config.eos_token_id or ()
     untied, cfg = mv.untie_head(draft.params, draft.config)
     trunc = mv.truncate_head(untied, cfg, mv.top_rows(counts, rows, keep), prompt_rows=True)
-    return {"int8": full, f"int8_trunc_{rows}_prompt": kernels.int8_params(trunc, cfg)}
+    trunc, trunc_config = kernels.int8_params(trunc, cfg)
+    return {"int8": (full_config, full), f"int8_trunc_{rows}_prompt": (trunc_config, trunc)}
 
 
 def summarize(out):

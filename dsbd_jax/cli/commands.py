@@ -69,7 +69,8 @@ def cmd_demo(args) -> int:
           f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
     results = {}
     for name, dec in decoders.items():
-        out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed, progress=True)
+        out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed,
+                                      progress=progress_mode(args))
         print(f"[{name}] compile {comp:.1f} s")
         results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
     import numpy as np
@@ -302,6 +303,28 @@ def cmd_train_head(args) -> int:
     return 0
 
 
+def weights_line(config, dtype) -> str:
+    """What ``--draft-weights auto`` gives a draft of ``config``'s shape here, with the figures
+    it was measured from (:func:`dsbd_jax.models.kernels.choose_weights`)."""
+    from dsbd_jax.models import kernels
+    from dsbd_jax.models.cpu_options import host_entries
+    kind = kernels.choose_weights(config, dtype)
+    shape = f"{config.hidden_size}x{config.intermediate_size} {dtype}"
+    times = next((got.get("min_ms") for entry, got in host_entries().items()
+                  if entry.startswith("weights |") and entry.endswith(shape)), None)
+    if not times:
+        return f"{kind} weights (--draft-weights auto; not measured: a small model, or no CPU)"
+    figures = ", ".join(f"M={m}: float {t['float']:.1f} / int8 {t['int8']:.1f} ms"
+                        for m, t in _by_rows(times).items())
+    return f"{kind} weights (--draft-weights auto; MLP products {figures})"
+
+
+def _by_rows(times) -> dict:
+    """``{kind: {M: ms}}`` -> ``{M: {kind: ms}}``."""
+    rows = sorted({m for per in times.values() for m in per}, key=int)
+    return {m: {k: times[k][m] for k in times} for m in rows}
+
+
 def cmd_host(args) -> int:
     """Print :func:`dsbd_jax.models.host.plan` for each model (its config only), the DSBD
     node budget of a forest it verifies as a target
@@ -322,6 +345,7 @@ def cmd_host(args) -> int:
               f"compiler options {plan.options}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
+        print(f"  as a draft: {weights_line(config, plan.dtype)}")
     entries = host_entries()
     print(f"this host's plan: {len(entries)} choices in {cache_file()}" + (":" if entries else ""))
     for entry, got in sorted(entries.items()):

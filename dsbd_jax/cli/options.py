@@ -64,11 +64,13 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="the models' dtype: auto = bfloat16 where this host runs it faster "
                         "than float32 (measured once, cached), else float32")
-    p.add_argument("--draft-weights", default="float", choices=("float", "int8"),
+    p.add_argument("--draft-weights", default="auto", choices=("auto", "float", "int8"),
                    help="the draft model's projection and head kernels: int8 = eight-bit codes "
                         "run by XLA's integer product (a quarter of float32's bytes, several "
-                        "times faster at few rows on the CPU); the outputs keep the target's "
-                        "exact distributions whatever the draft")
+                        "times faster at few rows on the CPU); auto = int8 where this host runs "
+                        "the draft's products clearly faster so (measured once, cached), else "
+                        "float. The outputs keep the target's exact distributions whatever the "
+                        "draft")
     p.add_argument("--weights", default="float", choices=("float", "int8"),
                    help="the target's kernels: int8 makes the target ANOTHER MODEL (eight-bit "
                         "weights and activations in its products): every method then samples "
@@ -109,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
                       f"is registered (dsbd train-head), else {DEFAULT_DRAFT}")
     demo.add_argument("--prompt", action="append", default=None,
                       help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
+    demo.add_argument("--progress", choices=PROGRESS_MODES, default="time",
+                      help="time (default): elapsed seconds while each method runs; its "
+                           "compiled programs are kept in the compilation cache, so a second "
+                           "demo compiles nothing. tokens: a bar over new tokens fed from "
+                           "inside the loop (a program with that host callback is never "
+                           "cached, so every run compiles it again). none: nothing")
     _add_settings(demo)
     gen = add("generate", help="generate with one method and print the beams")
     gen.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)

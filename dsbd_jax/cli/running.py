@@ -21,7 +21,7 @@ def progress_mode(args) -> str:
     """``"tokens"`` (a bar fed from inside the decoder's loop: the decoder is built with a host
     callback), ``"time"`` (elapsed seconds from the host: the decoder has no callback, so its
     compiled program can be cached) or ``"none"``. ``--no-progress`` wins; a command without
-    ``--progress`` (``demo``) shows tokens."""
+    ``--progress`` shows tokens."""
     if getattr(args, "no_progress", False):
         return "none"
     return getattr(args, "progress", "tokens")
@@ -194,12 +194,20 @@ def prepare(args, methods, prompts, raw: bool = False):
     target_config = _with_weights(read_config(args.target, dtype), args, "weights")
     draft_config = (read_draft_config(args.draft, target_config, dtype) if needs_draft
                     else None)
-    if draft_config is not None and getattr(args, "draft_weights", "float") == "int8":
+    if draft_config is not None:
         from dsbd_jax.models.head import is_head
-        if is_head(draft_config):
+        kind = getattr(args, "draft_weights", "float")
+        if kind == "int8" and is_head(draft_config):
             raise CLIError(f"--draft-weights int8 quantises a draft model; --draft "
                            f"{args.draft} is a draft head (drop --draft-weights, or give a "
                            f"draft model)")
+        if kind == "auto":      # decided here, so that the config and the load agree
+            from dsbd_jax.models.kernels import choose_weights
+            args.draft_weights = ("float" if is_head(draft_config) else
+                                  choose_weights(draft_config, draft_config.dtype))
+            if args.draft_weights == "int8":
+                _status("draft weights: int8 (this host runs the draft's products faster so; "
+                        "--draft-weights float keeps them float)")
         draft_config = _with_weights(draft_config, args, "draft_weights")
     configs = (target_config, draft_config)
     progress = progress_mode(args) == "tokens"

@@ -202,12 +202,79 @@ FLOAT, INT8 = "float", "int8"
 WEIGHT_KINDS = (FLOAT, INT8)  # load_model(..., weights=): the projections' and head's kind
 
 
+AUTO_WEIGHTS = "auto"  # load_model(weights="auto"): int8 where this host runs it clearly faster
+
+
 def check_weights(kind, what: str = "weights") -> str:
-    """``kind`` if it is one of :data:`WEIGHT_KINDS`, else a ``ValueError`` naming ``what`` (the
-    argument or option the caller wrote)."""
-    if not isinstance(kind, str) or kind not in WEIGHT_KINDS:
-        raise ValueError(f"{what} must be one of {list(WEIGHT_KINDS)}, got {kind!r}")
+    """``kind`` if it is one of :data:`WEIGHT_KINDS` or ``"auto"``, else a ``ValueError`` naming
+    ``what`` (the argument or option the caller wrote)."""
+    if not isinstance(kind, str) or kind not in WEIGHT_KINDS + (AUTO_WEIGHTS,):
+        raise ValueError(f"{what} must be one of {list(WEIGHT_KINDS + (AUTO_WEIGHTS,))}, "
+                         f"got {kind!r}")
     return kind
+
+
+def measure_weights(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=None,
+                    repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
+    """``{"float": {M: s}, "int8": {M: s}}``: ``layers`` chained MLP pairs ``[M, din] x [din,
+    dout] x [dout, din]`` with the float kernels a load of ``dtype`` gives this shape here (its
+    form, :func:`choose_form`, under that form's options) and with the same weights as
+    :class:`~dsbd_jax.models.weights.Int8` kernels (under XLA's own products), interleaved."""
+    layers = layers or FORM_LAYERS
+    form = _choose_form(din, dout, str(jnp.dtype(dtype)))
+    chain, ups, downs = mlp_pairs(form, din, dout, layers, dtype)
+    _, pu, pd = mlp_pairs("plain", din, dout, layers, "float32")
+    qu, qd = [weights.Int8.quantize(w) for w in pu], [weights.Int8.quantize(w) for w in pd]
+
+    def int8_chain(x, ups, downs):
+        for u, d in zip(ups, downs):
+            x = weights.product(weights.product(x, u), d)
+        return x
+    calls = {FLOAT: (jax.jit(chain, compiler_options=compiler_options(form, dtype)), ups, downs),
+             INT8: (jax.jit(int8_chain, compiler_options=compiler_options("plain", INT8)), qu,
+                    qd)}
+    rng = np.random.default_rng(0)
+    best: Dict[str, Dict[int, float]] = {k: {} for k in calls}
+    for M in rows:
+        x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(jnp.dtype(dtype)))
+        xq = x.astype(jnp.float32)
+        t = interleaved_min({k: functools.partial(f, x if k == FLOAT else xq, us, ds)
+                             for k, (f, us, ds) in calls.items()}, repeats)
+        for k in calls:
+            best[k][M] = t[k]
+    return best
+
+
+def pick_weights(times: Mapping[str, Mapping[int, float]]) -> str:
+    """``"int8"`` if its total over the probe rows is ``GAIN`` below the float kernels' and it is
+    never ``MARGIN`` slower at any ``M``; else ``"float"``."""
+    base, alt = times[FLOAT], times[INT8]
+    faster = sum(alt.values()) < (1 - GAIN) * sum(base.values())
+    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in base)
+    return INT8 if faster and never_slower else FLOAT
+
+
+@functools.lru_cache(maxsize=None)
+def _choose_weights(din: int, dout: int, dtype: str) -> str:
+    if din * dout < MIN_ELEMENTS:
+        return FLOAT
+    key = (f"weights | options plain {choice('plain')}, transposed {choice(TRANSPOSED)} | "
+           f"{din}x{dout} {dtype}")
+    return _cached(key, lambda k: k in WEIGHT_KINDS, lambda: measure_weights(din, dout, dtype),
+                   pick_weights)
+
+
+def choose_weights(config, dtype=None) -> str:
+    """``"int8"`` or ``"float"``: the kind of a DRAFT's kernels this host runs faster for
+    ``config``'s MLP shape (its float kernels in the form and dtype a load gives them, against
+    int8 kernels; a few seconds once per host and shape, cached in
+    ``$DSBD_JAX_CACHE/host_plan.json``; :func:`pick_weights`). Float off the CPU and for models
+    whose MLP has under ``MIN_ELEMENTS`` weights. Only for drafts: an int8 target is another
+    model, and never chosen for the user."""
+    if jax.default_backend() != "cpu":
+        return FLOAT
+    dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
+    return _choose_weights(config.hidden_size, config.intermediate_size, dt)
 
 
 def int8_params_(params: dict, config) -> tuple:

@@ -50,8 +50,9 @@ from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_
 from dsbd_jax.models.host import AUTO, HostPlan, dtype_choice, resolve_dtype
 from dsbd_jax.models.host import plan as host_plan
 from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import (FLOAT, INT8, MEASURED, TRANSPOSED, check_weights,
-                                     choose_form, head_transposed, int8_params_,
+from dsbd_jax.models.kernels import (AUTO_WEIGHTS, FLOAT, INT8, MEASURED, TRANSPOSED,
+                                     check_weights, choose_form, choose_weights,
+                                     head_transposed, int8_params_,
                                      transpose_params_, transposed_of, transposed_widths)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
@@ -298,11 +299,17 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         decoder outputs (the verification is against the target); as a target, every decoder
         samples from the int8 model's distributions (``docs/loading.md``, *Eight-bit
         weights*). A preset is cached in its int8 form (codes a quarter of float32's bytes),
-        later loads read that.
-        ``info["weights"]`` records the kind. Not with ``place`` (a mesh takes float kernels).
+        later loads read that. ``"auto"``, for drafts: int8 where this host runs the model's
+        MLP products clearly faster in int8 than in the float form a load gives them
+        (:func:`dsbd_jax.models.kernels.choose_weights`: measured once per host and shape,
+        cached), else float; never for a target, whose kind is the user's choice.
+        ``info["weights"]`` records the kind, ``info["weights_why"]`` how it was chosen. Not
+        with ``place`` (a mesh takes float kernels; ``"auto"`` then gives float).
     """
     layout = check_layout(layout)
     weights = check_weights(weights)
+    if weights == AUTO_WEIGHTS and place is not None:
+        weights = FLOAT           # a mesh takes float kernels
     if weights == INT8 and place is not None:
         raise ValueError("load_model(weights='int8') cannot place onto a mesh (place=...): "
                          "sharded programs take float kernels; load with weights='float'")
@@ -320,8 +327,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     if plan is not None:
         dtype, dtype_why = plan.dtype, plan.why
         kernel_blocks = TRANSPOSED if plan.form == TRANSPOSED and place is None else None
-    if weights == INT8:
-        kernel_blocks = None      # int8 codes have one form: [out, in] rows
     elif isinstance(dtype, str) and dtype == AUTO:
         t0 = time.perf_counter()
         config = read_config(source, revision=revision)
@@ -332,6 +337,16 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     else:
         dtype_why = "given"
     plan_info = None if plan is None else dataclasses.asdict(plan)
+    weights_why = "given"
+    if weights == AUTO_WEIGHTS:
+        t0 = time.perf_counter()
+        weights = choose_weights(read_config(source, dtype, revision), dtype)
+        weights_why = "measured on this host (kernels.choose_weights, cached)"
+        if time.perf_counter() - t0 > 1.0:
+            notice(f"measured the draft's weight kind for this host in "
+                   f"{time.perf_counter() - t0:.0f} s: {weights} (cached)", progress)
+    if weights == INT8:
+        kernel_blocks = None      # int8 codes have one form: [out, in] rows
     if prompt_rows and head_rows is None:
         raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
@@ -348,7 +363,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["head_transposed"] = head_transposed(model.params)
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
             model.info["plan"] = plan_info
-            model.info["weights"] = weights
+            model.info["weights"], model.info["weights_why"] = weights, weights_why
             release_freed_memory()
             return model
     # a load that ends in a host form caches that form alone: the float parameters it starts
@@ -400,7 +415,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     model.info["head_transposed"] = head_transposed(model.params)
     model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
     model.info["plan"] = plan_info
-    model.info["weights"] = weights
+    model.info["weights"], model.info["weights_why"] = weights, weights_why
     if host_form is not None and (layout != "stacked" or model.info["kernel_transposed"]
                                   or weights == INT8):
         name, folder, key = host_form

@@ -18,31 +18,25 @@ then fail with p < 1e-6 (``test_int8_draft_with_a_wrong_q_fails``).
 
 from __future__ import annotations
 
-import collections
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import exact_reference as ref
+import test_bfloat16 as tb
 from dsbd_jax.decoding import dsbd, speculative as spec
 from dsbd_jax.decoding.beam import beam_sample
 from dsbd_jax.decoding.configs import (BeamSampleConfig, SampleConfig, SpeculativeConfig,
                                        TreeConfig)
-from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+from dsbd_jax.decoding.dsbd import dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
 from dsbd_jax.models import kernels, weights
 from dsbd_jax.models.vocab import truncate_head
 
-V = 6
-PROMPT = (1, 2, 3)
-N = 3
-ROWS = 12_000
-P_MIN = 1e-3
+V, PROMPT, N, ROWS, P_MIN, WARP = tb.V, tb.PROMPT, tb.N, tb.ROWS, tb.P_MIN, tb.WARP
 P_BROKEN = 1e-6
-WARP = dict(temperature=1.2, top_k=5)
 
 
 @pytest.fixture(scope="module")
@@ -62,30 +56,8 @@ def lp(pair):
     return ref.make_lp_fn(tc, tp)
 
 
-def _ids(rows=ROWS):
-    return np.tile(np.asarray([PROMPT], np.int32), (rows, 1))
-
-
-def _sample_check(out, lp):
-    seqs = [tuple(r) for r in np.asarray(out.sequences[:, 0]).tolist()]
-    exact = ref.exact_sample_dist(lp, PROMPT, N, WARP["temperature"], WARP["top_k"], 1.0)
-    res = ref.chi_square_test(seqs, exact)
-    assert res.dof >= 10, res
-    return res
-
-
-def _beam_check(out, lp, width):
-    seqs, ll = np.asarray(out.sequences), np.asarray(out.log_likelihoods)
-    samples = collections.Counter(ref.beam_key(s, l) for s, l in zip(seqs, ll))
-    exact = ref.exact_beam_sample_dist(lp, PROMPT, [width] * N, WARP["temperature"],
-                                       WARP["top_k"], 1.0, True, (), 0)
-    return ref.chi_square_test(samples, exact)
-
-
-def _dsbd(tc, dc, **kw):
-    base = dict(target=tc, draft=dc, max_new_tokens=N, gamma=2, draft_width=3, min_width=2,
-                threshold=1.0, **WARP)
-    return DSBDConfig(**{**base, **kw})
+# the bfloat16 tests' prompt, sizes, warping and checks (the same toy models' vocabulary)
+_ids, _sample_check, _beam_check, _dsbd = tb._ids, tb._sample_check, tb._beam_check, tb._dsbd
 
 
 @pytest.mark.parametrize("fn", ["speculative", "tree"])

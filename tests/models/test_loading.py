@@ -749,3 +749,10 @@ def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
     assert not (cache / "fake-tiny" / "params-v1-host-float32-per_layer-int8").exists()
     assert cli_main(["cache", "--remove", "../outside"]) == 2
     assert first.info["kernel_transposed"]
+    # the host's plan decides the dtype of an int8 load as of any other; "auto" weights are
+    # float for a model this small (not measured)
+    planned = load_model("fake-tiny", tokenizer=False, progress=False, weights="int8")
+    assert planned.info["dtype"] in ("float32", "bfloat16") and planned.info["plan"] is not None
+    assert planned.info["dtype_why"] == planned.info["plan"]["why"]
+    auto = load_model("fake-tiny", tokenizer=False, progress=False, weights="auto")
+    assert auto.info["weights"] == "float" and auto.info["weights_why"].startswith("measured")
