@@ -58,6 +58,8 @@ H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
 H100_HEAD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head.json"
 H100_DSBD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head_dsbd.json"
 GPU_RUNS = (H100, H100_HEAD, H100_DSBD)
+INT8P = "results/int8_products_avx2_epyc.json"   # the AMD EPYC host with AVX2 only
+TERMS_INT8 = "results/draft_terms_int8_avx2_epyc.json"   # the int8 draft, same host
 
 README = "README.md"
 SPEED_MD = "docs/results/speed.md"
@@ -904,3 +906,45 @@ for _rel, _label in (("results/kernel_blocks_64_epyc.json", "64 columns | bfloat
                      ("results/kernel_blocks_halves_epyc.json", "halves | bfloat16"),
                      ("results/kernel_blocks_64_float32_epyc.json", "64 columns | float32")):
     add("docs/results/cpu.md", _rel, _BLOCKS_ROW.format(label=_label))
+
+
+# eight-bit products and drafts on the AVX2-only AMD EPYC host --------------------------------
+def int8_over(rel: str, rows, key: str):
+    """``ms.int8`` over ``ms.<key>`` at the row indices ``rows`` of ``int8_products.py``'s run."""
+    res = load(rel)["results"]
+    return [res[i]["ms"]["int8"] / res[i]["ms"][key] for i in rows]
+
+
+HELPERS.update(int8_over=int8_over, range=range)
+_KINDS8 = ("float32 plain", "float32 transposed", "bfloat16 rows")
+for _i in range(6):
+    add(PRECISION_MD, INT8P,
+        "| {rows:d} | " + " | ".join(f"{{ms.{k}:.1f}}" for k in _KINDS8)
+        + " | **{ms.int8:.1f}** | {ms.int8 one-row:.1f} | {ms.int8 eigen_dot:.1f} | "
+        "{over_float32.int8:.2f}x / {=v('ms.int8') / v('ms.float32 transposed'):.2f}x / "
+        "{over_bfloat16.int8:.2f}x | {rel_rms_vs_float32.int8:.3f} |", at=f"results.{_i}")
+add(PRECISION_MD, INT8P,
+    "at 2 to 16 rows the int8 products took {=span(int8_over(INT8P, range(1, 5), "
+    "'float32 plain')):.2f}x float32's `[in, out]` time and {=span(int8_over(INT8P, range(1, 5), "
+    "'bfloat16 rows')):.2f}x bfloat16's; against the transposed float32 kernels this host loads, "
+    "{=span(int8_over(INT8P, range(1, 5), 'float32 transposed')):.2f}x.",
+    "One row takes a slow path ({results.0.ms.int8 one-row:.0f} ms, "
+    "{=v('results.0.ms.int8 one-row') / v('results.0.ms.int8'):.0f}x the padded product).",
+    "which made one row {=int8_over(INT8P, [0], 'float32 transposed')[0]:.2f}x the host's "
+    "float32 one-row product.",
+    "Under `eigen_dot` the same products ran {=span(1 / r for r in int8_over(INT8P, range(5), "
+    "'int8 eigen_dot')):.0f}x slower at 1-16 rows")
+add(INDEX_MD, INT8P, "| AMD EPYC (AVX2) | \"AMD EPYC\", AVX2 and FMA only: no AVX512F, no VNNI, "
+    "no AVX512-BF16, no AMX | {machine.cpu_count:d} |")
+add(README, INT8P,
+    "the int8 products took {=span(int8_over(INT8P, range(1, 5), 'float32 plain')):.2f}x float32's "
+    "`[in, out]` time and {=span(int8_over(INT8P, range(1, 5), 'bfloat16 rows')):.2f}x bfloat16's "
+    "at 2-16 rows")
+_I8 = "batches.b1.drafts."
+add(README, TERMS_INT8,
+    "the int8 draft made speculative sampling {=v(_I8 + 'int8.' + _TS + 'end_to_end'):.2f}x our "
+    "sampling ({=v(_I8 + 'base.' + _TS + 'end_to_end'):.2f}x with the float draft) and DSBD at "
+    "the beam-W4 point {=v(_I8 + 'int8.' + _TD + 'end_to_end'):.2f}x our beam sampling W=4 "
+    "({=v(_I8 + 'base.' + _TD + 'end_to_end'):.2f}x)",
+    "The int8 draft's one-token pass still costs {batches.b1.draft_pass_vs_target.int8:.2f}x the "
+    "target's (the float draft's {batches.b1.draft_pass_vs_target.base:.2f}x)")
