@@ -83,8 +83,12 @@ def activations(kind: str):
         weights.Int8.product = orig
 
 
-def all_logits(config, params, ids):
-    return np.asarray(llama.logits(config, params, np.asarray([ids], np.int32))[0], np.float64)
+def all_logits(config, params, ids, length: int):
+    """float64 logits of every position of ``ids``, run right-padded to ``length`` tokens (one
+    compiled program for every text: the model is causal, padding changes no earlier row)."""
+    padded = np.zeros((1, length), np.int32)
+    padded[0, :len(ids)] = ids
+    return np.asarray(llama.logits(config, params, padded)[0, :len(ids)], np.float64)
 
 
 def log_softmax(x):
@@ -126,11 +130,14 @@ def main(argv=None):
         from dsbd_jax.testing import make_tiny_pair
         args.target, args.draft = (str(p) for p in make_tiny_pair(
             Path(tempfile.mkdtemp(prefix="int8_distance_")) / "pair", noise=0.3))
-        args.max_tokens, args.activations = 48, ["row", "block32"]
+        args.activations = ["row", "block32"]
     target = load_model(args.target, "float32", progress=not args.small)
-    texts, starts = answer_texts(target.tokenizer, TEXTS[:1] if args.small else TEXTS)
+    specs = [dict(TEXTS[0], stop=TEXTS[0]["start"] + 3)] if args.small else TEXTS
+    texts, starts = answer_texts(target.tokenizer, specs)
     texts = [t[:args.max_tokens] for t in texts]
     keep = [i for i, (t, s) in enumerate(zip(texts, starts)) if s < len(t) - 1]
+    if not keep:
+        raise SystemExit(f"no text has an answer within --max-tokens {args.max_tokens}")
     rng = np.random.default_rng(0)
     out = {"benchmark": "int8_distance", "settings": portable_settings(vars(args), _ROOT),
            "machine": machine_info(), "texts": TEXTS, "warp": WARP, "models": {}}
@@ -142,7 +149,8 @@ def main(argv=None):
         rec = out["models"][role] = {"source": portable_settings({"s": source}, _ROOT)["s"]}
         lp_f = {}
         for i in keep:
-            lp_f[i] = log_softmax(all_logits(model.config, model.params, texts[i]))[starts[i]:-1]
+            lp_f[i] = log_softmax(all_logits(model.config, model.params, texts[i],
+                                                    args.max_tokens))[starts[i]:-1]
         if role == "target":
             lp_target = lp_f
         else:
@@ -151,7 +159,8 @@ def main(argv=None):
             rec["acceptance_float_draft"] = bootstrap(acc, rng)
         for kind in args.activations:
             with activations(kind):
-                lp_q = {i: log_softmax(all_logits(q_config, q_params, texts[i]))[starts[i]:-1]
+                lp_q = {i: log_softmax(all_logits(q_config, q_params, texts[i],
+                                                   args.max_tokens))[starts[i]:-1]
                         for i in keep}
             figs = [per_text(lp_f[i], lp_q[i]) for i in keep]
             r = rec[kind] = {k: bootstrap([f[k] for f in figs], rng) for k in figs[0]}
