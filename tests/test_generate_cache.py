@@ -66,3 +66,13 @@ def test_a_second_generate_reads_its_decoder_back(bench_pair, tmp_path):
     none = generate(tmp_path, pair, "--no-progress")     # the same program as the default
     assert none["reads"] == 1 and none["hits"] == second["hits"]
     assert none["entries"] == first["entries"]
+
+
+def test_int8_weights_from_the_command_line(bench_pair, tmp_path):
+    """``--draft-weights int8`` and ``--weights int8`` load both models with int8 kernels (the
+    load lines say so), and a second run reads the int8 programs back like any other."""
+    pair = bench_pair[:2]
+    first = generate(tmp_path, pair, "--draft-weights", "int8", "--weights", "int8")
+    assert first["stderr"].count("int8 weights") == 2, first["stderr"][-2000:]
+    second = generate(tmp_path, pair, "--draft-weights", "int8", "--weights", "int8")
+    assert second["reads"] == 1 and second["entries"] == first["entries"], second
