@@ -18,6 +18,21 @@ PY=.venv/bin/python
 for a in "$@"; do
   case "$a" in tests*|*.py|*::*) exec "$PY" -m pytest -q -ra "$@";; esac
 done
+# One JAX compilation cache for the whole run, fresh (nothing from an earlier run), shared by
+# every process of it: the lanes' pytest processes, the command lines and notebooks they start
+# (about three quarters of the suite's time is XLA compiling the same tiny models' programs
+# again in each process; a program read back takes milliseconds). The tests keep
+# DSBD_JAX_COMPILATION_CACHE=0 (tests/conftest.py): the library's own cache folder and its
+# program store stay off, so no test traces or counts differently; compile counts include a
+# cache hit (dsbd_jax/decoding/compiles.py). The tests of the caches make their own folders.
+# DSBD_TEST_XLA_CACHE=0 leaves it out.
+if [ "${DSBD_TEST_XLA_CACHE:-1}" != 0 ] && [ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]; then
+  XLA_CACHE=$(mktemp -d -t dsbd-test-xla-XXXXXX)
+  trap 'rm -rf "$XLA_CACHE"' EXIT
+  export JAX_COMPILATION_CACHE_DIR="$XLA_CACHE"
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+fi
 # The lanes (scripts/lanes.sh): each lane's lines stream to the terminal prefixed by the lane
 # ("[A] "), one line per finished test and per finished folder (result and seconds). The docs
 # build and its doctests are part of them (tests/test_docs.py).

@@ -49,8 +49,10 @@ def cmd_demo(args) -> int:
     from dsbd_jax.eval import datasets
     prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
                               datasets.chat_prompts("gsm8k", 1)[0]]
-    check_options(args, ("beam", "dsbd"), prompts)  # before anything is read (prepare: again)
+    # the demo's draft (a head registered for the target, else the default draft) is chosen
+    # first, so that the checks below see the draft that will run
     args.draft, note, hint = demo_draft(args.target, args.draft)
+    check_options(args, ("beam", "dsbd"), prompts)  # before anything is read (prepare: again)
     if note:
         print(note, flush=True)
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)

@@ -18,8 +18,11 @@ no tracing, no lowering. Any change to the library's code, a setting or a shape 
 A program that calls back to the host (a progress bar's ``--progress tokens``) is never
 written, as JAX's cache does not write one either. The store is on exactly when JAX's
 persistent cache is (``jax_compilation_cache_dir`` set and ``jax_enable_compilation_cache``
-true: the command line and ``load_model`` set it; ``DSBD_JAX_COMPILATION_CACHE=0`` leaves both
-off). ``jax.clear_caches()`` also drops the programs loaded in this process.
+true: the command line and ``load_model`` set it), unless ``DSBD_JAX_COMPILATION_CACHE=0``: that
+leaves the library's cache and this store off, while a JAX cache folder the user set
+(``JAX_COMPILATION_CACHE_DIR``) still serves JAX's own compilations (``scripts/test.sh`` runs the
+suite so: one fresh JAX cache per run, shared by its processes, and no store).
+``jax.clear_caches()`` also drops the programs loaded in this process.
 """
 
 from __future__ import annotations
@@ -48,9 +51,12 @@ READ_EVENT = "/dsbd_jax/program_store/read_duration"
 
 
 def store_folder() -> Optional[Path]:
-    """``<jax_compilation_cache_dir>/programs`` while JAX's persistent cache is on, else None."""
+    """``<jax_compilation_cache_dir>/programs`` while JAX's persistent cache is on and
+    ``$DSBD_JAX_COMPILATION_CACHE`` does not turn the library's caches off, else None."""
+    from dsbd_jax.models.compilation_cache import compilation_cache_wanted
     folder = jax.config.jax_compilation_cache_dir
-    if not folder or not jax.config.jax_enable_compilation_cache:
+    if (not folder or not jax.config.jax_enable_compilation_cache
+            or not compilation_cache_wanted()):
         return None
     return Path(folder) / FOLDER
 
