@@ -414,6 +414,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: say what is kept and how to go on, then leave at once (a batch interrupted
+        # in its worker thread may still be running in XLA: nothing waits for it)
+        hint = RESUME_HINTS.get(args.command)
+        print(f"\ndsbd {args.command}: stopped (Ctrl-C)" + (f"; {hint}" if hint else ""),
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)
+
+
+# what a stopped long command keeps, and how it goes on (main's Ctrl-C message)
+RESUME_HINTS = {
+    "train-head": "the finished batches of the data phases (RUN/data-parts/) and the last "
+                  "finished step (RUN/checkpoint.msgpack) are kept: the same command resumes "
+                  "from there",
+    "distill": "the finished rollout batches (RUN/rollouts-*/) and the last finished step "
+               "(RUN/state.npz) are kept: the same command resumes from there",
+    "bench": "the finished records are kept: the same command resumes after them",
+}
 
 
 def _join_processes() -> bool:

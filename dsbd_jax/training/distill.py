@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
@@ -55,7 +56,7 @@ from dsbd_jax.models.param_check import plain_projection
 from dsbd_jax.models.llama import causal_mask, forward
 from dsbd_jax.training.export import save_hf
 from dsbd_jax.training.losses import DIVERGENCES, divergence, target_topk
-from dsbd_jax.training.rollouts import sampled_batches
+from dsbd_jax.training.rollouts import BatchStore, fingerprint, ready, sampled_batches
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -120,26 +121,35 @@ _logits_at_jit = jax.jit(_logits_at, static_argnums=0)
 
 
 def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillConfig,
-                  key, eos_token_id=None, batch: int = 4,
-                  progress: bool = False) -> Dict[str, np.ndarray]:
+                  key, eos_token_id=None, batch: int = 4, progress: bool = False,
+                  store: Optional[BatchStore] = None) -> Dict[str, np.ndarray]:
     """On-policy continuations and the target's stored warped top-k (module doc, step 1).
 
     ``target`` / ``draft``: ``(config, params)``. Returns numpy arrays: ``tokens [n, L]``,
     ``total [n]`` (prompt + continuation length), ``pos [n, T]`` (the index whose logits predict
-    continuation token ``j``), ``mask [n, T]``, ``idx`` / ``p [n, T, store_k]``."""
+    continuation token ``j``), ``mask [n, T]``, ``idx`` / ``p [n, T, store_k]``. ``store``: a
+    :class:`~dsbd_jax.training.rollouts.BatchStore` that keeps every finished batch, so a
+    stopped run computes only the batches it lacks (batch ``b`` is the same either way: its key
+    is ``fold_in(key, b's first prompt)``)."""
     (tc, tp), (dcf, dp) = target, draft
     pc, pp = (dcf, dp) if dc.policy == "draft" else (tc, tp)
     T = dc.max_new_tokens
     cfg = SampleConfig(pc, max_new_tokens=T, temperature=dc.temperature,
                        top_k=dc.top_k, top_p=dc.top_p, eos_token_id=eos_token_id)
     P = max(len(p) for p in prompts)
-    out = {k: [] for k in ("tokens", "total", "pos", "mask", "idx", "p")}
-    batches = sampled_batches(pp, prompts, cfg, key, batch, P)
+    keys = ("tokens", "total", "pos", "mask", "idx", "p")
+    store = store if store is not None else BatchStore(None, "", "rollouts")
+    done = {i: got for i in range(0, len(prompts), batch)
+            for got in [store.get(f"{i:06d}")] if got is not None}
+    batches = sampled_batches(pp, prompts, cfg, key, batch, P, skip=done)
+    bar = None
     if progress:
         from tqdm.auto import tqdm
-        batches = tqdm(batches, desc=f"rollouts ({len(prompts)} prompts)", unit="batch",
-                       total=-(-len(prompts) // batch))
-    for _, n, chunk, lens, seqs, clen in batches:
+        bar = tqdm(desc=f"rollouts ({len(prompts)} prompts)", unit="batch",
+                   total=-(-len(prompts) // batch), initial=len(done))
+        if done:
+            bar.write(f"rollouts: {len(done)} batch(es) read from {store.folder}")
+    for i, n, chunk, lens, seqs, clen in batches:
         tokens = np.zeros((batch, P + T), np.int32)
         for r in range(batch):
             row = list(chunk[r]) + list(seqs[r, :clen[r]])
@@ -150,10 +160,15 @@ def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillCo
         logits = _logits_at_jit(tc, tp, jnp.asarray(tokens), jnp.asarray(total),
                                 jnp.asarray(pos))
         idx, p, _ = target_topk(logits, dc.temperature, dc.top_k, dc.top_p, dc.store_k)
-        for k, v in (("tokens", tokens), ("total", total), ("pos", pos), ("mask", mask),
-                     ("idx", np.asarray(idx)), ("p", np.asarray(p))):
-            out[k].append(np.asarray(v)[:n])
-    return {k: np.concatenate(v) for k, v in out.items()}
+        done[i] = {k: np.asarray(v)[:n] for k, v in (
+            ("tokens", tokens), ("total", total), ("pos", pos), ("mask", mask),
+            ("idx", np.asarray(idx)), ("p", np.asarray(p)))}
+        store.put(f"{i:06d}", done[i])
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return {k: np.concatenate([done[i][k] for i in sorted(done)]) for k in keys}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,9 +340,18 @@ def prepare_data(target, draft, train_prompts, heldout_prompts, dc: DistillConfi
                 raise ValueError(f"{f} does not exist: the target model is needed to make the "
                                  "rollouts (pass target=(config, params))")
             dcf, dp = draft
+            # finished batches are kept in run_dir/rollouts-<name>/ until the whole set is
+            # written: a stopped run resumes from its last finished batch
+            parts = run / f"rollouts-{name}"
+            store = BatchStore(parts, fingerprint(
+                [list(map(int, q)) for q in prompts], eos_token_id, target[0], dcf,
+                {f: getattr(dc, f) for f in ("policy", "max_new_tokens", "temperature",
+                                             "top_k", "top_p", "store_k", "seed")}),
+                f"{name} rollouts")
             _save_data(f, make_rollouts(target, (dcf, unblock_params(dp)), prompts, dc,
                                         jax.random.fold_in(key, k), eos_token_id,
-                                        progress=progress))
+                                        progress=progress, store=store))
+            shutil.rmtree(parts, ignore_errors=True)
         datas[name] = _load_data(f)
     return datas
 
@@ -360,13 +384,13 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
     log_path = run / "log.jsonl"
     history = []
 
-    def evaluate(step):
+    def evaluate(step, trainable):
         a = heldout_acceptance(acc_fn, draft_params(dc, dp, trainable), datas["heldout"],
                                dc.batch_size)
         history.append((step, a))
         return a
 
-    a = evaluate(step0)
+    a = evaluate(step0, trainable)
     with open(log_path, "a") as f:  # the starting point too (the base draft's, on a fresh run)
         f.write(json.dumps({"step": step0, "heldout_acceptance": a, "start": True}) + "\n")
     bar = None
@@ -375,25 +399,17 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
         bar = tqdm(total=dc.steps, initial=step0, desc="distill", unit="step")
     last = step0
     t0 = time.perf_counter()
-    for step in range(step0, dc.steps):
-        if stop_after is not None and step - step0 >= stop_after:
-            break
-        batch = batch_at(datas["train"], step, dc.batch_size, dc.seed)
-        trainable, opt_state, loss = step_fn(trainable, opt_state, dp, batch)
-        last = step + 1
-        rec = {"step": last, "loss": float(loss)}
-        if last % dc.eval_every == 0 or last == dc.steps:
-            a = evaluate(last)
-            rec["heldout_acceptance"] = a
-        if last % dc.checkpoint_every == 0 or last == dc.steps:
-            save_state(run / "state.npz", last, (trainable, opt_state))
-        rec["elapsed_s"] = round(time.perf_counter() - t0, 3)
-        rec["rss_gb"] = round(_rss_gb(), 2)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+    try:
+        last, trainable, opt_state = _steps(dc, step0, step_fn, trainable, opt_state, dp, datas,
+                                            evaluate, run, log_path, bar, t0, stop_after, a)
+    except KeyboardInterrupt as stop:   # Ctrl-C: keep the last finished step, then stop
+        last, trainable, opt_state = stop.args[0]
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{float(loss):.4f}", heldout_acc=f"{a:.4f}")
+            bar.close()
+        if last > step0:
+            save_state(run / "state.npz", last, (trainable, opt_state))
+            print(f"distill: stopped; step {last} saved to {run / 'state.npz'}", flush=True)
+        raise KeyboardInterrupt() from None
     if bar is not None:
         bar.close()
     if last > step0:
@@ -404,3 +420,35 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
     if last == dc.steps:
         save_hf(run / "model", dcf, merged, tokenizer)
     return {"params": merged, "step": last, "heldout_acceptance": history}
+
+
+def _steps(dc, step0, step_fn, trainable, opt_state, dp, datas, evaluate, run, log_path, bar,
+           t0, stop_after, a):
+    """:func:`distill`'s loop: ``(steps finished, trainable, opt state)``. Each step runs under
+    :func:`~dsbd_jax.training.rollouts.ready` (Ctrl-C stops it at once); a
+    ``KeyboardInterrupt`` carries the last finished step's triple."""
+    last = step0
+    try:
+        for step in range(step0, dc.steps):
+            if stop_after is not None and step - step0 >= stop_after:
+                break
+            batch = batch_at(datas["train"], step, dc.batch_size, dc.seed)
+            trainable, opt_state, loss = ready(step_fn, trainable, opt_state, dp, batch,
+                                               fetch=False)
+            last = step + 1
+            rec = {"step": last, "loss": float(loss)}
+            if last % dc.eval_every == 0 or last == dc.steps:
+                a = evaluate(last, trainable)
+                rec["heldout_acceptance"] = a
+            if last % dc.checkpoint_every == 0 or last == dc.steps:
+                save_state(run / "state.npz", last, (trainable, opt_state))
+            rec["elapsed_s"] = round(time.perf_counter() - t0, 3)
+            rec["rss_gb"] = round(_rss_gb(), 2)
+            with open(log_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{float(loss):.4f}", heldout_acc=f"{a:.4f}")
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt((last, trainable, opt_state)) from None
+    return last, trainable, opt_state

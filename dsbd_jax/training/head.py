@@ -60,6 +60,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -78,6 +80,7 @@ from dsbd_jax.models.head_registry import (  # noqa: F401
 from dsbd_jax.training.head_log import plot_log, read_log  # noqa: F401
 from dsbd_jax.training.head_data import (  # noqa: F401
     prepare_data, recipe_data, rollout_data, rollouts_of, target_rollouts, texts_of, warped_topk)
+from dsbd_jax.training.rollouts import ready
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -343,7 +346,7 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
         for i in range(0, n, cfg.batch_size):
             idx = np.arange(i, min(i + cfg.batch_size, n))
             idx = np.concatenate([idx, np.full(cfg.batch_size - len(idx), idx[-1])])
-            ms.append(jax.device_get(eval_fn(p, fixed, _batches(heldout_data, idx))))
+            ms.append(ready(eval_fn, p, fixed, _batches(heldout_data, idx)))
         return {f"heldout_{k}": float(np.mean([m[k] for m in ms])) for k in ms[0]}
 
     rng = np.random.default_rng(cfg.seed)
@@ -351,7 +354,6 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
     order = [rng.permutation(n_train) for _ in range(cfg.steps * cfg.batch_size // n_train + 2)]
     order = np.concatenate(order)
     p, o = state["params"], state["opt"]
-    done_here = 0
     t0 = time.perf_counter()
     if state["step"] == 0:
         rec = {"step": 0, **evaluate(p)}
@@ -361,26 +363,48 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
             print(f"train-head: step 0 held-out acceptance "
                   f"{rec['heldout_acceptance_1']:.3f}", flush=True)
     last = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
-    for s in range(state["step"], last):
-        idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-        p, o, m = step_fn(p, o, fixed, _batches(train_data, idx))
-        s1 = s + 1
-        rec = None
-        if s1 % cfg.eval_every == 0 or s1 == cfg.steps:
-            rec = {"step": s1, "seconds": time.perf_counter() - t0,
-                   **{k: float(v) for k, v in jax.device_get(m).items()}, **evaluate(p)}
-            with log_path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            if progress:
-                print(f"train-head: step {s1}/{cfg.steps} loss {rec['loss']:.3f} held-out "
-                      f"acceptance {rec['heldout_acceptance_1']:.3f} / "
-                      f"{rec.get('heldout_acceptance_2', float('nan')):.3f} "
-                      f"({rec['seconds']:.0f} s)", flush=True)
-        if s1 % cfg.checkpoint_every == 0 or s1 == last:
+    try:
+        return _steps(cfg, state, last, order, step_fn, evaluate, p, o, fixed, frozen,
+                      train_data, ckpt, log_path, run_dir, t0, progress, stop_after)
+    except KeyboardInterrupt as stop:   # Ctrl-C: keep the last finished step, then stop
+        p, o, s1 = stop.args[0] if stop.args and isinstance(stop.args[0], tuple) else (
+            None, None, None)
+        if s1 is not None and s1 > state["step"]:
             ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
-        done_here += 1
-        if stop_after is not None and done_here >= stop_after:
-            return {"params": {**p, **frozen}, "step": s1, "log": read_log(run_dir)}
+            print(f"train-head: stopped; step {s1} saved to {ckpt}", flush=True)
+        raise KeyboardInterrupt() from None
+
+
+def _steps(cfg, state, last, order, step_fn, evaluate, p, o, fixed, frozen, train_data, ckpt,
+           log_path, run_dir, t0, progress, stop_after):
+    """:func:`train`'s loop. Each step runs under :func:`~dsbd_jax.training.rollouts.ready`, so
+    Ctrl-C stops it at once; the ``KeyboardInterrupt`` then carries ``(params, opt state,
+    steps finished)`` of the last finished step, which :func:`train` saves."""
+    from flax import serialization
+    done_here = 0
+    s1 = state["step"]
+    try:
+        for s in range(state["step"], last):
+            idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            p, o, m = ready(step_fn, p, o, fixed, _batches(train_data, idx), fetch=False)
+            s1 = s + 1
+            if s1 % cfg.eval_every == 0 or s1 == cfg.steps:
+                rec = {"step": s1, "seconds": time.perf_counter() - t0,
+                       **{k: float(v) for k, v in jax.device_get(m).items()}, **evaluate(p)}
+                with log_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                if progress:
+                    print(f"train-head: step {s1}/{cfg.steps} loss {rec['loss']:.3f} held-out "
+                          f"acceptance {rec['heldout_acceptance_1']:.3f} / "
+                          f"{rec.get('heldout_acceptance_2', float('nan')):.3f} "
+                          f"({rec['seconds']:.0f} s)", flush=True)
+            if s1 % cfg.checkpoint_every == 0 or s1 == last:
+                ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
+            done_here += 1
+            if stop_after is not None and done_here >= stop_after:
+                return {"params": {**p, **frozen}, "step": s1, "log": read_log(run_dir)}
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt((p, o, s1)) from None
     return {"params": {**p, **frozen}, "step": max(last, state["step"]),
             "log": read_log(run_dir)}
 
@@ -473,9 +497,13 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
             raise ValueError(f"{data_path} was written by an older dsbd-jax (no 'pos'): delete "
                              f"it, and {run_dir / 'checkpoint.msgpack'}, to score the data again")
     else:
+        # every finished batch is kept under RUN/data-parts/ until data.npz is written whole
         train_data, held_data = recipe_data(r, target, hc.feature_layers, cfg, progress)
-        np.savez(data_path, **{f"train_{k}": v for k, v in train_data.items()},
+        tmp = run_dir / "data.tmp.npz"
+        np.savez(tmp, **{f"train_{k}": v for k, v in train_data.items()},
                  **{f"held_{k}": v for k, v in held_data.items()})
+        os.replace(tmp, data_path)
+        shutil.rmtree(run_dir / "data-parts", ignore_errors=True)
     params = initial_params(hc, h, target, cfg.seed, r["target"])
     # training reads only the target's embedding and vocabulary head: free its layers
     shared = {k: v for k, v in target.params.items() if k in ("embed", "lm_head")}

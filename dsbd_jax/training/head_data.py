@@ -84,39 +84,58 @@ def rollouts_of(target_config, target_params, tokenizer, specs, cfg, new_tokens:
 
 
 def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int, batch: int,
-                    key, progress: bool = True):
+                    key, progress: bool = True, store=None):
     """The target's own continuations of ``prompts`` (token lists): ``new_tokens`` tokens
     sampled with the warping of ``cfg`` (a :class:`~dsbd_jax.training.head.HeadTrainConfig`),
     ``batch`` prompts at a time (one compiled program). Returns ``(texts, loss_from)``: prompt
     plus continuation, and the index of the position that predicts the first continuation token
-    (the loss and the acceptance count from there)."""
+    (the loss and the acceptance count from there). ``store``: a
+    :class:`~dsbd_jax.training.rollouts.BatchStore` keeping every finished batch (a stopped run
+    samples only the batches it lacks)."""
     from dsbd_jax.decoding.common import bucket_length
     from dsbd_jax.decoding.configs import SampleConfig
-    from dsbd_jax.training.rollouts import sampled_batches
+    from dsbd_jax.training.rollouts import BatchStore, sampled_batches
+    store = store if store is not None else BatchStore(None, "", "rollouts")
     dc = SampleConfig(target_config, max_new_tokens=new_tokens,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       eos_token_id=target_config.eos_token_id)
     P = bucket_length(max(len(p) for p in prompts))
-    texts, loss_from = [], []
+    done = {i: got for i in range(0, len(prompts), batch)
+            for got in [store.get(f"{i:06d}")] if got is not None}
+    if progress and done:
+        print(f"train-head: target rollouts: {len(done)} batch(es) read from {store.folder}",
+              flush=True)
     t0 = time.perf_counter()
-    for i, n, chunk, _, seqs, clen in sampled_batches(target_params, prompts, dc, key, batch, P):
-        for r in range(n):
-            texts.append([int(t) for t in chunk[r]] + [int(t) for t in seqs[r, :clen[r]]])
-            loss_from.append(len(chunk[r]) - 1)
+    for i, n, chunk, _, seqs, clen in sampled_batches(target_params, prompts, dc, key, batch, P,
+                                                      skip=done):
+        rows = [list(chunk[r]) + [int(t) for t in seqs[r, :clen[r]]] for r in range(n)]
+        done[i] = {"tokens": np.array(sum(rows, []), np.int32),
+                   "lengths": np.array([len(t) for t in rows], np.int32),
+                   "loss_from": np.array([len(chunk[r]) - 1 for r in range(n)], np.int32)}
+        store.put(f"{i:06d}", done[i])
         if progress:
             print(f"train-head: target rollouts {min(i + batch, len(prompts))}/{len(prompts)} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    texts, loss_from = [], []
+    for i in sorted(done):
+        ends = np.cumsum(done[i]["lengths"])
+        texts += [[int(t) for t in row] for row in np.split(done[i]["tokens"], ends[:-1])]
+        loss_from += [int(f) for f in done[i]["loss_from"]]
     return texts, loss_from
 
 
 def prepare_data(target_config, target_params, texts: List[List[int]], feature_layers,
                  cfg, max_tokens: int, progress: bool = True,
-                 loss_from: Optional[List[int]] = None) -> Dict[str, np.ndarray]:
+                 loss_from: Optional[List[int]] = None, store=None) -> Dict[str, np.ndarray]:
     """The target's features and warped top-k for every text, from one pass each (float32
     features): ``tokens [n, T]``, ``lengths [n]``, ``feats [n, T, F]``; and at the ``N``
     positions whose predictions count (from ``loss_from[i]``, default 0, to the text's end):
     ``pos [n, N]`` (indices into ``T``), ``mask [n, N]`` and the target's ``ids`` / ``probs
-    [n, N, k]``. Texts are cut to ``max_tokens``."""
+    [n, N, k]``. Texts are cut to ``max_tokens``. ``store``: a
+    :class:`~dsbd_jax.training.rollouts.BatchStore` keeping every finished group of
+    ``PASS_GROUP`` texts (a stopped run scores only the groups it lacks)."""
+    from dsbd_jax.training.rollouts import BatchStore, ready
+    store = store if store is not None else BatchStore(None, "", "target passes")
     T = max(8, min(max_tokens, max(len(t) for t in texts)))
     texts = [t[:T] for t in texts]
     loss_from = [0] * len(texts) if loss_from is None else [min(int(f), T - 1) for f in loss_from]
@@ -135,16 +154,30 @@ def prepare_data(target_config, target_params, texts: List[List[int]], feature_l
     n = len(texts)
     rows = []
     t0 = time.perf_counter()
-    for i, (t, f0) in enumerate(zip(texts, loss_from)):
-        toks = np.zeros((T,), np.int32)
-        toks[:len(t)] = t
-        f, ids, probs = jax.device_get(one(params, jnp.asarray(toks), jnp.int32(len(t))))
-        # position j predicts token j + 1: the counted positions are f0 .. len - 2
-        c = slice(f0, max(f0, len(t) - 1))
-        rows.append((t, f[:len(t)], ids[c], probs[c], f0))
-        if progress and (i + 1) % max(1, n // 10) == 0:
-            print(f"train-head: target passes {i + 1}/{n} ({time.perf_counter() - t0:.0f} s)",
-                  flush=True)
+    read = 0
+    for g in range(0, n, PASS_GROUP):
+        got = store.get(f"{g:06d}")
+        if got is None:
+            got = {}
+            for j, (t, f0) in enumerate(zip(texts[g:g + PASS_GROUP],
+                                            loss_from[g:g + PASS_GROUP])):
+                toks = np.zeros((T,), np.int32)
+                toks[:len(t)] = t
+                f, ids, probs = ready(one, params, jnp.asarray(toks), jnp.int32(len(t)))
+                # position j predicts token j + 1: the counted positions are f0 .. len - 2
+                c = slice(f0, max(f0, len(t) - 1))
+                for k, v in (("feats", f[:len(t)]), ("ids", ids[c]), ("probs", probs[c])):
+                    got[f"{k}_{j}"] = v
+            store.put(f"{g:06d}", got)
+        else:
+            read += 1
+        for j, (t, f0) in enumerate(zip(texts[g:g + PASS_GROUP], loss_from[g:g + PASS_GROUP])):
+            rows.append((t, got[f"feats_{j}"], got[f"ids_{j}"], got[f"probs_{j}"], f0))
+        done = min(g + PASS_GROUP, n)
+        if progress and (done == n or done // max(1, n // 10) > g // max(1, n // 10)):
+            print(f"train-head: target passes {done}/{n} ({time.perf_counter() - t0:.0f} s"
+                  + (f"; {read} group(s) of {PASS_GROUP} read from {store.folder}" if read
+                     else "") + ")", flush=True)
     return _pack(rows, cfg.store_k, T)
 
 
@@ -181,6 +214,9 @@ def layer_features(target_config, target_params, tokens: np.ndarray, lengths: np
 
 
 # ---------------------------------------------------------------------------------------------
+PASS_GROUP = 8   # texts per stored group of prepare_data's passes (the unit a stopped run keeps)
+
+
 # data from the rollouts' own passes: no second pass over the texts
 ROLLOUT_BUCKET = 64   # prompts sorted by length, each batch padded to a multiple of this
 
@@ -218,15 +254,20 @@ def _rollout_passes(params, prompt_ids, prompt_lengths, keys, config, new_tokens
 
 
 def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new_tokens: int,
-                 batch: int, max_tokens: int, key, progress: bool = True) -> Dict[str, np.ndarray]:
+                 batch: int, max_tokens: int, key, progress: bool = True,
+                 store=None) -> Dict[str, np.ndarray]:
     """:func:`prepare_data`'s arrays for the target's own continuations of ``prompts`` (token
     lists), taken from the passes that sample them (the prompt pass and one pass per new token),
     with no second pass over the texts. The prompts run sorted by length, ``batch`` at a time
     (a shorter last batch in rows rounded up to a multiple of 8), each batch padded to a multiple
     of ``ROLLOUT_BUCKET`` (one compiled program per padded shape); the continuations are ``new_tokens`` tokens drawn with the warping of ``cfg``
     (stopping at the target's EOS), and the loss counts from the position that predicts the
-    first of them."""
+    first of them. ``store``: a :class:`~dsbd_jax.training.rollouts.BatchStore` keeping every
+    finished batch (a stopped run computes only the batches it lacks; each batch's key is
+    ``fold_in(key, its start)``, so the data is the same either way)."""
     from dsbd_jax.decoding import inputs
+    from dsbd_jax.training.rollouts import BatchStore, ready
+    store = store if store is not None else BatchStore(None, "", "rollouts")
     fl = tuple(feature_layers) if feature_layers else None
     params = target_params if not fl else convert_layout(target_params, "per_layer")
     eos = target_config.eos_token_id
@@ -235,8 +276,16 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     rows: Dict[int, tuple] = {}
     t0 = time.perf_counter()
+    read = 0
     for start in range(0, len(order), batch):
         idx = order[start:start + batch]
+        got = store.get(f"{start:06d}")
+        if got is not None:
+            read += 1
+            for r, i in enumerate(idx):
+                rows[i] = (got[f"tokens_{r}"].tolist(), got[f"feats_{r}"], got[f"ids_{r}"],
+                           got[f"probs_{r}"], int(got["loss_from"][r]))
+            continue
         b = min(batch, -(-len(idx) // 8) * 8)   # a short last batch: rows to a multiple of 8
         chunk = [list(prompts[i]) for i in idx]
         chunk += [chunk[-1]] * (b - len(chunk))
@@ -246,19 +295,25 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
             ids[r, :len(p)] = p
         lens = np.array([len(p) for p in chunk], np.int32)
         keys = inputs.row_keys(jax.random.fold_in(key, start), b)
-        out = jax.device_get(_rollout_passes(
-            params, jnp.asarray(ids), jnp.asarray(lens), keys, config=target_config,
-            new_tokens=new_tokens, warp=warp, store_k=cfg.store_k,
-            feature_layers=() if fl is None else fl))
+        out = ready(functools.partial(
+            _rollout_passes, config=target_config, new_tokens=new_tokens, warp=warp,
+            store_k=cfg.store_k, feature_layers=() if fl is None else fl),
+            params, jnp.asarray(ids), jnp.asarray(lens), keys)
         feats, toks, live, f_new, top_ids, top_probs = out
+        kept = {"loss_from": np.array([int(lens[r]) - 1 for r in range(len(idx))], np.int32)}
         for r, i in enumerate(idx):
             n, c = int(lens[r]), int(live[r].sum())
             rows[i] = (list(chunk[r]) + [int(t) for t in toks[r, :c]],
                        np.concatenate([feats[r, :n], f_new[r, :c]]), top_ids[r, :c],
                        top_probs[r, :c], n - 1)
+            kept.update({f"tokens_{r}": np.array(rows[i][0], np.int32), f"feats_{r}": rows[i][1],
+                         f"ids_{r}": rows[i][2], f"probs_{r}": rows[i][3]})
+        store.put(f"{start:06d}", kept)
         if progress:
             print(f"train-head: target rollouts {min(start + batch, len(order))}/{len(order)} "
-                  f"with their features ({time.perf_counter() - t0:.0f} s)", flush=True)
+                  f"with their features ({time.perf_counter() - t0:.0f} s"
+                  + (f"; {read} batch(es) read from {store.folder}" if read else "") + ")",
+                  flush=True)
     return _pack([rows[i] for i in range(len(prompts))], cfg.store_k, max_tokens)
 
 
@@ -302,9 +357,27 @@ def recipe_data(r: Dict[str, Any], target, feature_layers, cfg, progress: bool =
     """``(train data, held-out data)`` of a head recipe (:mod:`dsbd_jax.training.head`): its
     texts scored by one target pass each, and its rollouts, with their features and the
     target's distributions from the rollouts' own passes (``rollout_data: own_passes``, the
-    default) or from one more pass over each finished text (``rescore``)."""
+    default) or from one more pass over each finished text (``rescore``).
+
+    Every finished batch of every phase is kept under ``RUN/data-parts/<part>-<phase>/``
+    (:class:`~dsbd_jax.training.rollouts.BatchStore`, tagged with the data and settings it
+    comes from): a stopped run computes only what it lacks. ``run_recipe`` removes the folder
+    once ``RUN/data.npz`` is written."""
+    from pathlib import Path
+
+    from dsbd_jax.training.rollouts import BatchStore, fingerprint
     tok = target.tokenizer
     parts = []
+    root = Path(r["run_dir"]) / "data-parts"
+    settings = (str(r["target"]), str(r["dtype"]), tuple(feature_layers or ()),
+                float(cfg.temperature), int(cfg.top_k), float(cfg.top_p), int(cfg.store_k),
+                int(cfg.seed), r["rollout_tokens"], r["rollout_batch"], r["max_tokens"],
+                r["rollout_data"])
+
+    def store(part, phase, data):
+        return BatchStore(root / f"{part}-{phase}", fingerprint(data, settings),
+                          f"{part} {phase}")
+
     for part in ("train", "heldout"):
         key = jax.random.PRNGKey(cfg.seed + (part == "heldout"))
         texts, answer_from = answer_texts(tok, r.get(f"{part}_texts") or [])
@@ -318,17 +391,19 @@ def recipe_data(r: Dict[str, Any], target, feature_layers, cfg, progress: bool =
             prompts = rollout_prompts(tok, r[f"{part}_rollouts"], r["max_prompt_tokens"])
             if r["rollout_data"] == "rescore":
                 ro, lf = target_rollouts(target.config, target.params, prompts, cfg,
-                                         r["rollout_tokens"], r["rollout_batch"], key, progress)
+                                         r["rollout_tokens"], r["rollout_batch"], key, progress,
+                                         store(part, "rollouts", prompts))
                 texts, loss_from = texts + ro, loss_from + lf
             else:
                 own = rollout_data(target.config, target.params, prompts, feature_layers, cfg,
                                    r["rollout_tokens"], r["rollout_batch"], r["max_tokens"], key,
-                                   progress)
+                                   progress, store(part, "rollouts", prompts))
         data = None
         if texts:
             if progress:
                 print(f"train-head: {len(texts)} {part} texts; one target pass each", flush=True)
             data = prepare_data(target.config, target.params, texts, feature_layers, cfg,
-                                r["max_tokens"], progress, loss_from)
+                                r["max_tokens"], progress, loss_from,
+                                store(part, "passes", (texts, loss_from)))
         parts.append(own if data is None else data if own is None else concat_data(data, own))
     return tuple(parts)

@@ -1,0 +1,114 @@
+"""Long training phases stop on Ctrl-C and resume from their last finished batch
+(``dsbd_jax.training.rollouts``: ``ready``, ``BatchStore``): a head recipe's rollouts stopped
+in their third batch compute only the missing batches on the rerun, with the same data; the
+command line stops within seconds of SIGINT and says how to resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsbd_jax.training import head as th
+from dsbd_jax.training import head_data
+from dsbd_jax.training.rollouts import BatchStore, fingerprint, ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _recipe(tmp_path, tiny, name="head_stop"):
+    text = (ROOT / "configs" / "head_tiny.yaml").read_text()
+    text = text.replace("/tmp/dsbd_tiny/target", str(tiny / "target"))
+    text = text.replace("runs/head_tiny", str(tmp_path / "run"))
+    text = text.replace("name: head_tiny", f"name: {name}")
+    # rollouts: 10 prompts, 2 per batch -> 5 batches (sorted by length, one program per width)
+    text += ("train_rollouts: [{task: gsm8k, start: 60, stop: 70}]\n"
+             "rollout_tokens: 8\nrollout_batch: 2\n")
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_ready_returns_and_raises():
+    assert ready(lambda x: x + 1, np.int32(2)) == 3
+
+    def bad():
+        raise ValueError("inside")
+    with pytest.raises(ValueError, match="inside"):
+        ready(bad)
+
+
+def test_batch_store_refuses_other_data(tmp_path):
+    s = BatchStore(tmp_path / "b", fingerprint([1, 2], "x"), "rollouts")
+    s.put("000000", {"a": np.arange(3)})
+    again = BatchStore(tmp_path / "b", fingerprint([1, 2], "x"), "rollouts")
+    assert again.get("000000")["a"].tolist() == [0, 1, 2] and again.get("000002") is None
+    assert not list((tmp_path / "b").glob(".*tmp*"))        # written whole, then renamed
+    with pytest.raises(ValueError, match="delete the folder"):
+        BatchStore(tmp_path / "b", fingerprint([1, 3], "x"), "rollouts")
+
+
+def test_stopped_rollouts_resume_from_the_last_finished_batch(tmp_path, tiny, monkeypatch):
+    from dsbd_jax import load_model
+    r = th.load_recipe(_recipe(tmp_path, tiny))
+    cfg = r["train"]
+    target = load_model(r["target"], progress=False)
+    hc = th.head_config(target.config, r["head"])
+    full = head_data.recipe_data(r, target, hc.feature_layers, cfg, progress=False)
+
+    calls = []
+    real = head_data._rollout_passes
+
+    def stops_in_the_third(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    import shutil
+    shutil.rmtree(Path(r["run_dir"]) / "data-parts")
+    monkeypatch.setattr(head_data, "_rollout_passes", stops_in_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        head_data.recipe_data(r, target, hc.feature_layers, cfg, progress=False)
+    kept = sorted(p.name for p in (Path(r["run_dir"]) / "data-parts" / "train-rollouts")
+                  .glob("*.npz"))
+    assert kept == ["000000.npz", "000002.npz"]              # the two finished batches
+    calls.clear()
+    monkeypatch.setattr(head_data, "_rollout_passes", lambda *a, **k: (calls.append(1),
+                                                                       real(*a, **k))[1])
+    again = head_data.recipe_data(r, target, hc.feature_layers, cfg, progress=False)
+    assert len(calls) == 3                                    # batches 3, 4, 5 only
+    for a, b in zip(full, again):
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
+    p = _recipe(tmp_path, tiny, "head_sigint")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        lines = []
+        for line in proc.stdout:               # the first finished rollout batch
+            lines.append(line)
+            if "target rollouts" in line:
+                break
+        assert any("target rollouts" in x for x in lines), "".join(lines)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert took < 5, took
+    assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
+    assert list((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
