@@ -7,6 +7,7 @@ phases stop and resume: :func:`ready` (a batch that Ctrl-C can interrupt) and
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from pathlib import Path
@@ -19,6 +20,8 @@ import numpy as np
 from dsbd_jax.decoding.common import pad_prompts
 from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.decoding.sampling import sample
+
+logger = logging.getLogger("dsbd_jax")
 
 
 def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: SampleConfig, key,
@@ -89,9 +92,9 @@ def fingerprint(*parts) -> str:
 class BatchStore:
     """A phase's finished batches on disk, one ``.npz`` file each, in ``folder``, so that a
     stopped phase resumes from its last finished batch. ``what`` (:func:`fingerprint`) names
-    what the batches are computed from; a folder that holds another ``what`` is refused (its
-    batches belong to other data or settings) with the folder to delete. ``folder=None``: a
-    store that keeps nothing (every batch is computed)."""
+    what the batches are computed from; the batches of a folder that holds another ``what``
+    (other data or settings) are removed, with a warning, and computed again. ``folder=None``:
+    a store that keeps nothing (every batch is computed)."""
 
     def __init__(self, folder, what: str, label: str):
         self.folder = None if folder is None else Path(folder)
@@ -100,9 +103,12 @@ class BatchStore:
             return
         tag = self.folder / "what.txt"
         if tag.is_file() and tag.read_text().strip() != what:
-            raise ValueError(f"{self.folder} holds {label} of other data or settings (computed "
-                             f"from {tag.read_text().strip()}, these are {what}): delete the "
-                             f"folder to compute them again")
+            stale = list(self.folder.glob("*.npz"))
+            logger.warning("%s: %d batch(es) of %s from other data or settings (%s, now %s) "
+                           "removed; computing them again", self.folder, len(stale), label,
+                           tag.read_text().strip(), what)
+            for f in stale:
+                f.unlink()
         self.folder.mkdir(parents=True, exist_ok=True)
         tag.write_text(what + "\n")
 

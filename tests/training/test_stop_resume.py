@@ -42,14 +42,14 @@ def test_ready_returns_and_raises():
         ready(bad)
 
 
-def test_batch_store_refuses_other_data(tmp_path):
+def test_batch_store_keeps_batches_of_its_own_data_only(tmp_path):
     s = BatchStore(tmp_path / "b", fingerprint([1, 2], "x"), "rollouts")
     s.put("000000", {"a": np.arange(3)})
     again = BatchStore(tmp_path / "b", fingerprint([1, 2], "x"), "rollouts")
     assert again.get("000000")["a"].tolist() == [0, 1, 2] and again.get("000002") is None
     assert not list((tmp_path / "b").glob(".*tmp*"))        # written whole, then renamed
-    with pytest.raises(ValueError, match="delete the folder"):
-        BatchStore(tmp_path / "b", fingerprint([1, 3], "x"), "rollouts")
+    other = BatchStore(tmp_path / "b", fingerprint([1, 3], "x"), "rollouts")  # other data
+    assert other.get("000000") is None and not list((tmp_path / "b").glob("*.npz"))
 
 
 def test_stopped_rollouts_resume_from_the_last_finished_batch(tmp_path, tiny, monkeypatch):
