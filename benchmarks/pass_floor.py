@@ -293,9 +293,24 @@ its kind (``fusion kCustom``: on XLA:CPU a product handed to YNNPACK, a ``ynn_fu
 
 def build_params(config, form: str, seed: int = 0):
     """Random parameters of ``config`` (its dtype) in the per-layer layout with the projection
-    kernels in ``form``, as ``load_model`` stores them (``pass_probe.random_params``)."""
+    kernels in ``form``, as ``load_model`` stores them (``pass_probe.random_params``);
+    ``int8``: every projection and the head as ``weights.Int8``, as ``load_model(...,
+    weights="int8")`` stores them (``kernels.int8_params_``; a tied head untied: use
+    :func:`config_for` for its config)."""
     from dsbd_jax.models.pass_probe import random_params
+    if form == "int8":
+        from dsbd_jax.models import kernels
+        return kernels.int8_params_(random_params(config, "plain", seed), config)[0]
     return random_params(config, form, seed)
+
+
+def config_for(config, form: str):
+    """The config a pass over :func:`build_params`' tree in ``form`` runs with (``int8``: the
+    head untied, ``kernels.int8_config``)."""
+    if form == "int8":
+        from dsbd_jax.models import kernels
+        return kernels.int8_config(config)
+    return config
 
 
 def resolve_form(config, form: str) -> str:
@@ -333,7 +348,8 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                     choices=["float32", "bfloat16"])
-    ap.add_argument("--forms", nargs="+", default=["host"], choices=["host", "plain", "transposed"],
+    ap.add_argument("--forms", nargs="+", default=["host"],
+                    choices=["host", "plain", "transposed", "int8"],
                     help="kernel forms: host = what load_model picks here (kernels.choose_form)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 12, 16, 32, 64],
                     help="new tokens per pass")
@@ -367,16 +383,17 @@ def main(argv=None):
                 if form in by_form:  # host picked a form also asked for by name
                     continue
                 params = build_params(config, form)
+                config_f = config_for(config, form)
                 B0, T0, _ = shape_of(args.rows[0], args.shape)
                 rec = {"asked": asked, "options": options_of(params),
-                       "products": product_list(config, params),
+                       "products": product_list(config_f, params),
                        "dots": {k: dots_of(k, fn, a) for k, (fn, a) in
-                                programs(config, params, B0, T0, args.slots).items()},
+                                programs(config_f, params, B0, T0, args.slots).items()},
                        "rows": {}}
                 rec["num_products"] = len(rec["products"])
                 for n in args.rows:
                     B, T, shape = shape_of(n, args.shape)
-                    progs = programs(config, params, B, T, args.slots)
+                    progs = programs(config_f, params, B, T, args.slots)
                     calls, first, hlo = {}, {}, {}
                     for k, (fn, a) in progs.items():  # compile + one run, apart from the medians
                         t0 = time.perf_counter()

@@ -142,3 +142,28 @@ def test_dot_flops_counts_every_product_and_a_scans_body_per_step():
     def scanned(a, b):
         return jax.lax.scan(lambda c, _: (c @ b[:, :5], None), a, None, length=6)[0]
     assert bench.dot_flops(scanned, a, b) == 6 * 2 * 3 * 5 * 5
+
+
+def test_small_int8_run(tmp_path, monkeypatch):
+    """``--forms int8``: every projection and the head (a tied one untied) as int8 codes, the
+    pass run with the untied config."""
+    monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")
+    from dsbd_jax.models import cpu_options
+    cpu_options.choice.cache_clear()
+    bench = load_bench("pass_floor")
+    out = tmp_path / "floor.json"
+    try:
+        bench.main(["--small", "--dtypes", "float32", "--forms", "int8", "--rows", "1",
+                    "--repeats", "1", "--slots", "16", "--out", str(out)])
+    finally:
+        cpu_options.choice.cache_clear()
+    data = json.loads(out.read_text())
+    for model, by_dtype in data["results"].items():
+        rec = by_dtype["float32"]["int8"]
+        L = data["models"][model]["num_layers"]
+        assert [p["name"] for p in rec["products"]][-1] == "lm_head"       # untied
+        assert {p["stored"] for p in rec["products"]} == {"Int8"}
+        assert {p["dtype"] for p in rec["products"]} == {"int8"}
+        assert rec["dots"]["floor"] == 7 * L + 1
+        r = rec["rows"]["1"]
+        assert r["floor_ms"] > 0 and r["pass_ms"] > 0
