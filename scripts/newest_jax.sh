@@ -7,7 +7,7 @@
 # else the newest ~/.pyenv/versions/3.1[2-9]*)
 # it builds .venv-jax-newest (once; later runs only upgrade jax/jaxlib to the newest release)
 # with dsbd-jax, pytest, hypothesis and scipy, and runs the test files below (the verification
-# rule, the width rule, and the exactness tests of speculative, tree and DSBD decoding, which
+# rule, the width rule, and the exactness tests of tree and DSBD decoding (CI: not the extended ones), which
 # need no torch: PyPI's torch for 3.12 is the multi-GB CUDA build, so it is left out). Where no
 # such interpreter exists it says so and counts one skip. The last line is pytest's counts,
 # "N passed, N failed, N skipped", which scripts/test.sh adds to the suite's.
@@ -37,8 +37,8 @@ if [ "${1:-}" = "--which" ]; then   # only say which interpreter the lane would 
   exit 0
 fi
 VENV=${DSBD_NEWEST_VENV:-.venv-jax-newest}
-TESTS=(tests/decoding/test_verify.py tests/decoding/test_width.py tests/decoding/test_speculative.py
-       tests/decoding/test_tree.py tests/decoding/test_dsbd.py)
+TESTS=(tests/decoding/test_verify.py tests/decoding/test_width.py tests/decoding/test_tree.py
+       tests/decoding/test_dsbd.py)
 if ! at_least_312 "$PY312"; then
   echo "newest-jax: SKIPPED: no Python >= 3.12 interpreter (\$DSBD_PY312, python3.13 or python3.12 on PATH, ~/.pyenv/versions/3.1[2-9]*; tried $PY312)"
   echo "0 passed, 0 failed, 1 skipped"
@@ -70,7 +70,9 @@ fi
 [ $# -gt 0 ] && TESTS=("$@")
 OUT=$(mktemp)
 # light tests only (tiny models): they need not wait for the real-model tests beside them
-DSBD_TEST_MEMORY_LOCK=0 "$VENV/bin/python" -u -m pytest -q -ra -p no:cacheprovider "${TESTS[@]}" \
+EXT=(-m "not extended"); [ "${DSBD_TEST_EXTENDED:-0}" = 1 ] && EXT=()
+DSBD_TEST_MEMORY_LOCK=0 "$VENV/bin/python" -u -m pytest -q -ra -p no:cacheprovider "${EXT[@]}" \
+  "${TESTS[@]}" \
   2>&1 | tee "$OUT"
 rc=${PIPESTATUS[0]}
 line=$(grep -E '^=* ?[0-9]+ [a-z]+(, [0-9]+ [a-z]+)* in [0-9.]+s' "$OUT" | tail -1)

@@ -44,6 +44,7 @@ def test_quickstart_notebook(torch):
     assert "DSBD with the trained head: tokens per iteration" in text
 
 
+@pytest.mark.extended   # the benchmark notebook: the harness the eval tests cover, drawn
 def test_benchmark_notebook(torch):
     text, images = execute("benchmark.ipynb")
     assert "dsbd g=2 WS=3 t=0.9 Wmin=1 single-beam" in text and "beam W=3" in text

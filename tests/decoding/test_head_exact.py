@@ -73,8 +73,9 @@ def _dsbd_run(config, params, key=11):
     return out, collections.Counter(ref.beam_key(s, l) for s, l in zip(seqs, ll))
 
 
-@pytest.mark.parametrize("mode", ["replacement", "no_replacement", "single_beam",
-                                  "node_budget"])
+@pytest.mark.parametrize("mode", ["replacement", "single_beam",   # CI; the others extended
+                                  pytest.param("no_replacement", marks=pytest.mark.extended),
+                                  pytest.param("node_budget", marks=pytest.mark.extended)])
 def test_dsbd_with_a_head_is_exact_beam_sampling(mode):
     """Threshold 1 (fixed width): DSBD with the head is beam sampling of width W_min (2; 1 in
     single-beam mode), with and without replacement, with EOS; ``node_budget``: layers of 7
@@ -97,7 +98,8 @@ def _sharpen(q):
     return q2 / jnp.maximum(jnp.sum(q2, axis=-1, keepdims=True), 1e-30)
 
 
-@pytest.mark.parametrize("decoder", ["speculative", "dsbd"])
+@pytest.mark.parametrize("decoder", [pytest.param("speculative", marks=pytest.mark.extended),
+                                     "dsbd"])
 def test_head_with_a_wrong_q_fails(decoder, monkeypatch):
     """The verifier is handed ``q^2`` renormalised instead of the q the head drew from: the same
     exactness checks must fail (p < 1e-6)."""
@@ -131,7 +133,8 @@ def test_head_with_a_wrong_q_fails(decoder, monkeypatch):
     assert result.pvalue < ts.P_BROKEN, result
 
 
-@pytest.mark.parametrize("decoder", ["speculative", "dsbd"])
+@pytest.mark.parametrize("decoder", [pytest.param("speculative", marks=pytest.mark.extended),
+                                     "dsbd"])
 def test_an_int8_head_is_exact(decoder):
     """The head's block and ``fc`` in int8 (``head.int8``): speculative sampling (fused features
     of layer 0) and DSBD at fixed width keep their exact distributions."""

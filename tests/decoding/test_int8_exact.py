@@ -87,6 +87,7 @@ def test_dsbd_with_an_int8_draft_is_exact_beam_sampling(pair, lp):
     assert res.pvalue > P_MIN, res
 
 
+@pytest.mark.extended   # single-beam DSBD with other drafts: test_bfloat16, test_head_exact
 def test_single_beam_dsbd_with_an_int8_draft_is_exact_sampling(pair, lp):
     tc, tp, dc, dp = pair
     cfg = _dsbd(tc, dc, single_beam=True, min_width=1, max_width=1)
@@ -95,6 +96,7 @@ def test_single_beam_dsbd_with_an_int8_draft_is_exact_sampling(pair, lp):
     assert res.pvalue > P_MIN, res
 
 
+@pytest.mark.extended   # truncated drafts: test_vocab_truncation; int8 drafts: the tests above
 def test_a_truncated_int8_draft_is_exact(pair, lp):
     """A truncated int8 head with prompt rows, without the target's most likely first token: it
     comes out through the residual, the distribution is the target's."""
@@ -152,7 +154,8 @@ def _sharpen(q):
     return q2 / jnp.maximum(jnp.sum(q2, axis=-1, keepdims=True), 1e-30)
 
 
-@pytest.mark.parametrize("decoder", ["speculative", "dsbd"])
+@pytest.mark.parametrize("decoder", [pytest.param("speculative", marks=pytest.mark.extended),
+                                     "dsbd"])
 def test_int8_draft_with_a_wrong_q_fails(pair, lp, decoder, monkeypatch):
     """The verifier is handed ``q^2`` renormalised instead of the q the int8 draft drew from:
     the same exactness checks must fail (p < 1e-6)."""
