@@ -1,6 +1,7 @@
 """benchmarks/accelerator.py in its ``--small`` mode on the CPU (so the GPU script never rots),
 and the accelerator hygiene it relies on: no host callback in a decode loop unless asked for."""
 
+import pytest
 import json
 
 import jax
@@ -15,6 +16,7 @@ def load_script():
     return load_bench("accelerator")
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run_writes_every_section(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     from dsbd_jax.models import cpu_options

@@ -2,6 +2,7 @@
 bfloat16 pair, every decoder, in one process; both give full outputs, the former form is really
 the one its programs ran (they differ), and the patch is gone afterwards."""
 
+import pytest
 import json
 
 import jax
@@ -11,6 +12,7 @@ import numpy as np
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_pair(tmp_path):
     bench = load_bench("attention_form")
     from dsbd_jax.models import llama

@@ -3,10 +3,13 @@ candidate, timed, and the candidates' integer outputs (tokens, lengths) equal to
 
 import json
 
+import pytest
+
 from bench_setup import load_bench
 from dsbd_jax.models import cpu_options
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run_times_every_candidate(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     cpu_options.choice.cache_clear()

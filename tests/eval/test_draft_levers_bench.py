@@ -2,11 +2,13 @@
 distilled, both, and the truncated ones with prompt rows) gets an acceptance in (0, 1], nothing is timed, and the JSON records the
 frequency table it used."""
 
+import pytest
 import json
 
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_acceptance_only(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     from dsbd_jax.models import cpu_options
@@ -27,6 +29,7 @@ def test_small_acceptance_only(tmp_path, monkeypatch):
     cpu_options.choice.cache_clear()
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_passes_only(tmp_path, monkeypatch):
     """``--passes-only``: every draft gets a draft-pass time at batch 1 and ``--batch``, the base
     is 1.0x itself, prompt-rows drafts are timed too, and nothing else is measured."""

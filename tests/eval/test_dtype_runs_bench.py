@@ -1,11 +1,13 @@
 """``benchmarks/dtype_runs.py``: ``dsbd host`` run twice with empty caches on a tiny model, every
 run's choice (dtype and kernel form) parsed from its output, the JSON with its host and no path of this machine."""
 
+import pytest
 import json
 
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_runs(tmp_path):
     bench = load_bench("dtype_runs")
     out = tmp_path / "runs.json"

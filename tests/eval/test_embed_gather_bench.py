@@ -1,11 +1,13 @@
 """``benchmarks/embed_gather.py --small``: both lookups of a bfloat16 pair side by side, each in
 its own process; the plain lookup's programs convert the whole table, the decoders' do not."""
 
+import pytest
 import json
 
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_pair(tmp_path):
     bench = load_bench("embed_gather")
     out = tmp_path / "gather.json"

@@ -3,9 +3,12 @@ node budget beside beam sampling, on the tiny pair."""
 
 import json
 
+import pytest
+
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_pair(tmp_path):
     bench = load_bench("forest_budget")
     out = tmp_path / "fb.json"

@@ -3,9 +3,12 @@ continuations, split into prompt and continuation positions, with the decoder's 
 
 import json
 
+import pytest
+
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     from dsbd_jax.models import cpu_options

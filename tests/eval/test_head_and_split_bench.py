@@ -3,11 +3,13 @@ same product: benchmarks/tied_head.py (the orders and forms of a tied head, and 
 untied draft passes) and benchmarks/split_products.py (split kernels) land in their JSON with
 their timings; benchmarks/jax_versions.py's items from an accelerator.py result."""
 
+import pytest
 import json
 
 from bench_setup import load_bench
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run_times_every_variant(tmp_path):
     bench = load_bench("tied_head")
     out = tmp_path / "th.json"
@@ -30,6 +32,7 @@ def test_jax_versions_items():
                                     "sample batch 1 ms/iteration": 3.0}
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_split_products_small(tmp_path):
     bench = load_bench("split_products")
     out = tmp_path / "sp.json"

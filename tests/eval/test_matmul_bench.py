@@ -2,6 +2,7 @@
 ``[out, in]``, blocked ``[out / n, in, n]``) computes the same products as torch (the script
 checks it) and lands in the JSON with its timings."""
 
+import pytest
 import json
 
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ def test_blocked_product_equals_plain_product():
             np.testing.assert_allclose(got, x @ w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run_times_every_variant(tmp_path):
     bench = load_script()
     out = tmp_path / "mm.json"

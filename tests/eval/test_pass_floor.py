@@ -3,6 +3,7 @@ tiny models, bfloat16, the host's form and transposed kernels, 1 and 12 new toke
 sections (the pass without its attention among them), and by hand that the floor runs the model's
 own projections, one product each, in the pass's order, plus the head."""
 
+import pytest
 import json
 
 from bench_setup import load_bench
@@ -31,6 +32,7 @@ def _kernel_paths(tree, path=()):
     return out
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     from dsbd_jax.models import cpu_options

@@ -299,6 +299,7 @@ def test_cli_generate_many_processes(tiny):
     assert out[1] == ""
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_cli_bench_many_processes(tiny):
     """``dsbd bench --mesh`` started once per process: process 0 writes the records of a
     one-process run (same completions), process 1 writes nothing."""

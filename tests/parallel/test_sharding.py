@@ -196,6 +196,7 @@ def test_one_device_mesh_runs(toy):
         make_mesh(2, 1)
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_bench_harness_on_a_mesh(tmp_path, torch):
     """``dsbd bench --mesh``: the harness runs every method through a ShardedDecoder (a (1, 1)
     mesh here, on one device) and records the mesh in its header."""

@@ -14,6 +14,7 @@ from dsbd_jax.training.head_data import answer_texts
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.extended
 def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
     text = (ROOT / "configs" / "head_tiny.yaml").read_text()
@@ -81,6 +82,7 @@ def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
     assert 0.0 <= fused["acceptance_1"] <= 1.0 and fused["steps"] == 10
 
 
+@pytest.mark.extended
 def test_more_text_adds_answer_texts_scored_once(tmp_path, tiny, monkeypatch):
     """``more_text``: the recipe's data plus 400 GSM8K answers, each scored by one target pass
     (cached), the loss on the answer's positions alone; on its own 600-step schedule."""
