@@ -13,18 +13,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 # Two lanes run side by side (the suite is mostly single-threaded XLA compilation, and the host
-# has 2 cores: about 18 minutes instead of 26 one after the other); each lane runs its folders
-# one pytest process after another; each prints its slowest tests (over 20 s) at its end.
-# Balanced by the folders' measured seconds on the 2-core host (tests/models about 1,500,
-# tests/decoding 1,500, tests/eval 950, tests/parallel 590, tests/training 250, the notebooks
-# 145, the docs 80, the generate cache 63, every other top-level file under 35): lane A takes
-# the three slowest top-level files, lane B the rest.
-LANE_A_FILES="tests/test_notebooks.py tests/test_docs.py tests/test_generate_cache.py"
+# has 2 cores); each lane runs its folders one pytest process after another; each prints its
+# slowest tests (over 20 s) at its end. Balanced by the folders' measured seconds on the slowest
+# 2-core host (the AVX2-only AMD EPYC, scripts/test.sh's CI selection): lane A the models, the
+# parallel and eval folders and the notebooks; lane B the decoders' folder (the
+# exactness tests: the longest), training and every other top-level file.
+LANE_A_FILES="tests/test_notebooks.py"
 LANE_B_FILES=""
 for f in tests/test_*.py; do
   case " $LANE_A_FILES " in *" $f "*) ;; *) LANE_B_FILES="$LANE_B_FILES $f";; esac
 done
-DEFAULT_LANES="tests/models tests/parallel tests/training $LANE_A_FILES;tests/decoding tests/eval$LANE_B_FILES"
+DEFAULT_LANES="tests/models tests/parallel tests/eval $LANE_A_FILES;tests/decoding tests/training$LANE_B_FILES"
 IFS=';' read -r -a LANES <<<"${DSBD_TEST_LANES:-$DEFAULT_LANES}"
 EXTRA=("$@")
 # DSBD_TEST_LANE_NAMES: the lanes' prefixes, space-separated (default A B C ...)

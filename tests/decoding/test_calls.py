@@ -51,7 +51,9 @@ def _call(bench_pair, name):
     return DECODERS[name], cfg, params, ids, lengths, key, args
 
 
-@pytest.mark.parametrize("name", sorted(DECODERS))
+@pytest.mark.parametrize("name", [  # CI: a drafted and a plain decoder; the others extended
+    pytest.param(n, marks=() if n in ("dsbd_generate", "sample") else pytest.mark.extended)
+    for n in sorted(DECODERS)])
 def test_a_call_states_its_program_and_options_and_runs_once_compiled(bench_pair, name,
                                                                       forced_options):
     """For one call: the program (its decoder's core), the compiler options (those the host's
@@ -128,7 +130,8 @@ def _own(name, cfg, **changes):
     return cls(**{**kept, **changes})
 
 
-@pytest.mark.parametrize("name", ["sample", "dsbd_generate"])
+@pytest.mark.parametrize("name", [pytest.param("sample", marks=pytest.mark.extended),
+                                  "dsbd_generate"])
 def test_a_config_names_its_options_and_nothing_is_asked_of_the_host(bench_pair, name,
                                                                      forced_options):
     """A plan handed to the decoder as a value: ``config.options`` (a ``HostPlan``'s) is the

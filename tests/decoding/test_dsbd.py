@@ -291,7 +291,7 @@ def test_single_beam_keeps_one_cache_row():
     _check_beams(out, config, params, np.asarray(ids), np.asarray(lengths))
 
 
-@pytest.mark.parametrize("single_beam", [False, True])
+@pytest.mark.parametrize("single_beam", [False, pytest.param(True, marks=pytest.mark.extended)])
 def test_a_node_budget_widens_every_layer(single_beam):
     """W_S 3, gamma 3: a budget of 21 nodes gives layers of (21 - Wc) // 3 drafted nodes (6 with
     3 input beams, 6 in single-beam mode: (21 - 1) // 3); a budget under the settings' forest
