@@ -328,7 +328,7 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["generate", "--target", "/nonexistent", "--prompt", "x"], "unknown model source"),
+    (["generate", "--target", "/nonexistent", "--prompt", "x"], "--target '/nonexistent': no such model"),
     (["bench", "/nonexistent.yaml"], "does not exist"),
     (["plot", "/nonexistent/records.jsonl"], "does not exist"),
 ])

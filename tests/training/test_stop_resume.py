@@ -91,9 +91,13 @@ def test_stopped_rollouts_resume_from_the_last_finished_batch(tmp_path, tiny, mo
 def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
     p = _recipe(tmp_path, tiny, "head_sigint")
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    # SIGINT as a terminal's Ctrl-C delivers it: a test lane runs in the background of a script,
+    # where the shell starts every command with SIGINT ignored (and Python then keeps ignoring
+    # it), so the child gets the default disposition back first
     proc = subprocess.Popen([sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = []
         for line in proc.stdout:               # the first finished rollout batch
