@@ -34,9 +34,8 @@ import dataclasses
 import functools
 import os
 import time
-import warnings
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +54,7 @@ from dsbd_jax.models.kernels import (AUTO_WEIGHTS, FLOAT, INT8, MEASURED, TRANSP
                                      head_transposed, int8_params_,
                                      transpose_params_, transposed_of, transposed_widths)
 from dsbd_jax.models.llama import check_layout, unstack_layers_
+from dsbd_jax.models.load_args import check_plan as _check_plan, removed_blocks as _removed_blocks
 from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
                                      host_layout_dir_name, load_host_layout, load_preset,
                                      preset_config, preset_dir, preset_tokenizer,
@@ -166,8 +166,7 @@ def load_tokenizer(source, revision: Optional[str] = None):
     return tokenizer_from_gguf(where) if has_tok else None
 
 
-# a step of a load that takes at least this long names itself with its time (``timed_step``)
-SLOW_STEP_S = 0.5
+SLOW_STEP_S = 0.5   # a load's step this long or longer names itself with its time (timed_step)
 
 
 @functools.lru_cache(maxsize=1)
@@ -425,44 +424,6 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                 name, folder, model.params, model.config, dtype, key, cache_dir))
     release_freed_memory()
     return model
-
-
-def _removed_blocks(kernel_blocks):
-    """``kernel_blocks`` checked: ``"measured"``, ``"transposed"`` or ``None``; the values of
-    the removed blocked kernels (``"auto"``, ``"halves"``, a width, ``{projection: width}``)
-    give ``None`` (plain kernels) with a ``DeprecationWarning``; anything else is an error.
-    ``$DSBD_JAX_KERNEL_BLOCKS``, which chose the widths, is warned about where it is set."""
-    if os.environ.get("DSBD_JAX_KERNEL_BLOCKS"):
-        warnings.warn("$DSBD_JAX_KERNEL_BLOCKS has no effect: blocked kernels were removed "
-                      "(docs/results/cpu.md); $DSBD_JAX_KERNEL_FORM chooses the kernel form",
-                      DeprecationWarning, stacklevel=3)
-    if kernel_blocks is None or (isinstance(kernel_blocks, str)
-                                 and kernel_blocks in (MEASURED, TRANSPOSED)):
-        return kernel_blocks
-    if isinstance(kernel_blocks, Mapping) or (isinstance(kernel_blocks, (str, int))
-                                              and str(kernel_blocks) in ("auto", "halves")
-                                              or str(kernel_blocks).isdigit()):
-        warnings.warn(f"load_model(kernel_blocks={kernel_blocks!r}): blocked kernels were "
-                      f"removed (no gain worth a form where measured, docs/results/cpu.md); "
-                      f"loading plain kernels. Use kernel_blocks='measured' (the default) or "
-                      f"None; this value will be an error in the next release",
-                      DeprecationWarning, stacklevel=3)
-        return None
-    raise ValueError(f"kernel_blocks must be 'measured', 'transposed' or None, "
-                     f"got {kernel_blocks!r}")
-
-
-def _check_plan(plan, dtype, kernel_blocks) -> None:
-    """``TypeError`` / ``ValueError`` unless ``plan`` is a :class:`HostPlan` that nothing else
-    in the call contradicts (a different dtype, or a kernel form asked for by ``kernel_blocks``)."""
-    if not isinstance(plan, HostPlan):
-        raise TypeError(f"plan must be a dsbd_jax.models.host.HostPlan, got {type(plan).__name__}")
-    if not (isinstance(dtype, str) and dtype == AUTO) and jnp.dtype(dtype).name != plan.dtype:
-        raise ValueError(f"dtype={jnp.dtype(dtype).name} contradicts the plan's {plan.dtype}: "
-                         f"leave dtype at 'auto' when passing a plan")
-    if not (isinstance(kernel_blocks, str) and kernel_blocks == MEASURED):
-        raise ValueError(f"the plan decides the kernel form ({plan.form}); leave kernel_blocks "
-                         f"at 'measured' when passing a plan, got {kernel_blocks!r}")
 
 
 def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,

@@ -35,7 +35,7 @@ it as a pytree and by name (:func:`kind`), and no other module changes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar, Dict, Tuple, Type
+from typing import ClassVar, Dict, Optional, Tuple, Type
 
 import jax
 import jax.numpy as jnp
@@ -353,3 +353,14 @@ def has_row_head(tree) -> bool:
     ``"lm_head"``), a truncated tied head (``"vocab_head"`` holding an ``"embedding"``) or a head
     stored as :class:`Rows`."""
     return any(map(_row_head, _mappings(tree)))
+
+
+def output_axis_of(keys) -> Optional[int]:
+    """The axis of a projection's output features in the leaf at ``keys`` (a parameter path's
+    keys) when the leaf is a field of an :class:`Int8` kernel (``codes [out, in]``: -2,
+    ``scales [out]``: -1); ``None`` for any other leaf. Lets a module outside the models layer
+    repeat an int8 kernel's output heads without naming the kernel's keys."""
+    if len(keys) >= 2 and keys[-2] == "kernel" and keys[-1] in Int8.fields:
+        return -2 if keys[-1] == "codes" else -1
+    return None
+

@@ -73,6 +73,7 @@ from jax.sharding import PartitionSpec as P
 
 from dsbd_jax.models.axes import LOGICAL_AXES, logical_axes, path_keys  # noqa: F401
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.weights import output_axis_of
 from dsbd_jax.parallel.mesh import DATA, MODEL, mesh_shape
 
 logger = logging.getLogger("dsbd_jax")
@@ -206,8 +207,9 @@ def expand_kv_heads(params, config: ModelConfig, repeat: int):
         keys = path_keys(path)
         if len(keys) >= 2 and keys[-2] in ("k_proj", "v_proj"):
             return heads(x, -1)
-        if len(keys) >= 3 and keys[-3] in ("k_proj", "v_proj") and keys[-2] == "kernel":
-            return heads(x, -2 if keys[-1] == "codes" else -1)   # an int8 kernel's fields
+        axis = output_axis_of(keys)           # an int8 kernel's fields: codes, scales
+        if axis is not None and len(keys) >= 3 and keys[-3] in ("k_proj", "v_proj"):
+            return heads(x, axis)
         return x
     return jax.tree_util.tree_map_with_path(f, params)
 
