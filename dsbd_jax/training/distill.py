@@ -384,13 +384,13 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
     log_path = run / "log.jsonl"
     history = []
 
-    def evaluate(step, trainable):
+    def evaluate(step):
         a = heldout_acceptance(acc_fn, draft_params(dc, dp, trainable), datas["heldout"],
                                dc.batch_size)
         history.append((step, a))
         return a
 
-    a = evaluate(step0, trainable)
+    a = evaluate(step0)
     with open(log_path, "a") as f:  # the starting point too (the base draft's, on a fresh run)
         f.write(json.dumps({"step": step0, "heldout_acceptance": a, "start": True}) + "\n")
     bar = None
@@ -399,36 +399,7 @@ def distill(target, draft, train_prompts, heldout_prompts, dc: DistillConfig, ru
         bar = tqdm(total=dc.steps, initial=step0, desc="distill", unit="step")
     last = step0
     t0 = time.perf_counter()
-    try:
-        last, trainable, opt_state = _steps(dc, step0, step_fn, trainable, opt_state, dp, datas,
-                                            evaluate, run, log_path, bar, t0, stop_after, a)
-    except KeyboardInterrupt as stop:   # Ctrl-C: keep the last finished step, then stop
-        last, trainable, opt_state = stop.args[0]
-        if bar is not None:
-            bar.close()
-        if last > step0:
-            save_state(run / "state.npz", last, (trainable, opt_state))
-            print(f"distill: stopped; step {last} saved to {run / 'state.npz'}", flush=True)
-        raise KeyboardInterrupt() from None
-    if bar is not None:
-        bar.close()
-    if last > step0:
-        save_state(run / "state.npz", last, (trainable, opt_state))
-    merged = draft_params(dc, dp, trainable)
-    if dc.mode == "full":
-        merged = jax.tree.map(lambda x, y: x.astype(y.dtype), merged, dp)
-    if last == dc.steps:
-        save_hf(run / "model", dcf, merged, tokenizer)
-    return {"params": merged, "step": last, "heldout_acceptance": history}
-
-
-def _steps(dc, step0, step_fn, trainable, opt_state, dp, datas, evaluate, run, log_path, bar,
-           t0, stop_after, a):
-    """:func:`distill`'s loop: ``(steps finished, trainable, opt state)``. Each step runs under
-    :func:`~dsbd_jax.training.rollouts.ready` (Ctrl-C stops it at once); a
-    ``KeyboardInterrupt`` carries the last finished step's triple."""
-    last = step0
-    try:
+    try:   # each step under ready(): Ctrl-C stops it at once, the last finished step is kept
         for step in range(step0, dc.steps):
             if stop_after is not None and step - step0 >= stop_after:
                 break
@@ -438,7 +409,7 @@ def _steps(dc, step0, step_fn, trainable, opt_state, dp, datas, evaluate, run, l
             last = step + 1
             rec = {"step": last, "loss": float(loss)}
             if last % dc.eval_every == 0 or last == dc.steps:
-                a = evaluate(last, trainable)
+                a = evaluate(last)
                 rec["heldout_acceptance"] = a
             if last % dc.checkpoint_every == 0 or last == dc.steps:
                 save_state(run / "state.npz", last, (trainable, opt_state))
@@ -450,5 +421,19 @@ def _steps(dc, step0, step_fn, trainable, opt_state, dp, datas, evaluate, run, l
                 bar.update(1)
                 bar.set_postfix(loss=f"{float(loss):.4f}", heldout_acc=f"{a:.4f}")
     except KeyboardInterrupt:
-        raise KeyboardInterrupt((last, trainable, opt_state)) from None
-    return last, trainable, opt_state
+        if bar is not None:
+            bar.close()
+        if last > step0:
+            save_state(run / "state.npz", last, (trainable, opt_state))
+            print(f"distill: stopped; step {last} saved to {run / 'state.npz'}", flush=True)
+        raise
+    if bar is not None:
+        bar.close()
+    if last > step0:
+        save_state(run / "state.npz", last, (trainable, opt_state))
+    merged = draft_params(dc, dp, trainable)
+    if dc.mode == "full":
+        merged = jax.tree.map(lambda x, y: x.astype(y.dtype), merged, dp)
+    if last == dc.steps:
+        save_hf(run / "model", dcf, merged, tokenizer)
+    return {"params": merged, "step": last, "heldout_acceptance": history}

@@ -249,27 +249,9 @@ def train(hc: mhead.HeadConfig, params, target_params, train_data, heldout_data,
             print(f"train-head: step 0 held-out acceptance "
                   f"{rec['heldout_acceptance_1']:.3f}", flush=True)
     last = cfg.steps if stop_at is None else min(int(stop_at), cfg.steps)
-    try:
-        return _steps(cfg, state, last, order, step_fn, evaluate, p, o, fixed, frozen,
-                      train_data, ckpt, log_path, run_dir, t0, progress, stop_after)
-    except KeyboardInterrupt as stop:   # Ctrl-C: keep the last finished step, then stop
-        p, o, s1 = stop.args[0] if stop.args and isinstance(stop.args[0], tuple) else (
-            None, None, None)
-        if s1 is not None and s1 > state["step"]:
-            ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
-            print(f"train-head: stopped; step {s1} saved to {ckpt}", flush=True)
-        raise KeyboardInterrupt() from None
-
-
-def _steps(cfg, state, last, order, step_fn, evaluate, p, o, fixed, frozen, train_data, ckpt,
-           log_path, run_dir, t0, progress, stop_after):
-    """:func:`train`'s loop. Each step runs under :func:`~dsbd_jax.training.rollouts.ready`, so
-    Ctrl-C stops it at once; the ``KeyboardInterrupt`` then carries ``(params, opt state,
-    steps finished)`` of the last finished step, which :func:`train` saves."""
-    from flax import serialization
-    done_here = 0
     s1 = state["step"]
-    try:
+    done_here = 0
+    try:   # each step under ready(): Ctrl-C stops it at once, the last finished step is kept
         for s in range(state["step"], last):
             idx = order[s * cfg.batch_size:(s + 1) * cfg.batch_size]
             p, o, m = ready(step_fn, p, o, fixed, _batches(train_data, idx), fetch=False)
@@ -290,7 +272,10 @@ def _steps(cfg, state, last, order, step_fn, evaluate, p, o, fixed, frozen, trai
             if stop_after is not None and done_here >= stop_after:
                 return {"params": {**p, **frozen}, "step": s1, "log": read_log(run_dir)}
     except KeyboardInterrupt:
-        raise KeyboardInterrupt((p, o, s1)) from None
+        if s1 > state["step"]:
+            ckpt.write_bytes(serialization.to_bytes({"params": p, "opt": o, "step": s1}))
+            print(f"train-head: stopped; step {s1} saved to {ckpt}", flush=True)
+        raise
     return {"params": {**p, **frozen}, "step": max(last, state["step"]),
             "log": read_log(run_dir)}
 
