@@ -15,7 +15,8 @@ the compiler options the library gives a program over that kind
   activations quantised per row; XLA's ``s8 x s8 -> s32`` dot; one row padded to two);
 * ``int8 one-row``: the same product without the padding of one row (what the padding saves);
 * ``int8 <options>``: the int8 product under each other candidate of
-  ``cpu_options.CANDIDATES`` this XLA accepts (why int8 programs run under ``default``).
+  ``cpu_options.CANDIDATES`` this XLA accepts (why int8 programs run under ``default``);
+* with ``--qwix``, the same products through qwix (:func:`qwix_variants`).
 
 Each figure is the minimum over ``--repeats`` interleaved rounds (``interleaved_min``). The JSON
 also gives, per ``M``, each kind's time over float32 plain's and over bfloat16's, and the int8
@@ -24,7 +25,7 @@ input (the quantisation's cost, separate from its speed). The host (CPU model, f
 ``machine``. Timings need a quiet machine.
 
 Usage: python benchmarks/int8_products.py [--rows 1 2 4 12 16 64] [--layers 4] [--repeats 9]
-       [--shape 1536 8960] [--out results/int8_products_HOST.json]
+       [--shape 1536 8960] [--qwix] [--out results/int8_products_HOST.json]
        python benchmarks/int8_products.py --small   (a check: seconds)
 """
 
@@ -75,7 +76,7 @@ def chain_fn(product):
     return chain
 
 
-def build(din: int, dout: int, layers: int):
+def build(din: int, dout: int, layers: int, qwix: bool = False):
     """``{variant: (compiled chain, ups, downs)}`` over the same random weights."""
     rng = np.random.default_rng(0)
     ups = [rng.standard_normal((din, dout), np.float32) / np.float32(np.sqrt(din))
@@ -96,7 +97,41 @@ def build(din: int, dout: int, layers: int):
         if dict(cand) != opts:
             out[f"int8 {name}"] = (jax.jit(chain_fn(weights.product),
                                            compiler_options=dict(cand)), us, ds, dict(cand))
+    if qwix:
+        out.update(qwix_variants(ups, downs, opts))
     return out
+
+
+def qwix_variants(ups, downs, opts):
+    """The same chain through qwix (``--qwix``; Google's JAX quantisation library, not a
+    dependency: ``pip install --no-deps qwix``), each weight quantised once by
+    ``qwix.quantize`` (int8, a scale per output channel), under the int8 kind's options:
+
+    * ``qwix int8 [out, in]``: activations quantised per row in the graph
+      (``qwix.quantize``), ``qwix.dot_general`` of the two ``QArray`` s (its fast path: the
+      integer dot, then the scales), weights stored ``[out, in]`` as the int8 kind stores them;
+    * ``qwix int8 [in, out]``: the same with the weights ``[in, out]``, as a Flax kernel is;
+    * ``qwix weight-only``: float activations times the ``QArray`` weight (qwix's path for it
+      dequantises the weight, then runs a float product)."""
+    import qwix
+    dims_rows, dims_plain = (((1,), (1,)), ((), ())), (((1,), (0,)), ((), ()))
+
+    def dynamic(dims):
+        def product(x, wq):
+            xq = qwix.quantize(x, jnp.int8, channelwise_axes=[0])
+            return qwix.dot_general(xq, wq, dims, preferred_element_type=jnp.float32)
+        return product
+
+    def weight_only(x, wq):
+        return qwix.dot_general(x, wq, dims_plain, preferred_element_type=jnp.float32)
+
+    q = lambda w, axis: qwix.quantize(jnp.asarray(w), jnp.int8, channelwise_axes=[axis])  # noqa
+    rows_u, rows_d = [q(w.T, 0) for w in ups], [q(w.T, 0) for w in downs]
+    plain_u, plain_d = [q(w, 1) for w in ups], [q(w, 1) for w in downs]
+    jit = lambda f: jax.jit(chain_fn(f), compiler_options=opts)  # noqa: E731
+    return {"qwix int8 [out, in]": (jit(dynamic(dims_rows)), rows_u, rows_d, opts),
+            "qwix int8 [in, out]": (jit(dynamic(dims_plain)), plain_u, plain_d, opts),
+            "qwix weight-only": (jit(weight_only), plain_u, plain_d, opts)}
 
 
 def rel_rms(a, b) -> float:
@@ -111,12 +146,20 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--shape", type=int, nargs=2, default=[1536, 8960], metavar=("IN", "OUT"))
     ap.add_argument("--small", action="store_true", help="a 128 x 256 shape, 2 layers: a check")
+    ap.add_argument("--qwix", action="store_true",
+                    help="also the same products through qwix (qwix_variants; qwix installed)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.qwix:
+        try:
+            import qwix  # noqa: F401
+        except ImportError:
+            ap.error("--qwix needs qwix, which dsbd-jax does not install: "
+                     ".venv/bin/pip install --no-deps qwix (its other needs are installed)")
     if args.small:
         args.shape, args.layers, args.repeats, args.rows = [128, 256], 2, 2, [1, 2, 4]
     din, dout = args.shape
-    variants = build(din, dout, args.layers)
+    variants = build(din, dout, args.layers, args.qwix)
     rng = np.random.default_rng(1)
     results = []
     for m in args.rows:
@@ -127,8 +170,8 @@ def main(argv=None):
         row = {"rows": m, "ms": {k: 1e3 * v for k, v in t.items()},
                "over_float32": {k: v / t["float32 plain"] for k, v in t.items()},
                "over_bfloat16": {k: v / t["bfloat16 rows"] for k, v in t.items()},
-               "rel_rms_vs_float32": {k: rel_rms(calls[k](), ref)
-                                      for k in ("bfloat16 rows", "int8")}}
+               "rel_rms_vs_float32": {k: rel_rms(calls[k](), ref) for k in calls
+                                      if k in ("bfloat16 rows", "int8") or "qwix" in k}}
         results.append(row)
         print(f"M={m:3d}  " + "  ".join(f"{k} {1e3 * v:.2f} ms" for k, v in t.items())
               + f"  | int8/f32 {row['over_float32']['int8']:.2f}x"

@@ -8,7 +8,8 @@ of the same size), so the in-loop forward time can be checked against them, and 
 time against the forward passes it needs.
 
 Usage: python benchmarks/phase_profile.py [--new 32] [--prompts 2] [--methods NAME,...]
-                                    [--batch 1] [--out results/profile.json]
+                                    [--batch 1] [--draft-weights float|int8]
+                                    [--out results/profile.json]
 ``--batch B`` profiles batches of B prompts (consecutive prompts of the set, padded to one bucket)
 instead of one prompt at a time; the bare forward passes then have B times the rows.
 Methods (``--methods``): sample, beam2, beam4, spec4, dsbd_w4 (gamma 2, W_S 4, t 0.7, W_min 2),
@@ -100,6 +101,9 @@ def main(argv=None):
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--batch", type=int, default=1, help="prompts per profiled call")
+    ap.add_argument("--draft-weights", default="float", choices=("float", "int8"),
+                    help="the draft's kernels (load_model's weights=): int8 profiles the "
+                         "eight-bit draft")
     ap.add_argument("--out", default="/tmp/dsbd_profile.json")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.prompts % args.batch:
@@ -109,14 +113,14 @@ def main(argv=None):
     from dsbd_jax.decoding.common import pad_prompts
     from dsbd_jax.eval.datasets import benchmark_prompts
     target = load_model(args.target, progress=False)
-    draft = load_model(args.draft, tokenizer=False, progress=False)
+    draft = load_model(args.draft, tokenizer=False, progress=False, weights=args.draft_weights)
     texts, ids_list = benchmark_prompts(target.tokenizer, args.prompts)
     half = (args.prompts + 1) // 2
     prompts = [("humaneval" if i < half else "gsm8k", ids) for i, ids in enumerate(ids_list)]
     warp = dict(top_k=10, top_p=0.8, max_new_tokens=args.new, eos_token_id=())
     res = {"machine": machine_info(), "target": args.target, "draft": args.draft,
            "new_tokens": args.new, "eos": "off", "warping": "top-k 10, top-p 0.8",
-           "batch": args.batch,
+           "batch": args.batch, "draft_weights": args.draft_weights,
            "layout": {k: sorted(m.params)[-1] for k, m in (("target", target), ("draft", draft))},
            "dtypes": {"target": target.config.dtype, "draft": draft.config.dtype},
            "runs": []}

@@ -60,6 +60,8 @@ H100_DSBD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head_dsbd.json"
 GPU_RUNS = (H100, H100_HEAD, H100_DSBD)
 INT8P = "results/int8_products_avx2_epyc.json"   # the AMD EPYC host with AVX2 only
 TERMS_INT8 = "results/draft_terms_int8_avx2_epyc.json"   # the int8 draft, same host
+INT8P_VNNI = "results/int8_products_avx512bf16_epyc.json"   # the AMD EPYC host with VNNI
+TERMS_INT8_VNNI = "results/draft_terms_int8_avx512bf16_epyc.json"   # the int8 drafts there
 
 README = "README.md"
 SPEED_MD = "docs/results/speed.md"
@@ -934,6 +936,20 @@ add(PRECISION_MD, INT8P,
     "float32 one-row product.",
     "Under `eigen_dot` the same products ran {=span(1 / r for r in int8_over(INT8P, range(5), "
     "'int8 eigen_dot')):.0f}x slower at 1-16 rows")
+for _i in range(6):
+    add(PRECISION_MD, INT8P_VNNI,
+        "| {rows:d} | " + " | ".join(f"{{ms.{k}:.1f}}" for k in _KINDS8)
+        + " | **{ms.int8:.1f}** | {ms.int8 one-row:.1f} | {ms.int8 eigen_dot:.1f} | "
+        "{over_float32.int8:.2f}x / {=v('ms.int8') / v('ms.float32 transposed'):.2f}x / "
+        "{over_bfloat16.int8:.2f}x | {rel_rms_vs_float32.int8:.3f} |", at=f"results.{_i}")
+add(PRECISION_MD, INT8P_VNNI,
+    "at 2 to 16 rows it took {=span(int8_over(INT8P_VNNI, range(1, 5), 'float32 plain')):.2f}x "
+    "float32's `[in, out]` time and {=span(int8_over(INT8P_VNNI, range(1, 5), "
+    "'bfloat16 rows')):.2f}x bfloat16's",
+    "One row, padded to two, took {=int8_over(INT8P_VNNI, [0], 'bfloat16 rows')[0]:.2f}x the "
+    "bfloat16 product",
+    "the int8 chain's 110 MB in {results.0.ms.int8:.1f} ms, the bfloat16 chain's 220 MB in "
+    "{results.0.ms.bfloat16 rows:.1f} ms")
 add(INDEX_MD, INT8P, "| AMD EPYC (AVX2) | \"AMD EPYC\", AVX2 and FMA only: no AVX512F, no VNNI, "
     "no AVX512-BF16, no AMX | {machine.cpu_count:d} |")
 add(README, INT8P,
@@ -948,3 +964,38 @@ add(README, TERMS_INT8,
     "({=v(_I8 + 'base.' + _TD + 'end_to_end'):.2f}x)",
     "The int8 draft's one-token pass still costs {batches.b1.draft_pass_vs_target.int8:.2f}x the "
     "target's (the float draft's {batches.b1.draft_pass_vs_target.base:.2f}x)")
+_I8T = "int8_trunc_32768_prompt."
+add(README, TERMS_INT8_VNNI,
+    "at batch 1 the int8 draft's one-token pass cost {batches.b1.draft_pass_vs_target.int8:.2f}x "
+    "the target's (the float draft's {batches.b1.draft_pass_vs_target.base:.2f}x), speculative "
+    "sampling ran at {=v(_I8 + 'int8.' + _TS + 'end_to_end'):.2f}x our sampling "
+    "({=v(_I8 + 'base.' + _TS + 'end_to_end'):.2f}x with the float draft) and DSBD at the "
+    "beam-W4 point at {=v(_I8 + 'int8.' + _TD + 'end_to_end'):.2f}x our beam sampling W=4 "
+    "({=v(_I8 + 'base.' + _TD + 'end_to_end'):.2f}x)",
+    "32,768 most frequent tokens and the prompt's, {=v(_I8 + _I8T + _TS + 'end_to_end'):.2f}x "
+    "and {=v(_I8 + _I8T + _TD + 'end_to_end'):.2f}x.",
+    "At batch 4, DSBD with the int8 draft ran at "
+    "{=v('batches.b4.drafts.int8.' + _TD + 'end_to_end'):.2f}x beam sampling W=4 "
+    "({=v('batches.b4.drafts.base.' + _TD + 'end_to_end'):.2f}x with the float draft)")
+FLOOR_INT8 = "results/pass_floor_int8_avx512bf16_epyc.json"   # int8 passes, the VNNI host
+_F8 = "results.{m}.{d}.{f}.rows.{n}.{k}"
+
+
+def _f8(m, d, f, n, k="pass_ms"):
+    return "v('" + _F8.format(m=m, d=d, f=f, n=n, k=k) + "')"
+
+
+add("docs/performance.md", FLOOR_INT8,
+    "the 0.5B draft's one-token pass took {" + "=" + _f8("draft", "bfloat16", "int8", 1)
+    + ":.1f} ms in int8 against {=" + _f8("draft", "bfloat16", "transposed", 1) + ":.1f} ms in "
+    "bfloat16, {=" + _f8("draft", "bfloat16", "int8", 1, "pass_over_floor") + ":.2f}x its int8 "
+    "products floor of {=" + _f8("draft", "bfloat16", "int8", 1, "floor_ms") + ":.1f} ms",
+    "The target's one-token pass took {=" + _f8("target", "bfloat16", "transposed", 1)
+    + ":.1f} ms in bfloat16 ({=" + _f8("target", "bfloat16", "int8", 1) + ":.1f} ms in int8), "
+    "so the int8 draft's pass is {=" + _f8("draft", "bfloat16", "int8", 1) + " / "
+    + _f8("target", "bfloat16", "transposed", 1) + ":.2f}x the bfloat16 target's",
+    "An int8 target's one-token pass took {=" + _f8("target", "bfloat16", "int8", 1) + " / "
+    + _f8("target", "bfloat16", "transposed", 1) + ":.2f}x the bfloat16 one's, {="
+    + _f8("target", "bfloat16", "int8", 4) + " / " + _f8("target", "bfloat16", "transposed", 4)
+    + ":.2f}x at four rows and {=" + _f8("target", "bfloat16", "int8", 12) + " / "
+    + _f8("target", "bfloat16", "transposed", 12) + ":.2f}x at a 12-token forest")

@@ -94,6 +94,12 @@ def test_demo_verdict_names_what_held_dsbd_back():
     assert slow.startswith("DSBD was slower than beam sampling here (0.77x, lower log-likelihood)")
     assert "forest costs more than a one-token pass (bfloat16" in slow
     assert "forest" not in demo_verdict(0.9, 0.0, stats, "float32", backend="gpu")
+    # rounds on both sides of 1: the run cannot tell them apart, whatever the best ratio says
+    noisy = demo_verdict(1.04, 0.0, stats, "bfloat16", backend="cpu", rounds=[0.97, 1.08])
+    assert noisy.startswith("DSBD and beam sampling were within this run's noise (0.97x to "
+                            "1.08x round by round"), noisy
+    assert demo_verdict(1.3, 0.0, stats, "bfloat16", backend="gpu",
+                        rounds=[1.2, 1.3]).startswith("DSBD was 1.30x as fast")
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -1,7 +1,8 @@
-"""``dsbd generate`` keeps its decoder's compiled program: with the default progress (elapsed
+"""``dsbd generate`` keeps its decoder's compiled programs: with the default progress (elapsed
 seconds from the host) a second process reads every program back (the decoder's core from the
 program store, the rest from JAX's compilation cache) and writes nothing new; ``--progress
-tokens`` (a host callback inside the loop) compiles its decoder again and stores nothing."""
+tokens`` (the host runs the loop in chunks: three programs without a callback) stores its
+programs the first time and reads all three back the second."""
 
 from __future__ import annotations
 
@@ -60,12 +61,17 @@ def test_a_second_generate_reads_its_decoder_back(bench_pair, tmp_path):
     second = generate(tmp_path, pair)
     assert second["reads"] == 1 and second["hits"] >= 1, second
     assert second["entries"] == first["entries"], second
-    tokens = generate(tmp_path, pair, "--progress", "tokens")
-    # the decoder with the in-loop callback is compiled, not read, and never written
-    assert tokens["reads"] == 0 and tokens["entries"] == first["entries"], tokens
     none = generate(tmp_path, pair, "--no-progress")     # the same program as the default
     assert none["reads"] == 1 and none["hits"] == second["hits"]
     assert none["entries"] == first["entries"]
+    tokens = generate(tmp_path, pair, "--progress", "tokens")
+    # the chunked run's three programs: compiled and stored the first time ...
+    stored = [e for e in tokens["entries"] if e not in first["entries"]]
+    assert tokens["reads"] == 0 and len([e for e in stored if e.startswith("programs/")]) == 3
+    assert "tok [" in tokens["stderr"]                   # the token bar
+    again = generate(tmp_path, pair, "--progress", "tokens")
+    # ... and all read back the second time, nothing written
+    assert again["reads"] == 3 and again["entries"] == tokens["entries"], again
 
 
 def test_int8_weights_from_the_command_line(bench_pair, tmp_path):

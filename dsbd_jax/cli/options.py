@@ -112,11 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", action="append", default=None,
                       help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
     demo.add_argument("--progress", choices=PROGRESS_MODES, default="time",
-                      help="time (default): elapsed seconds while each method runs; its "
-                           "compiled programs are kept in the compilation cache, so a second "
-                           "demo compiles nothing. tokens: a bar over new tokens fed from "
-                           "inside the loop (a program with that host callback is never "
-                           "cached, so every run compiles it again). none: nothing")
+                      help="time (default): elapsed seconds while each method runs. "
+                           "tokens: a bar over new tokens, updated after every loop iteration "
+                           "(the host runs the loop in compiled chunks). Both keep their "
+                           "compiled programs in the compilation cache, so a second demo "
+                           "compiles nothing. none: nothing")
     _add_settings(demo)
     gen = add("generate", help="generate with one method and print the beams")
     gen.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
@@ -126,11 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", choices=METHODS, default="dsbd", help="the decoding method")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     gen.add_argument("--progress", choices=PROGRESS_MODES, default="time",
-                     help="time (default): elapsed seconds while the decoder runs; its compiled "
-                          "program is kept in the compilation cache, so a later run reads it "
-                          "back. tokens: a bar over new tokens fed from inside the loop; a "
-                          "program with that host callback is never cached, so every run "
-                          "compiles it again. none: nothing")
+                     help="time (default): elapsed seconds while the decoder runs. tokens: a "
+                          "bar over new tokens, updated after every loop iteration (the host "
+                          "runs the loop in compiled chunks). Both keep their compiled "
+                          "programs in the compilation cache, so a later run reads them back. "
+                          "none: nothing")
     gen.add_argument("--no-progress", action="store_true", help="the same as --progress none")
     gen.add_argument("--mesh", default=None, help=MESH_HELP)
     gen.add_argument("--draft-head-rows", type=int, default=None,

@@ -17,10 +17,16 @@ def _status(msg: str) -> None:
 ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accept rate"}
 
 
+# ``--progress tokens``: the host runs the decoder's loop in compiled chunks of this many
+# iterations and updates the bar between them (``calls.Progress(every=...)``: no callback in
+# any program, so the programs are cached like the others)
+PROGRESS_EVERY = 1
+
+
 def progress_mode(args) -> str:
-    """``"tokens"`` (a bar fed from inside the decoder's loop: the decoder is built with a host
-    callback), ``"time"`` (elapsed seconds from the host: the decoder has no callback, so its
-    compiled program can be cached) or ``"none"``. ``--no-progress`` wins; a command without
+    """``"tokens"`` (a bar over new tokens, updated by the host between compiled chunks of the
+    decoder's loop), ``"time"`` (elapsed seconds from a host thread: one program) or
+    ``"none"``. ``--no-progress`` wins; a command without
     ``--progress`` shows tokens."""
     if getattr(args, "no_progress", False):
         return "none"
@@ -52,9 +58,8 @@ class ElapsedTicker:
 
 
 class ProgressBar:
-    """A tqdm bar over new tokens, fed by the decoder's ``calls.Progress`` channel once per loop
-    trip:
-    iterations, target calls and the draft acceptance figure (no rate: a run has one tokens/s
+    """A tqdm bar over new tokens, fed by the decoder's ``calls.Progress`` channel after each
+    chunk of loop trips (``PROGRESS_EVERY``): new tokens, target calls and the draft acceptance figure (no rate: a run has one tokens/s
     figure, :func:`tokens_per_second`, printed when it ends):
     for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
     layers end with a correction draw, at most the width), for speculative and tree sampling
@@ -85,7 +90,8 @@ def build_decoder(name, args, target_config, draft_config, progress: bool, node_
     ``node_budget``: what ``--node-budget auto`` resolved to (:func:`auto_node_budget`)."""
     from dsbd_jax.decoding.calls import Progress
     from dsbd_jax.decoding.methods import build
-    return build(name, target_config, draft_config, progress=Progress() if progress else False,
+    channel = Progress(every=PROGRESS_EVERY) if progress else False
+    return build(name, target_config, draft_config, progress=channel,
                  **_settings(name, args, node_budget))
 
 
@@ -302,7 +308,7 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
-    with progress; it adds one host callback per loop trip); ``"time"``, elapsed seconds (no
+    with progress: its loop then runs in chunks driven from the host); ``"time"``, elapsed seconds (no
     callback); ``False`` / ``"none"``, nothing."""
     import jax
     from dsbd_jax.eval.run import CompileClock

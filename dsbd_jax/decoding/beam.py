@@ -175,8 +175,7 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: BeamSampl
         return BeamState(step=t + 1, cache=cache, logits=logits, sequences=seqs, scores=scores,
                          finished=finished, target_calls=calls)
 
-    body = calls.with_progress(config, body, calls.step_progress(B))
-    s = jax.lax.while_loop(cond, body, state)
+    s = calls.loop(config, cond, body, state, calls.step_progress(B))
     sequences = s.sequences.reshape(B, W, N)
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
@@ -316,8 +315,7 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                                             lambda c: (s.logits, c, s.target_calls), s.cache)
         return nxt_state.replace(cache=cache, logits=logits, target_calls=calls)
 
-    body = calls.with_progress(config, body, calls.step_progress(B))
-    s = jax.lax.while_loop(cond, body, state)
+    s = calls.loop(config, cond, body, state, calls.step_progress(B))
     lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1),

@@ -11,8 +11,9 @@ config carries a ``Progress`` channel."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +93,7 @@ class _Core:
         self.__doc__ = getattr(jitted, "__doc__", None)
         self.decoder = name
         self.programs = programs.LoadedPrograms()   # read back from the store (programs.py)
+        self._chunks: Dict[str, Any] = {}            # chunked runs' programs by phase
         core_name(self.__name__, name)
 
     def bind(self, *args, **kwargs) -> CoreCall:
@@ -100,6 +102,11 @@ class _Core:
 
     def __call__(self, *args, **kwargs):
         note_core_call(self.decoder, args)
+        channel = getattr(kwargs.get("config"), "progress", None)
+        if (isinstance(channel, Progress) and channel.every is not None and set(kwargs) == {"config"}
+                and hasattr(self._jitted, "run")
+                and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):
+            return run_chunks(self, args, kwargs["config"], channel)
         if not hasattr(self._jitted, "run"):
             return self._jitted(*args, **kwargs)
         folder, named = programs.store_folder(), named_options(kwargs)
@@ -110,10 +117,42 @@ class _Core:
         return programs.call(self.decoder, jitted, self._jitted._fun, self._jitted._jit_kwargs,
                              options, self.programs, args, kwargs, folder)
 
+    def chunk_call(self, state, args: tuple, config, phase: Tuple[str, int]):
+        """One program of a chunked run (:func:`run_chunks`), compiled under the options the
+        core's own call would get, through the program store when it is on. The loop state
+        leaves and enters the programs in the layouts XLA picks for the loop
+        (``Layout.AUTO``): in the default layout each program would copy the KV caches in and
+        out of the loop's own (a transpose of the target's cache, most of a prompt pass)."""
+        kind = phase[0]
+        if kind not in self._chunks:
+            from jax.experimental.layout import Format, Layout
+            fun = self._jitted._fun
+
+            def program(state, core_args, config, phase):
+                return _chunk_program(fun, state, core_args, config, phase)
+            program.__name__ = program.__qualname__ = f"{self.__name__}_chunks"
+            core_name(program.__name__, self.decoder)      # its compiles count as the decoder's
+            auto = Format(Layout.AUTO)
+            out = None if kind == "finish" else (auto, None, None)
+            donate = () if kind == "finish" else (0,)     # the outputs: default layouts
+            self._chunks[kind] = (type(self._jitted)(
+                program, static_argnums=(2, 3), donate_argnums=donate,
+                in_shardings=(auto, None), out_shardings=out), programs.LoadedPrograms())
+        (chunks, loaded), call_args = self._chunks[kind], (state, args, config, phase)
+        folder, named = programs.store_folder(), getattr(config, "options", None)
+        if folder is None:
+            return chunks.run(call_args, {}, named)
+        jitted, options = chunks.for_call(call_args, {}, named)
+        return programs.call(f"{self.decoder}/chunks", jitted, chunks._fun, chunks._jit_kwargs,
+                             options, loaded, call_args, {}, folder)
+
     def clear_cache(self):
         """Drop the compiled programs of the jit and those loaded from the program store."""
         self.programs.cache_clear()
         self._jitted.clear_cache()
+        for chunks, loaded in self._chunks.values():
+            chunks.clear_cache()
+            loaded.cache_clear()
 
     def __getattr__(self, name):
         return getattr(self._jitted, name)
@@ -146,19 +185,35 @@ def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callab
 # is the caller's object, so no listener lives in the library.
 class Progress:
     """A progress channel for decoders: ``DSBDConfig(..., progress=channel)`` (any decoder's
-    config) compiles a program that, after every loop trip, calls each function listening on
-    ``channel`` (:meth:`listen`) with a dict of numpy values (module comment above). The
-    program holds the channel itself (hashed by identity, a static part of the config): keep
-    one channel per decoder and change its listeners freely between runs, with no
-    recompilation; a new channel is a new program (and a program with progress is a separate
-    one from the program without)."""
+    config) reports to each function listening on ``channel`` (:meth:`listen`) a dict of numpy
+    values (module comment above), in one of two ways:
 
-    def __init__(self):
+    * ``Progress()``: after every loop trip, from inside the compiled program (a host
+      callback). Such a program is never cached on disk (neither JAX's persistent cache nor the
+      program store keeps a program that calls back), so a new process compiles it again. The
+      program holds the channel itself (hashed by identity, a static part of the config): keep
+      one channel per decoder and change its listeners freely between runs, with no
+      recompilation; a new channel is a new program.
+    * ``Progress(every=k)``: after every ``k`` loop trips, from the host, which drives the loop
+      in chunks (:func:`run_chunks`): three programs (the prompts' passes and the first ``k``
+      trips; ``k`` more trips; the outputs), none with a callback, so they are cached and
+      stored like any other and shared by every channel with the same ``every``. The outputs
+      are those of the one-program call, bit for bit. Under the caller's own ``jax.jit`` the
+      host cannot drive the loop: the call runs as one program without progress.
+    """
+
+    def __init__(self, every: Optional[int] = None):
+        if every is not None and (not isinstance(every, (int, np.integer))
+                                  or isinstance(every, bool) or every < 1):
+            raise ValueError(f"Progress(every=...) must be None (a report per loop trip, from "
+                             f"inside the program) or an int >= 1, got {every!r}")
+        self.every = None if every is None else int(every)
         self._listeners: list = []
 
     @contextlib.contextmanager
     def listen(self, fn: Callable[[Dict[str, np.ndarray]], None]):
-        """Call ``fn(values)`` after every loop trip while the ``with`` block runs."""
+        """Call ``fn(values)`` after every loop trip (every ``every`` trips) while the ``with``
+        block runs."""
         self._listeners.append(fn)
         try:
             yield fn
@@ -202,11 +257,11 @@ def step_progress(batch: int) -> Callable:
 
 def with_progress(config, body: Callable, values: Callable) -> Callable:
     """``body`` of a ``lax.while_loop``, reporting ``values(new_state)`` after each trip to
-    ``config.progress`` (a :class:`Progress` channel; ``True``: the deprecated
-    ``progress_hook`` functions). No callback is traced otherwise, so the program is
-    unchanged."""
+    ``config.progress`` (a :class:`Progress` channel without ``every``; ``True``: the
+    deprecated ``progress_hook`` functions). No callback is traced otherwise (no progress, or
+    a channel the host reports to between chunks), so the program is unchanged."""
     channel = getattr(config, "progress", False)
-    if channel is False or channel is None:
+    if channel is False or channel is None or getattr(channel, "every", None) is not None:
         return body
     report = channel if isinstance(channel, Progress) else _HOOKS
 
@@ -215,3 +270,69 @@ def with_progress(config, body: Callable, values: Callable) -> Callable:
         jax.debug.callback(report, values(state))
         return state
     return reporting
+
+
+def loop(config, cond: Callable, body: Callable, state, values: Callable):
+    """Every decoder's ``lax.while_loop(cond, body, state)``, with ``values(state)`` the
+    progress it reports (:func:`with_progress`). In a program of a chunked run
+    (:func:`run_chunks`) it runs that program's part of the loop instead."""
+    phase = getattr(config, "progress", False)
+    if isinstance(phase, _Phase):
+        return phase.run(cond, body, state, values)
+    return jax.lax.while_loop(cond, with_progress(config, body, values), state)
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked runs: ``Progress(every=k)``. The core's own function is traced three times, each time
+# with a ``_Phase`` in place of its config's progress, which ``loop`` asks what to do:
+# ``start`` runs the prologue (the prompts' passes) and at most k trips from the state the core
+# built; ``step`` ignores that state (XLA drops the prologue that built it: nothing else reads
+# it) and runs at most k trips from the state passed in; ``finish`` returns the state passed in,
+# so the core's epilogue makes the outputs. The loop state leaves and re-enters the programs as
+# plain arrays (donated, so the caches are not copied).
+class _Phase(Progress):
+    """What ``loop`` does inside one program of a chunked run (comment above); lives only while
+    that program is traced."""
+
+    def __init__(self, kind: str, every: int, state_in=None):
+        super().__init__()
+        self.kind, self.chunk, self.state_in, self.out = kind, every, state_in, None
+
+    def run(self, cond, body, state, values):
+        if self.kind == "finish":
+            return self.state_in
+        start = state if self.kind == "start" else self.state_in
+
+        def more(carry):
+            s, trips = carry
+            return (trips < self.chunk) & cond(s)
+
+        def trip(carry):
+            s, trips = carry
+            return body(s), trips + 1
+        s, _ = jax.lax.while_loop(more, trip, (start, jnp.zeros((), jnp.int32)))
+        self.out = (s, values(s), cond(s))
+        return s
+
+
+def _chunk_program(fun: Callable, state, core_args: tuple, config, phase: Tuple[str, int]):
+    """One program of a chunked run of the core ``fun`` (its own function, not jitted):
+    ``(state, progress values, more)`` after ``start`` / ``step``, the outputs after
+    ``finish``."""
+    kind, every = phase
+    holder = _Phase(kind, every, state)
+    out = fun(*core_args, config=dataclasses.replace(config, progress=holder))
+    return out if kind == "finish" else holder.out
+
+
+def run_chunks(core: "_Core", args: tuple, config, channel: Progress):
+    """The core's call with ``config`` (its ``progress`` the channel ``channel``, ``every``
+    set) run as a host loop over compiled chunks of ``channel.every`` loop trips, reporting
+    the progress values to ``channel`` after each chunk (:class:`Progress`)."""
+    plain = dataclasses.replace(config, progress=False)
+    state, values, more = core.chunk_call(None, args, plain, ("start", channel.every))
+    channel(values)
+    while bool(more):
+        state, values, more = core.chunk_call(state, args, plain, ("step", channel.every))
+        channel(values)
+    return core.chunk_call(state, args, plain, ("finish", channel.every))

@@ -367,11 +367,12 @@ def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> 
         "dsbd_generate", config, params, prompt_ids, prompt_lengths)
     params = inputs.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
-    body = calls.with_progress(
-        config, functools.partial(iteration, config, params, prompt_lengths), lambda s: dict(
-            iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
-            accepted=jnp.sum(s.layer_accepted), verified=jnp.sum(s.layer_verified)))
-    state = jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
+    state = calls.loop(
+        config, lambda s: jnp.any(~s.done), functools.partial(iteration, config, params,
+                                                            prompt_lengths), state,
+        lambda s: dict(iterations=s.iterations, generated=s.generated,
+                       target_calls=s.target_calls, accepted=jnp.sum(s.layer_accepted),
+                       verified=jnp.sum(s.layer_verified)))
     return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
 
 

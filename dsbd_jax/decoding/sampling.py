@@ -149,8 +149,7 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: SampleConfig) 
         return SampleState(step=t + 1, cache=cache, logits=logits, sequences=seqs,
                            log_likelihoods=ll, finished=finished, target_calls=calls)
 
-    body = calls.with_progress(config, body, calls.step_progress(B))
-    s = jax.lax.while_loop(cond, body, state)
+    s = calls.loop(config, cond, body, state, calls.step_progress(B))
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)
     lengths, best = common.best_and_lengths(sequences, ll, config.eos_ids)

@@ -304,10 +304,9 @@ def commit_iteration(config: Settings, state: DecodeState, target_cache, draft_c
 def decode_loop(config: Settings, state: DecodeState,
                 iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
-    body = calls.with_progress(config, iteration, lambda s: dict(
+    return calls.loop(config, lambda s: jnp.any(~s.done), iteration, state, lambda s: dict(
         iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
         accepted=jnp.sum(s.accepted), verified=jnp.sum(s.verified)))
-    return jax.lax.while_loop(lambda s: jnp.any(~s.done), body, state)
 
 
 def to_output(config: Settings, state: DecodeState) -> GenerateOutput:

@@ -10,15 +10,14 @@ Loading a preset never installs or imports those packages: it finds their files 
   (half the disk; built from the float32 cache when that exists, else from the GGUF), so a
   bfloat16 host keeps only the 16-bit copy (:func:`params_dir_name`);
 * the tokenizer: ``<cache>/<preset>/tokenizer/`` (built from the GGUF once, then
-  ``save_pretrained``).
+  ``save_pretrained``); once a host form is written too, the joined GGUF goes
+  (:func:`drop_joined_gguf`).
 
 The cache directory is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. Building is guarded by a
 file lock and every result is published by an atomic rename, so concurrent processes are safe.
 
-The float32 parameter cache is large (about 4x the GGUF: ~7 GB for the 1.5B target, ~2.5 GB for
-the 0.5B draft). ``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps only the GGUF and
-the tokenizer and dequantises the GGUF on every load instead (slower loads, see
-``docs/models.md`` for measured times); a parameter cache already built is still used.
+``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps only the GGUF and the tokenizer
+and dequantises the GGUF on every load (``docs/models.md``); a built cache is still used.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ logger = logging.getLogger("dsbd_jax")
 
 _PARAMS_DIR = "params-v1"
 _GGUF_NAME = "model.gguf"
+_GGUF_CONFIG = "gguf_config.json"   # the GGUF's model config, kept when the GGUF goes
 
 
 class PresetError(RuntimeError):
@@ -332,7 +332,40 @@ def preset_config(name: str, dtype_name: str = "float32", cache_dir=None) -> Mod
     for folder in (params_dir_name(dtype_name), _PARAMS_DIR):  # either cache has the config
         if (directory / folder / "config.json").exists():
             return _load_cached_config(directory, dtype_name, folder)
-    return gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
+    try:  # kept when the GGUF went (drop_joined_gguf)
+        meta = json.loads((directory / _GGUF_CONFIG).read_text())
+        if meta.get("sha256") == get_preset(name).sha256:
+            return config_from_json(meta["config"], dtype_name)
+    except (OSError, ValueError, KeyError):
+        pass
+    config = gguf_config(ensure_gguf(name, cache_dir, verify=False), dtype_name)
+    _keep_config(name, directory, config)
+    return config
+
+
+def _keep_config(name: str, directory: Path, config: ModelConfig) -> None:
+    """Write the GGUF's model config beside it (``gguf_config.json``, atomically)."""
+    tmp = directory / f"{_GGUF_CONFIG}.partial-{os.getpid()}"
+    tmp.write_text(json.dumps({"sha256": get_preset(name).sha256,
+                               "config": config_to_json(config)}, indent=1))
+    os.replace(tmp, directory / _GGUF_CONFIG)
+
+
+def drop_joined_gguf(name: str, cache_dir=None) -> bool:
+    """Remove the preset's joined GGUF once its config is kept (``gguf_config.json``) and its
+    tokenizer built; called with the lock held after a form of the parameters was written. A
+    load that needs the GGUF (another dtype or form) joins it again. Whether it removed one."""
+    directory = preset_dir(name, cache_dir)
+    gguf = directory / _GGUF_NAME
+    if not gguf.exists() or not (directory / "tokenizer" / "tokenizer_config.json").exists():
+        return False
+    if not (directory / _GGUF_CONFIG).exists():       # keep the config (the lock is held)
+        _keep_config(name, directory, gguf_config(gguf, "float32"))
+    size = gguf.stat().st_size / 1e9
+    gguf.unlink()
+    logger.info("removed the joined GGUF %s (%.2f GB; a load that needs it joins it again)",
+                gguf, size)
+    return True
 
 
 def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
@@ -433,6 +466,7 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        drop_joined_gguf(name, cache_dir)
     return final
 
 

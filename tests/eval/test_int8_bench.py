@@ -59,3 +59,23 @@ def test_small_distance_run(tmp_path):
             assert kl["mean"] >= 0 and kl["ci95"][0] <= kl["mean"] <= kl["ci95"][1]
             assert 0 <= rec[kind]["top1_agree"]["mean"] <= 1
     assert 0 < data["models"]["draft"]["row"]["acceptance_int8_draft"]["mean"] <= 1
+
+
+def test_qwix_variants_or_a_clear_refusal(tmp_path, capsys):
+    """``--qwix``: qwix's products beside the kind's where qwix is installed (it is not a
+    dependency), else a one-line refusal that says how to install it."""
+    import importlib.util
+
+    import pytest
+    bench = load_bench("int8_products")
+    out = tmp_path / "q.json"
+    if importlib.util.find_spec("qwix") is None:
+        with pytest.raises(SystemExit):
+            bench.main(["--small", "--qwix", "--out", str(out)])
+        assert "pip install --no-deps qwix" in capsys.readouterr().err
+        assert not out.exists()
+        return
+    bench.main(["--small", "--qwix", "--rows", "2", "--out", str(out)])
+    row = json.loads(out.read_text())["results"][0]
+    for kind in ("qwix int8 [out, in]", "qwix int8 [in, out]", "qwix weight-only"):
+        assert row["ms"][kind] > 0 and 0 < row["rel_rms_vs_float32"][kind] < 0.1, kind

@@ -756,3 +756,27 @@ def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
     assert planned.info["dtype_why"] == planned.info["plan"]["why"]
     auto = load_model("fake-tiny", tokenizer=False, progress=False, weights="auto")
     assert auto.info["weights"] == "float" and auto.info["weights_why"].startswith("measured")
+
+
+def test_a_host_form_with_its_tokenizer_drops_the_joined_gguf(fake_preset, monkeypatch):
+    """Once a preset's host form and tokenizer are cached, the joined GGUF goes (its config is
+    kept): a later load of that form joins nothing; a load of another form joins it again."""
+    preset, t, cache = fake_preset
+    d = cache / "fake-tiny"
+    form = dict(layout="per_layer", kernel_blocks="transposed", progress=False)
+    first = load_model("fake-tiny", jnp.float32, **form)
+    assert first.tokenizer is not None and (d / "tokenizer").is_dir()
+    assert not (d / "model.gguf").exists() and (d / "gguf_config.json").exists()
+    assert loading.read_config("fake-tiny") == first.config     # from the kept config
+
+    def fail(*a, **k):
+        raise AssertionError("joined again")
+    with monkeypatch.context() as m:
+        m.setattr(presets, "part_files", fail)
+        again = load_model("fake-tiny", jnp.float32, **form)
+    for x, y in zip(jax.tree.leaves(first.params), jax.tree.leaves(again.params)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    stacked = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
+                         layout="stacked")                      # another form: joined again
+    check_layout(stacked.params, t, False)
+    assert (d / "model.gguf").exists()

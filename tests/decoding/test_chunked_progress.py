@@ -1,0 +1,89 @@
+"""``Progress(every=k)``: the host drives a decoder's loop in compiled chunks of ``k`` trips and
+reports between them. The outputs are the one-program call's, bit for bit; the programs have no
+host callback (so JAX's cache and the program store keep them); a second call of the same bucket,
+or a new channel with the same ``every``, compiles nothing; under the caller's own ``jax.jit``
+the call runs as one program."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from dsbd_jax.decoding import calls, common, programs
+
+from test_calls import DECODERS, _call
+
+
+def _chunked(cfg, every):
+    return cfg.replace(progress=calls.Progress(every=every))
+
+
+def _same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("name", [  # CI: DSBD, speculative, a one-token-per-step decoder
+    pytest.param(n, marks=() if n in ("dsbd_generate", "speculative_sample", "beam_search")
+                 else pytest.mark.extended) for n in sorted(DECODERS)])
+def test_chunks_give_the_one_program_outputs_and_report_between_them(bench_pair, name):
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, name)
+    whole = fn(*args, cfg, prompt_lengths=lengths)
+    every = 2
+    chunked_cfg = _chunked(cfg, every)
+    reports = []
+    with chunked_cfg.progress.listen(reports.append):
+        out = fn(*args, chunked_cfg, prompt_lengths=lengths)
+    _same(whole, out)
+    trips = int(out.stats["iterations"])
+    assert len(reports) == math.ceil(trips / every)          # one report per chunk
+    seen = [int(r["iterations"]) for r in reports]
+    assert seen == [min(every * (i + 1), trips) for i in range(len(seen))]
+    if name in ("dsbd_generate", "speculative_sample", "tree_speculative_sample"):
+        np.testing.assert_array_equal(reports[-1]["generated"], out.stats["generated_tokens"])
+    assert int(reports[-1]["target_calls"]) == int(out.stats["target_calls"])
+
+
+def test_chunk_programs_have_no_callback_and_compile_once(bench_pair):
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, "dsbd_generate")
+    chunked_cfg = _chunked(cfg, 1)
+    call = fn.prepare(*args, chunked_cfg, prompt_lengths=lengths)
+    call.via.clear_cache()
+    before = common.compile_count("dsbd_generate")
+    first = call()
+    assert common.compile_count("dsbd_generate") == before + 3    # start, step, finish
+    again = fn(*args, _chunked(cfg, 1), prompt_lengths=lengths)   # a new channel, same every
+    assert common.compile_count("dsbd_generate") == before + 3
+    _same(first, again)
+    plain = cfg.replace(progress=False)
+    start, _ = call.via._chunks["start"]
+    lowered = start.lower(None, call.args, plain, ("start", 1))
+    assert programs._has_host_callbacks(lowered) is False
+    # the loop state crosses the programs in the loop's own layouts: no copy of a cache in or
+    # out of the step program
+    step, _ = call.via._chunks["step"]
+    state = start(None, call.args, plain, ("start", 1))[0]
+    compiled = step.lower(state, call.args, plain, ("step", 1)).compile().as_text()
+    entry = compiled[compiled.index("ENTRY"):]
+    assert "wrapped_copy" not in entry[:entry.index("\n}\n")]
+    # the callback form, for contrast: a program that calls back
+    hooked = fn.prepare(*args, cfg.replace(progress=calls.Progress()), prompt_lengths=lengths)
+    assert programs._has_host_callbacks(hooked.lower()) is True
+
+
+def test_under_the_callers_jit_the_call_is_one_program(bench_pair):
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, "speculative_sample")
+    chunked_cfg = _chunked(cfg, 1)
+    reports = []
+    with chunked_cfg.progress.listen(reports.append):
+        inside = jax.jit(lambda p, i, k: fn(p, i, k, chunked_cfg, prompt_lengths=lengths))(
+            params, ids, key)
+    assert reports == []                                         # no host loop inside a trace
+    _same(fn(*args, cfg, prompt_lengths=lengths), inside)
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5, True])
+def test_every_must_be_a_positive_int(every):
+    with pytest.raises(ValueError, match="every"):
+        calls.Progress(every=every)
