@@ -999,3 +999,31 @@ add("docs/performance.md", FLOOR_INT8,
     + _f8("target", "bfloat16", "int8", 4) + " / " + _f8("target", "bfloat16", "transposed", 4)
     + ":.2f}x at four rows and {=" + _f8("target", "bfloat16", "int8", 12) + " / "
     + _f8("target", "bfloat16", "transposed", 12) + ":.2f}x at a 12-token forest")
+INT8P_QWIX = "results/int8_products_qwix_avx512bf16_epyc.json"   # qwix beside the kind
+
+
+def qwix_over(kind: str, rows):
+    """qwix's ``kind`` over the int8 kind at the row indices ``rows`` of the qwix run."""
+    res = load(INT8P_QWIX)["results"]
+    return [res[i]["ms"][kind] / res[i]["ms"]["int8"] for i in rows]
+
+
+HELPERS.update(qwix_over=qwix_over)
+add(PRECISION_MD, INT8P_QWIX,
+    "With the weights stored `[out, in]` it took {=span(qwix_over('qwix int8 [out, in]', "
+    "range(1, 5))):.2f}x our kind's time at 2-16 rows, with Flax's `[in, out]` kernels "
+    "{=span(qwix_over('qwix int8 [in, out]', range(1, 5))):.2f}x; one row, which qwix does not "
+    "pad, {=qwix_over('qwix int8 [out, in]', [0])[0]:.0f}x",
+    "took {=span(qwix_over('qwix weight-only', range(1, 5))):.1f}x at 2-16 rows")
+CHUNKS = "results/progress_chunks_avx512bf16_epyc.json"   # progress in host-driven chunks
+_PC = "methods.{m}.forms.{f}.{k}"
+add("docs/cli.md", CHUNKS,
+    "DSBD at the beam-W4 point took {" + _PC.format(m="dsbd", f="every_1", k="over_one_program")
+    + ":.2f}x the one program's time at `every=1` ({" + _PC.format(m="dsbd", f="every_1",
+                                                                    k="ms_per_chunk")
+    + ":.0f} ms per chunk) and {" + _PC.format(m="dsbd", f="every_4", k="over_one_program")
+    + ":.2f}x at `every=4`; beam sampling W=4 {" + _PC.format(m="beam_sample", f="every_1",
+                                                              k="over_one_program")
+    + ":.2f}x and {" + _PC.format(m="beam_sample", f="every_4", k="over_one_program")
+    + ":.2f}x; the in-loop callback {" + _PC.format(m="dsbd", f="callback", k="over_one_program")
+    + ":.2f}x and {" + _PC.format(m="beam_sample", f="callback", k="over_one_program") + ":.2f}x")
