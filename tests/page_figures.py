@@ -919,8 +919,8 @@ def int8_over(rel: str, rows, key: str):
 
 HELPERS.update(int8_over=int8_over, range=range)
 _KINDS8 = ("float32 plain", "float32 transposed", "bfloat16 rows")
-for _i in range(6):
-    add(PRECISION_MD, INT8P,
+for _i, _rel in ((i, rel) for rel in (INT8P, INT8P_VNNI) for i in range(6)):  # both hosts
+    add(PRECISION_MD, _rel,
         "| {rows:d} | " + " | ".join(f"{{ms.{k}:.1f}}" for k in _KINDS8)
         + " | **{ms.int8:.1f}** | {ms.int8 one-row:.1f} | {ms.int8 eigen_dot:.1f} | "
         "{over_float32.int8:.2f}x / {=v('ms.int8') / v('ms.float32 transposed'):.2f}x / "
@@ -936,12 +936,6 @@ add(PRECISION_MD, INT8P,
     "float32 one-row product.",
     "Under `eigen_dot` the same products ran {=span(1 / r for r in int8_over(INT8P, range(5), "
     "'int8 eigen_dot')):.0f}x slower at 1-16 rows")
-for _i in range(6):
-    add(PRECISION_MD, INT8P_VNNI,
-        "| {rows:d} | " + " | ".join(f"{{ms.{k}:.1f}}" for k in _KINDS8)
-        + " | **{ms.int8:.1f}** | {ms.int8 one-row:.1f} | {ms.int8 eigen_dot:.1f} | "
-        "{over_float32.int8:.2f}x / {=v('ms.int8') / v('ms.float32 transposed'):.2f}x / "
-        "{over_bfloat16.int8:.2f}x | {rel_rms_vs_float32.int8:.3f} |", at=f"results.{_i}")
 add(PRECISION_MD, INT8P_VNNI,
     "at 2 to 16 rows it took {=span(int8_over(INT8P_VNNI, range(1, 5), 'float32 plain')):.2f}x "
     "float32's `[in, out]` time and {=span(int8_over(INT8P_VNNI, range(1, 5), "
