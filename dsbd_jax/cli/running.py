@@ -59,8 +59,9 @@ class ElapsedTicker:
 
 class ProgressBar:
     """A tqdm bar over new tokens, fed by the decoder's ``calls.Progress`` channel after each
-    chunk of loop trips (``PROGRESS_EVERY``): new tokens, target calls and the draft acceptance figure (no rate: a run has one tokens/s
-    figure, :func:`tokens_per_second`, printed when it ends):
+    chunk of loop trips (``PROGRESS_EVERY``): new tokens, iterations, target calls and the draft
+    acceptance figure (no rate: a run has one tokens/s figure, :func:`tokens_per_second`,
+    printed when it ends):
     for DSBD ``accepted/layer`` = accepted draft candidates per verified layer (below 1 when
     layers end with a correction draw, at most the width), for speculative and tree sampling
     ``accept rate`` = accepted draft tokens per verified draft token."""
@@ -308,8 +309,8 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
-    with progress: its loop then runs in chunks driven from the host); ``"time"``, elapsed seconds (no
-    callback); ``False`` / ``"none"``, nothing."""
+    with progress: its loop then runs in chunks driven from the host); ``"time"``, elapsed
+    seconds (no callback); ``False`` / ``"none"``, nothing."""
     import jax
     from dsbd_jax.eval.run import CompileClock
     from dsbd_jax.decoding.methods import model_params

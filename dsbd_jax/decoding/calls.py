@@ -289,7 +289,7 @@ def loop(config, cond: Callable, body: Callable, state, values: Callable):
 # built; ``step`` ignores that state (XLA drops the prologue that built it: nothing else reads
 # it) and runs at most k trips from the state passed in; ``finish`` returns the state passed in,
 # so the core's epilogue makes the outputs. The loop state leaves and re-enters the programs as
-# plain arrays (donated, so the caches are not copied).
+# arrays in the loop's own layouts, donated (``_Core.chunk_call``), so the caches are not copied.
 class _Phase(Progress):
     """What ``loop`` does inside one program of a chunked run (comment above); lives only while
     that program is traced."""
