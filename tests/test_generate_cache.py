@@ -41,14 +41,15 @@ def generate(cache, pair, *extra):
     env = {**os.environ, "DSBD_JAX_CACHE": str(cache), "DSBD_JAX_COMPILATION_CACHE": "1",
            "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    args = ["generate", "--target", str(t), "--draft", str(d), "--prompt", "hi", "--raw",
+    prompts = [] if "--prompt" in extra else ["--prompt", "hi"]
+    args = ["generate", "--target", str(t), "--draft", str(d), *prompts, "--raw",
             "--method", "spec", "--max-new-tokens", "3", *extra]
     out = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["rc"] == 0, out.stderr[-3000:]
-    res["stderr"] = out.stderr
+    res["stderr"], res["stdout"] = out.stderr, out.stdout
     return res
 
 
@@ -82,3 +83,17 @@ def test_int8_weights_from_the_command_line(bench_pair, tmp_path):
     assert first["stderr"].count("int8 weights") == 2, first["stderr"][-2000:]
     second = generate(tmp_path, pair, "--draft-weights", "int8", "--weights", "int8")
     assert second["reads"] == 1 and second["entries"] == first["entries"], second
+
+
+def test_generate_prints_each_prompt_when_done(bench_pair, tmp_path):
+    """With the token bar, each prompt's beams are printed when that prompt is done, before the
+    run's summary line; without it, after. Each prompt once."""
+    prompts = ["--prompt", "hi", "--prompt", "a longer prompt"]
+    for extra, before in ((["--progress", "tokens"], True), (["--no-progress"], False)):
+        out = generate(tmp_path, bench_pair[:2], *prompts, "--max-new-tokens", "8", *extra)
+        lines = out["stdout"].splitlines()
+        blocks = [i for i, line in enumerate(lines) if line.startswith("--- prompt ")]
+        summary = [i for i, line in enumerate(lines) if line.startswith("=== spec:")]
+        assert len(blocks) == 2 and len(summary) == 1, out["stdout"]
+        assert sorted(lines[i][:12] for i in blocks) == ["--- prompt 0", "--- prompt 1"]
+        assert all((i < summary[0]) == before for i in blocks), out["stdout"]

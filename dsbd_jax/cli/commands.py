@@ -12,7 +12,8 @@ from typing import List, Optional
 from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, PresetError, _mesh,
                                   build_parser)
 from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
-                                  progress_mode, run_method, tokens_per_second, weights_label)
+                                  progress_mode, prompt_block, run_method, tokens_per_second,
+                                  weights_label)
 
 def demo_draft(target: str, draft: Optional[str]):
     """The demo's draft and what to say about it: ``(draft, note, hint)``. ``--draft`` when
@@ -150,11 +151,21 @@ def cmd_generate(args) -> int:
     configs, decoders, tokenizer, ids, lens = prepare(args, (args.method,), args.prompt, args.raw)
     target, draft = load_models(args, configs)
     # one run: its compile seconds (tracing and lowering, then compiling the program or reading
-    # it back from the cache) are reported apart and left out of its tokens/s
+    # it back from the cache) are reported apart and left out of its tokens/s. With the token
+    # bar, each prompt's beams are printed as soon as that prompt is done.
+    shown = []
+
+    def done(rows, out):
+        from tqdm.auto import tqdm
+        for b in rows:
+            if b < len(args.prompt):
+                tqdm.write(prompt_block(tokenizer, out, b, args.prompt[b]))
+                shown.append(b)
     out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
-                                  progress=progress_mode(args), warmup=False, mesh=mesh)
+                                  progress=progress_mode(args), warmup=False, mesh=mesh,
+                                  on_done=done)
     print(f"[{args.method}] compile {comp:.1f} s")
-    _print_outputs(tokenizer, args.method, out, args.prompt, run_s)
+    _print_outputs(tokenizer, args.method, out, args.prompt, run_s, shown=shown)
     return 0
 
 

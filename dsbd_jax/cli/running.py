@@ -3,6 +3,7 @@ the models loaded with a status line, a decoder run with progress, its outputs p
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Optional
@@ -280,11 +281,12 @@ def load_models(args, configs):
 
 
 def _run_once(call, total: int, desc: str, method: str, progress,
-              rows: Optional[int] = None, channel=None):
+              rows: Optional[int] = None, channel=None, on_done=None):
     """``timed(call)``, with a token bar when ``progress`` is true or ``"tokens"`` (counting
     the first ``rows`` prompts: a sharded batch may carry padding rows after them; fed by the
-    decoder's ``channel``, the ``Progress`` its config carries), elapsed seconds when it is
-    ``"time"``, nothing when false or ``"none"``."""
+    decoder's ``channel``, the ``Progress`` its config carries, which also tells ``on_done``
+    the prompts as they finish), elapsed seconds when it is ``"time"``, nothing when false or
+    ``"none"``."""
     from dsbd_jax.eval.timing import timed
     if progress == "time":
         ticker = ElapsedTicker(desc)
@@ -296,21 +298,23 @@ def _run_once(call, total: int, desc: str, method: str, progress,
         return timed(call)
     bar = ProgressBar(total, desc, method, rows=rows)
     try:
-        with channel.listen(bar):
+        with channel.listen(bar), (channel.listen_done(on_done) if on_done
+                                   else contextlib.nullcontext()):
             return timed(call)
     finally:
         bar.close()
 
 
 def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
-               progress: bool = False, warmup: bool = True, mesh=None):
+               progress: bool = False, warmup: bool = True, mesh=None, on_done=None):
     """Run one decoder (``build_decoder``); returns ``(output, compile_s, run_s)``.
     ``mesh``: decode sharded over it (``parallel.ShardedDecoder``; weights placed once).
     ``warmup=True``: a first, untimed run (compile + run), then the timed run.
     ``warmup=False``: one run; ``run_s`` = wall time minus the compile seconds JAX reports.
     ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
     with progress: its loop then runs in chunks driven from the host); ``"time"``, elapsed
-    seconds (no callback); ``False`` / ``"none"``, nothing."""
+    seconds (no callback); ``False`` / ``"none"``, nothing. ``on_done(rows, outputs)``: told
+    the prompts as they finish, with the token bar (``calls.Progress.listen_done``)."""
     import jax
     from dsbd_jax.eval.run import CompileClock
     from dsbd_jax.decoding.methods import model_params
@@ -334,11 +338,12 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     if warmup:
         _status(f"[{name}] compiling, then one warm-up run (not timed) ...")
         _, first = _run_once(call, total, f"{name} warm-up", name, progress, rows, channel)
-        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows, channel)
+        out, run_s = _run_once(call, total, f"{name} timed", name, progress, rows, channel,
+                               on_done)
         return out, max(first - run_s, 0.0), run_s
     CompileClock.install()
     c0 = CompileClock.total()
-    out, wall = _run_once(call, total, name, name, progress, rows, channel)
+    out, wall = _run_once(call, total, name, name, progress, rows, channel, on_done)
     comp = CompileClock.total() - c0
     return out, comp, max(wall - comp, 1e-9)
 
@@ -353,14 +358,11 @@ def tokens_per_second(out, seconds: float):
     return tokens, tokens / max(seconds, 1e-9)
 
 
-def _print_outputs(tokenizer, name, out, prompts, run_s):
-    """Every live beam of every prompt with its log-likelihood (best first); returns the number
-    of new tokens in the best beams."""
+def _print_outputs(tokenizer, name, out, prompts, run_s, shown=()):
+    """Every live beam of every prompt with its log-likelihood (best first), but the prompts
+    ``shown`` already (:func:`prompt_block`); returns the number of new tokens in the best
+    beams."""
     import numpy as np
-    seqs = np.asarray(out.sequences)
-    lens = np.asarray(out.lengths)
-    ll = np.asarray(out.log_likelihoods)
-    best = np.asarray(out.best)
     gen, rate = tokens_per_second(out, run_s)
     print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {rate:.2f} tokens/s "
           f"(best beam of each prompt)")
@@ -368,18 +370,28 @@ def _print_outputs(tokenizer, name, out, prompts, run_s):
     short = {k: (v.round(3).tolist() if v.size <= 8 else f"[{v.size} values]") for k, v in stats.items()}
     print(f"    stats: {short}")
     for b, text in enumerate(prompts):
-        print(f"--- prompt {b}: {text[:70]!r}")
-        order = [w for w in np.argsort(-ll[b], kind="stable") if np.isfinite(ll[b, w])]
-        for w in order:
-            n = lens[b, w]
-            tag = "best " if w == best[b] else ""
-            print(f"    {tag}beam {w}: log-lik {ll[b, w]:.3f} ({ll[b, w] / max(n, 1):.3f}/token, "
-                  f"{n} tokens)")
-            print("      " + tokenizer.decode(seqs[b, w, :n].tolist(), skip_special_tokens=True)
-                  .replace("\n", "\n      "))
-        texts = [tuple(seqs[b, w, :lens[b, w]].tolist()) for w in order]
-        if len(set(texts)) < len(texts):
-            print("    (some beams are identical: beam sampling draws its beams independently, "
-                  "with replacement, so it can draw the same beam twice; --no-replacement draws "
-                  "distinct beams)")
+        if b not in shown:
+            print(prompt_block(tokenizer, out, b, text))
     return gen
+
+
+def prompt_block(tokenizer, out, b: int, text: str) -> str:
+    """Prompt ``b``'s live beams in ``out`` with their log-likelihoods, best first."""
+    import numpy as np
+    seqs, lens = np.asarray(out.sequences[b]), np.asarray(out.lengths[b])
+    ll, best = np.asarray(out.log_likelihoods[b]), int(np.asarray(out.best[b]))
+    lines = [f"--- prompt {b}: {text[:70]!r}"]
+    order = [w for w in np.argsort(-ll, kind="stable") if np.isfinite(ll[w])]
+    for w in order:
+        n = lens[w]
+        tag = "best " if w == best else ""
+        lines.append(f"    {tag}beam {w}: log-lik {ll[w]:.3f} ({ll[w] / max(n, 1):.3f}/token, "
+                     f"{n} tokens)")
+        lines.append("      " + tokenizer.decode(seqs[w, :n].tolist(), skip_special_tokens=True)
+                     .replace("\n", "\n      "))
+    texts = [tuple(seqs[w, :lens[w]].tolist()) for w in order]
+    if len(set(texts)) < len(texts):
+        lines.append("    (some beams are identical: beam sampling draws its beams independently, "
+                     "with replacement, so it can draw the same beam twice; --no-replacement "
+                     "draws distinct beams)")
+    return "\n".join(lines)

@@ -175,7 +175,8 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: BeamSampl
         return BeamState(step=t + 1, cache=cache, logits=logits, sequences=seqs, scores=scores,
                          finished=finished, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(B))
+    s = calls.loop(config, cond, body, state, calls.step_progress(
+        B, N, lambda s: jnp.all(s.finished.reshape(B, W), axis=-1)))
     sequences = s.sequences.reshape(B, W, N)
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
@@ -315,7 +316,8 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                                             lambda c: (s.logits, c, s.target_calls), s.cache)
         return nxt_state.replace(cache=cache, logits=logits, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(B))
+    s = calls.loop(config, cond, body, state, calls.step_progress(B, N, lambda s: ~s.improvable | (
+        jnp.all(s.done_flags, axis=-1) & stop_when_full)))
     lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1),

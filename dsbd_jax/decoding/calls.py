@@ -107,6 +107,16 @@ class _Core:
                 and hasattr(self._jitted, "run")
                 and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):
             return run_chunks(self, args, kwargs["config"], channel)
+        out = self._run(args, kwargs)
+        seqs = getattr(out, "sequences", None)
+        if isinstance(channel, Progress) and seqs is not None and not isinstance(
+                seqs, jax.core.Tracer):
+            rows = np.shape(seqs)[0]                # one program: every prompt done at its end
+            channel._tell_done(np.ones(rows, bool), np.zeros(rows, bool), lambda: out)
+        return out
+
+    def _run(self, args: tuple, kwargs: dict):
+        """The core's call as one program, through the program store when it is on."""
         if not hasattr(self._jitted, "run"):
             return self._jitted(*args, **kwargs)
         folder, named = programs.store_folder(), named_options(kwargs)
@@ -180,9 +190,10 @@ def prepared_by(prepare: Callable[..., CoreCall]) -> Callable[[Callable], Callab
 # ---------------------------------------------------------------------------------------------
 # progress: a decoder whose config has ``progress=Progress()`` calls that channel once per loop
 # trip (``jax.debug.callback``) with numpy values: ``iterations`` (loop trips so far),
-# ``generated`` ([B] new tokens per prompt), ``target_calls`` and, for DSBD, ``accepted`` /
-# ``verified`` (accepted candidates / verified layers so far, summed over prompts). The channel
-# is the caller's object, so no listener lives in the library.
+# ``generated`` ([B] new tokens per prompt), ``done`` ([B] bool: the prompt's result is final),
+# ``target_calls`` and, for DSBD and speculative sampling, ``accepted`` / ``verified`` (accepted
+# candidates / verified layers or tokens so far, summed over prompts). The channel is the
+# caller's object, so no listener lives in the library.
 class Progress:
     """A progress channel for decoders: ``DSBDConfig(..., progress=channel)`` (any decoder's
     config) reports to each function listening on ``channel`` (:meth:`listen`) a dict of numpy
@@ -209,6 +220,7 @@ class Progress:
                              f"inside the program) or an int >= 1, got {every!r}")
         self.every = None if every is None else int(every)
         self._listeners: list = []
+        self._done_listeners: list = []
 
     @contextlib.contextmanager
     def listen(self, fn: Callable[[Dict[str, np.ndarray]], None]):
@@ -220,10 +232,37 @@ class Progress:
         finally:
             self._listeners.remove(fn)
 
+    @contextlib.contextmanager
+    def listen_done(self, fn: Callable[[list, Any], None]):
+        """Call ``fn(rows, outputs)`` as prompts finish while the ``with`` block runs: ``rows``
+        the indices of the prompts just done, ``outputs`` the decoder's outputs for the whole
+        batch at that point, final for those rows (the same arrays, row for row, as the call
+        returns). Only a chunked run (``every`` set) can tell a prompt early: it runs the
+        outputs' program on the loop state after the chunk in which prompts finished (an extra
+        run of the decoder's last, small program per such chunk). Otherwise, and for prompts
+        that finish in the last chunk, ``fn`` gets them with the call's outputs; a call under
+        the caller's own ``jax.jit`` tells nothing."""
+        self._done_listeners.append(fn)
+        try:
+            yield fn
+        finally:
+            self._done_listeners.remove(fn)
+
     def __call__(self, values) -> None:
         values = {k: np.asarray(v) for k, v in values.items()}
         for fn in list(self._listeners):
             fn(values)
+
+    def _tell_done(self, done, told, outputs: Callable[[], Any]):
+        """Report the prompts ``done`` (``[B]`` bool) and not yet ``told`` to the done listeners
+        with ``outputs()`` (computed only if a prompt is new); returns the prompts told."""
+        done = np.asarray(done, bool)
+        new = done & ~told
+        if self._done_listeners and new.any():
+            out, rows = outputs(), np.flatnonzero(new).tolist()
+            for fn in list(self._done_listeners):
+                fn(rows, out)
+        return told | done
 
 
 # ``progress=True`` (before channels): report to the functions of ``progress_hook``, listening
@@ -248,11 +287,12 @@ def progress_hook(fn: Callable[[Dict[str, np.ndarray]], None]):
         yield fn
 
 
-def step_progress(batch: int) -> Callable:
+def step_progress(batch: int, steps: int, stopped: Callable) -> Callable:
     """Progress values of the one-token-per-step decoders (sampling, beam sampling/search): one
-    loop trip = one token for every prompt."""
+    loop trip = one token for every prompt; a prompt is ``done`` after the last step or once
+    ``stopped(state)`` (``[B]`` bool: its result can no longer change)."""
     return lambda s: dict(iterations=s.step, generated=jnp.full((batch,), s.step),
-                          target_calls=s.target_calls)
+                          target_calls=s.target_calls, done=(s.step >= steps) | stopped(s))
 
 
 def with_progress(config, body: Callable, values: Callable) -> Callable:
@@ -330,9 +370,18 @@ def run_chunks(core: "_Core", args: tuple, config, channel: Progress):
     set) run as a host loop over compiled chunks of ``channel.every`` loop trips, reporting
     the progress values to ``channel`` after each chunk (:class:`Progress`)."""
     plain = dataclasses.replace(config, progress=False)
+
+    def finish(state):
+        return core.chunk_call(state, args, plain, ("finish", channel.every))
     state, values, more = core.chunk_call(None, args, plain, ("start", channel.every))
-    channel(values)
-    while bool(more):
-        state, values, more = core.chunk_call(state, args, plain, ("step", channel.every))
+    told = np.zeros(np.shape(values["generated"]), bool)
+    while True:
         channel(values)
-    return core.chunk_call(state, args, plain, ("finish", channel.every))
+        if not bool(more):
+            break
+        # prompts done now are told before the next chunk, which takes (donates) the state
+        told = channel._tell_done(values["done"], told, lambda: finish(state))
+        state, values, more = core.chunk_call(state, args, plain, ("step", channel.every))
+    out = finish(state)
+    channel._tell_done(np.ones_like(told), told, lambda: out)
+    return out

@@ -370,7 +370,7 @@ def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> 
     state = calls.loop(
         config, lambda s: jnp.any(~s.done), functools.partial(iteration, config, params,
                                                             prompt_lengths), state,
-        lambda s: dict(iterations=s.iterations, generated=s.generated,
+        lambda s: dict(iterations=s.iterations, generated=s.generated, done=s.done,
                        target_calls=s.target_calls, accepted=jnp.sum(s.layer_accepted),
                        verified=jnp.sum(s.layer_verified)))
     return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)

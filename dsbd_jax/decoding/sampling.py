@@ -149,7 +149,8 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: SampleConfig) 
         return SampleState(step=t + 1, cache=cache, logits=logits, sequences=seqs,
                            log_likelihoods=ll, finished=finished, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(B))
+    s = calls.loop(config, cond, body, state, calls.step_progress(
+        B, N, lambda s: jnp.all(s.finished.reshape(B, W), axis=-1)))
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)
     lengths, best = common.best_and_lengths(sequences, ll, config.eos_ids)

@@ -305,7 +305,7 @@ def decode_loop(config: Settings, state: DecodeState,
                 iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
     return calls.loop(config, lambda s: jnp.any(~s.done), iteration, state, lambda s: dict(
-        iterations=s.iterations, generated=s.generated, target_calls=s.target_calls,
+        iterations=s.iterations, generated=s.generated, done=s.done, target_calls=s.target_calls,
         accepted=jnp.sum(s.accepted), verified=jnp.sum(s.verified)))
 
 

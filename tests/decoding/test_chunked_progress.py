@@ -87,3 +87,34 @@ def test_under_the_callers_jit_the_call_is_one_program(bench_pair):
 def test_every_must_be_a_positive_int(every):
     with pytest.raises(ValueError, match="every"):
         calls.Progress(every=every)
+
+
+@pytest.mark.parametrize("name", [  # CI: DSBD (prompts finish apart), a one-token-per-step one
+    pytest.param(n, marks=() if n in ("dsbd_generate", "beam_sample")
+                 else pytest.mark.extended) for n in sorted(DECODERS)])
+def test_prompts_are_told_when_done_with_their_final_outputs(bench_pair, name):
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, name)
+    apart = {"dsbd_generate": 12, "speculative_sample": 8}   # lengths where prompts finish apart
+    if name in apart:
+        cfg = cfg.replace(max_new_tokens=apart[name])
+    chunked_cfg = _chunked(cfg, 1)
+    told = []
+
+    def tell(rows, out):
+        told.append((rows, jax.tree.map(np.asarray, out)))
+    with chunked_cfg.progress.listen_done(tell):
+        out = fn(*args, chunked_cfg, prompt_lengths=lengths)
+    rows = [r for rs, _ in told for r in rs]
+    assert sorted(rows) == list(range(ids.shape[0]))            # every prompt, once
+    for rs, early in told:                                      # its rows as the call returns them
+        for field in ("sequences", "lengths", "log_likelihoods", "best"):
+            np.testing.assert_array_equal(getattr(early, field)[rs],
+                                          np.asarray(getattr(out, field))[rs])
+    if name in apart:             # one prompt told before the other, in an earlier chunk
+        assert len(told) == 2 and len(told[0][0]) == 1
+    # one program (a callback channel, or none reporting): every prompt told with the outputs
+    hooked, told = cfg.replace(progress=calls.Progress()), []
+    with hooked.progress.listen_done(tell):
+        whole = fn(*args, hooked, prompt_lengths=lengths)
+    assert [rs for rs, _ in told] == [list(range(ids.shape[0]))]
+    _same(whole, out)
