@@ -76,11 +76,13 @@ def test_under_the_callers_jit_the_call_is_one_program(bench_pair):
     fn, cfg, params, ids, lengths, key, args = _call(bench_pair, "speculative_sample")
     chunked_cfg = _chunked(cfg, 1)
     reports = []
+    def inside(config):   # the caller's program, compiled under XLA's default options
+        return jax.jit(lambda p, i, k, n: fn(p, i, k, config, prompt_lengths=n))(
+            params, ids, key, lengths)
     with chunked_cfg.progress.listen(reports.append):
-        inside = jax.jit(lambda p, i, k: fn(p, i, k, chunked_cfg, prompt_lengths=lengths))(
-            params, ids, key)
+        chunked = inside(chunked_cfg)
     assert reports == []                                         # no host loop inside a trace
-    _same(fn(*args, cfg, prompt_lengths=lengths), inside)
+    _same(inside(cfg), chunked)
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5, True])
