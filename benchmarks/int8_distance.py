@@ -77,10 +77,12 @@ def activations(kind: str):
         return
     orig = weights.Int8.product
     weights.Int8.product = blocked_product(int(kind[len("block"):]))
+    llama._logits.clear_cache()      # the programs traced with the kind's product: not reused
     try:
         yield
     finally:
         weights.Int8.product = orig
+        llama._logits.clear_cache()
 
 
 def all_logits(config, params, ids, length: int):
@@ -98,6 +100,18 @@ def log_softmax(x):
 def warped(x):
     from dsbd_jax.decoding.warping import warp_logits
     return np.exp(np.asarray(warp_logits(jnp.asarray(x, jnp.float32), **WARP), np.float64))
+
+
+def sparse(p):
+    """A warped distribution's nonzero entries per row: ``(row, token, probability)``."""
+    rows, cols = np.nonzero(p)
+    return rows, cols, p[rows, cols]
+
+
+def acceptance(w_target, q):
+    """Mean over rows of ``sum_v min(p_target(v), q(v))``, the target warped and sparse."""
+    rows, cols, p = w_target
+    return float(np.sum(np.minimum(p, q[rows, cols])) / q.shape[0])
 
 
 def per_text(lp_f, lp_q):
@@ -141,41 +155,46 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     out = {"benchmark": "int8_distance", "settings": portable_settings(vars(args), _ROOT),
            "machine": machine_info(), "texts": TEXTS, "warp": WARP, "models": {}}
-    lp_target = {}
+    # the target's warped next-token distributions, kept sparse (top-k 10: at most 10 tokens a
+    # row); every other [positions, V] array lives for one text only (float64: 1.2 MB a row)
+    w_target = {}
     for role, source in (("target", args.target), ("draft", args.draft)):
         model = target if role == "target" else load_model(source, "float32",
                                                            progress=not args.small)
+        target = None                    # the float target's weights: not needed any more
         q_params, q_config = kernels.int8_params(model.params, model.config)
         rec = out["models"][role] = {"source": portable_settings({"s": source}, _ROOT)["s"]}
-        lp_f = {}
-        for i in keep:
-            lp_f[i] = log_softmax(all_logits(model.config, model.params, texts[i],
-                                                    args.max_tokens))[starts[i]:-1]
-        if role == "target":
-            lp_target = lp_f
-        else:
-            acc = [np.mean(np.sum(np.minimum(warped(lp_target[i]), warped(lp_f[i])), -1))
-                   for i in keep]
-            rec["acceptance_float_draft"] = bootstrap(acc, rng)
+        positions, acc_float = 0, []
         for kind in args.activations:
-            with activations(kind):
-                lp_q = {i: log_softmax(all_logits(q_config, q_params, texts[i],
-                                                   args.max_tokens))[starts[i]:-1]
-                        for i in keep}
-            figs = [per_text(lp_f[i], lp_q[i]) for i in keep]
+            figs, acc_int8 = [], []
+            for i in keep:
+                lp_f = log_softmax(all_logits(model.config, model.params, texts[i],
+                                              args.max_tokens))[starts[i]:-1]
+                if kind == args.activations[0]:
+                    positions += len(lp_f)
+                    if role == "target":
+                        w_target[i] = sparse(warped(lp_f))
+                    else:
+                        acc_float.append(acceptance(w_target[i], warped(lp_f)))
+                with activations(kind):
+                    lp_q = log_softmax(all_logits(q_config, q_params, texts[i],
+                                                  args.max_tokens))[starts[i]:-1]
+                figs.append(per_text(lp_f, lp_q))
+                if role == "draft":
+                    acc_int8.append(acceptance(w_target[i], warped(lp_q)))
+                del lp_f, lp_q
             r = rec[kind] = {k: bootstrap([f[k] for f in figs], rng) for k in figs[0]}
             if role == "draft":
-                acc = [np.mean(np.sum(np.minimum(warped(lp_target[i]), warped(lp_q[i])), -1))
-                       for i in keep]
-                r["acceptance_int8_draft"] = bootstrap(acc, rng)
+                if "acceptance_float_draft" not in rec:
+                    rec["acceptance_float_draft"] = bootstrap(acc_float, rng)
+                r["acceptance_int8_draft"] = bootstrap(acc_int8, rng)
                 r["acceptance_change"] = bootstrap(
-                    [a - b for a, b in zip(acc, [np.mean(np.sum(np.minimum(
-                        warped(lp_target[i]), warped(lp_f[i])), -1)) for i in keep])], rng)
+                    [a - b for a, b in zip(acc_int8, acc_float)], rng)
             print(f"{role} {kind}: " + ", ".join(f"{k} {v['mean']:.4f} [{v['ci95'][0]:.4f}, "
                                                   f"{v['ci95'][1]:.4f}]" for k, v in r.items()),
                   flush=True)
-        rec["positions"] = int(sum(len(lp_f[i]) for i in keep))
-        del q_params
+        rec["positions"] = int(positions)
+        del q_params, model
     if args.out:
         write_json(args.out, out)
         print(f"wrote {args.out}")
