@@ -27,6 +27,15 @@ def whole_table_converts(text: str, cfg: ModelConfig):
             and "embed" in line]
 
 
+def whole_table_copies(text: str, cfg: ModelConfig):
+    """A whole ``uint16`` view of the table made on its own (a copy, e.g. hoisted out of the
+    loop), not fused into the gather that reads its rows."""
+    shape = re.escape(f"u16[{cfg.vocab_size},{cfg.hidden_size}]")
+    return [line.strip()[:160] for line in text.splitlines()
+            if re.search(rf"= {shape}\S* (fusion|copy)\(", line)
+            or (re.search(r"= \(.*" + shape, line) and "tuple(" in line)]
+
+
 @pytest.fixture(scope="module")
 def params():
     t = llama.init_params(CFG, jax.random.PRNGKey(0))
@@ -49,6 +58,7 @@ def test_dsbd_and_speculative_gather_rows_in_bfloat16(params):
         text = call.compile().as_text()
         assert "embed" in text
         assert not whole_table_converts(text, CFG), whole_table_converts(text, CFG)
+        assert not whole_table_copies(text, CFG), whole_table_copies(text, CFG)
 
 
 def test_head_forward_gathers_rows_in_bfloat16(params):
@@ -61,3 +71,4 @@ def test_head_forward_gathers_rows_in_bfloat16(params):
                                             draft_width=3, eos_token_id=()))
     text = call.compile().as_text()
     assert not whole_table_converts(text, CFG), whole_table_converts(text, CFG)
+    assert not whole_table_copies(text, CFG), whole_table_copies(text, CFG)
