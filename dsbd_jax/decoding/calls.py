@@ -119,13 +119,8 @@ class _Core:
         """The core's call as one program, through the program store when it is on."""
         if not hasattr(self._jitted, "run"):
             return self._jitted(*args, **kwargs)
-        folder, named = programs.store_folder(), named_options(kwargs)
-        if folder is None or any(isinstance(x, jax.core.Tracer)
-                                 for x in jax.tree.leaves((args, kwargs))):
-            return self._jitted.run(args, kwargs, named)
-        jitted, options = self._jitted.for_call(args, kwargs, named)
-        return programs.call(self.decoder, jitted, self._jitted._fun, self._jitted._jit_kwargs,
-                             options, self.programs, args, kwargs, folder)
+        return _stored_run(self.decoder, self._jitted, self.programs, args, kwargs,
+                           named_options(kwargs))
 
     def chunk_call(self, state, args: tuple, config, phase: Tuple[str, int]):
         """One program of a chunked run (:func:`run_chunks`), compiled under the options the
@@ -148,13 +143,9 @@ class _Core:
             self._chunks[kind] = (type(self._jitted)(
                 program, static_argnums=(2, 3), donate_argnums=donate,
                 in_shardings=(auto, None), out_shardings=out), programs.LoadedPrograms())
-        (chunks, loaded), call_args = self._chunks[kind], (state, args, config, phase)
-        folder, named = programs.store_folder(), getattr(config, "options", None)
-        if folder is None:
-            return chunks.run(call_args, {}, named)
-        jitted, options = chunks.for_call(call_args, {}, named)
-        return programs.call(f"{self.decoder}/chunks", jitted, chunks._fun, chunks._jit_kwargs,
-                             options, loaded, call_args, {}, folder)
+        chunks, loaded = self._chunks[kind]
+        return _stored_run(f"{self.decoder}/chunks", chunks, loaded, (state, args, config, phase),
+                           {}, getattr(config, "options", None))
 
     def clear_cache(self):
         """Drop the compiled programs of the jit and those loaded from the program store."""
@@ -166,6 +157,19 @@ class _Core:
 
     def __getattr__(self, name):
         return getattr(self._jitted, name)
+
+
+def _stored_run(name: str, tuned, loaded, args: tuple, kwargs: dict, named):
+    """``tuned`` (a ``tuned_jit``) called with ``args`` / ``kwargs`` under the compiler options
+    ``named`` (``None``: the arguments' kernels pick them), through the program store under
+    ``name`` when it is on and no argument is traced (``loaded``: the programs read back)."""
+    folder = programs.store_folder()
+    if folder is None or any(isinstance(x, jax.core.Tracer)
+                             for x in jax.tree.leaves((args, kwargs))):
+        return tuned.run(args, kwargs, named)
+    jitted, options = tuned.for_call(args, kwargs, named)
+    return programs.call(name, jitted, tuned._fun, tuned._jit_kwargs, options, loaded, args,
+                         kwargs, folder)
 
 
 def core(name: str) -> Callable[[Callable], _Core]:
