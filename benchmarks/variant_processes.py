@@ -8,8 +8,8 @@ count in each compiled program. :func:`main` runs the variants alternately, ``--
 fresh processes (``DSBD_JAX_COMPILATION_CACHE=0``: every process compiles afresh), on the offline
 Qwen2.5-Coder 1.5B / 0.5B pair in bfloat16 (``--small``: a tiny random bfloat16 pair), the
 benchmark prompts one at a time (batch 1, EOS off, top-k 10 / top-p 0.8, each prompt timed after
-a warm-up call), and writes every run and, per decoder, the seconds of the last variant over the
-first's.
+a warm-up call), and writes every run and, per decoder, the seconds of each variant over the
+first's (``--variants`` runs some of them, in the order given).
 """
 
 from __future__ import annotations
@@ -114,6 +114,9 @@ def main(script: str, description: str, variants: Dict[str, Optional[Callable[[]
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--small", action="store_true", help="a tiny random bfloat16 pair (seconds)")
     ap.add_argument("--child", choices=list(variants), help=argparse.SUPPRESS)
+    ap.add_argument("--variants", nargs="+", choices=list(variants), default=list(variants),
+                    help="the variants to run, in this order (default: all; the first is the "
+                         "ratios' base)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.child:
@@ -125,7 +128,7 @@ def main(script: str, description: str, variants: Dict[str, Optional[Callable[[]
     runs = []
     t0 = time.perf_counter()
     for r in range(args.rounds):
-        for variant in variants:
+        for variant in args.variants:
             cmd = [sys.executable, os.path.abspath(script), "--child", variant,
                    "--max-new-tokens", str(args.max_new_tokens), "--out", "-"]
             cmd += ["--small"] if args.small else []
@@ -136,12 +139,12 @@ def main(script: str, description: str, variants: Dict[str, Optional[Callable[[]
             print(f"round {r} {variant}: " + ", ".join(
                 f"{k} {sum(v['seconds']):.2f} s" for k, v in runs[-1]["decoders"].items()),
                 flush=True)
-    first, last = list(variants)[0], list(variants)[-1]
-    ratios = {}
+    first, ratios = args.variants[0], {}
     for name in runs[0]["decoders"]:
         total = {v: sum(sum(x["decoders"][name]["seconds"]) for x in runs if x["variant"] == v)
-                 for v in (first, last)}
-        ratios[f"{name}: {last} / {first}, seconds"] = total[last] / total[first]
+                 for v in args.variants}
+        for v in args.variants[1:]:
+            ratios[f"{name}: {v} / {first}, seconds"] = total[v] / total[first]
     res = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
            "models": "tiny random pair" if args.small else {"target": TARGET, "draft": DRAFT},
            "runs": runs, "ratios": ratios, "wall_s": time.perf_counter() - t0}
