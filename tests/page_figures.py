@@ -335,6 +335,24 @@ for i, label in enumerate(["sampling", "beam sampling W=4", "speculative g4",
                            "single-beam DSBD g3 / W_S 2 / t 0.9 / W_min 1"]):
     add(MEMORY_MD, SPEED, f"| {label} | {{=v('kv_cache_bytes') / 1e6:.1f}} MB |", at=f"rows.{i}")
 
+INT8_DISTANCE = "results/int8_distance_avx512bf16_epyc.json"
+for _role, _label in (("target", "1.5B target"), ("draft", "0.5B draft")):
+    add(PRECISION_MD, INT8_DISTANCE,
+        f"| {_label} | {{positions:,d}} ({{row.kl_float_int8.texts:d}}) | "
+        "{row.kl_float_int8.mean:.4f} [{row.kl_float_int8.ci95.0:.4f}, "
+        "{row.kl_float_int8.ci95.1:.4f}] | {row.top1_agree.mean:.3f} [{row.top1_agree.ci95.0:.3f}, "
+        "{row.top1_agree.ci95.1:.3f}] | {row.loglik_loss.mean:.4f} [{row.loglik_loss.ci95.0:.4f}, "
+        "{row.loglik_loss.ci95.1:.4f}] |", at=f"models.{_role}")
+add(PRECISION_MD, INT8_DISTANCE,
+    "is {row.acceptance_int8_draft.mean:.3f} [{row.acceptance_int8_draft.ci95.0:.3f}, "
+    "{row.acceptance_int8_draft.ci95.1:.3f}] for the int8 draft against "
+    "{acceptance_float_draft.mean:.3f} [{acceptance_float_draft.ci95.0:.3f}, "
+    "{acceptance_float_draft.ci95.1:.3f}] for the float draft, a change of "
+    "{row.acceptance_change.mean:.4f} [{row.acceptance_change.ci95.0:.4f}, "
+    "{row.acceptance_change.ci95.1:.4f}] per token", at="models.draft")
+add(PRECISION_MD, INT8_DISTANCE,
+    "different model by a KL of about {models.target.row.kl_float_int8.mean:.3f} nats per token")
+
 SOAK = "results/soak_avx512bf16_epyc.json"
 add(MEMORY_MD, SOAK, "AVX512-BF16; jax 0.10.2; {seconds:.0f} s, with another job beside it")
 add(MEMORY_MD, SOAK, "| batches per round (9 method settings, 4 buckets) | {batches_per_round:d} |")
