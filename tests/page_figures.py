@@ -906,6 +906,16 @@ add(SPEED_MD, GATHER_EPYC,
     "seconds'):.3f}x the time of the plain lookup for DSBD and {=v('ratios.speculative_g4: "
     "rows_as_bits / plain_lookup, seconds'):.3f}x for speculative sampling")
 
+GATHER_BARRIER = "results/embed_gather_barrier_avx512bf16_epyc.json"
+add(SPEED_MD, GATHER_BARRIER,
+    "results/embed_gather_barrier_avx512bf16_epyc.json`, {=v('wall_s') / 60:.0f} minutes, the AMD "
+    "EPYC host with AVX512-BF16), the barrier takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: "
+    "rows_as_bits / bits_hoisted, seconds'):.3f}x the time of the hoisted bits for DSBD g2 / W_S 4 "
+    "/ t 0.7 / W_min 2 and {=v('ratios.speculative_g4: rows_as_bits / bits_hoisted, seconds'):.3f}x "
+    "for speculative sampling g4, prompt passes included; the programs with the barrier hold no "
+    "whole-table copy, those without it {=len(v('runs.0.decoders.dsbd_g2_WS4_t0.7_Wmin2."
+    "table_copies')):d} each.")
+
 # the node budget (docs/results/speed.md, docs/performance.md) --------------------------------
 _NODES = ("12", "16", "24", "32", "48", "64")
 add(SPEED_MD, FOREST_EPYC,

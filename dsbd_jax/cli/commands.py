@@ -377,6 +377,8 @@ def cmd_host(args) -> int:
               f"compiler options {plan.options}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
+        nodes, why = node_budget(config.replace(dtype=plan.dtype), "int8")
+        print(f"  as a DSBD target in int8 (--weights int8): {why}")
         print(f"  as a draft: {weights_line(config, plan.dtype)}")
     entries = host_entries()
     print(f"this host's plan: {len(entries)} choices in {cache_file()}" + (":" if entries else ""))

@@ -99,12 +99,13 @@ def build_decoder(name, args, target_config, draft_config, progress: bool, node_
 
 def auto_node_budget(args, methods, target_config):
     """``--node-budget auto`` for DSBD: the target's free forest on this host
-    (:func:`dsbd_jax.models.forest_budget.node_budget`: measured once per host and shape, a few
-    seconds on a cut model, then cached), with a status line; ``None`` otherwise."""
+    (:func:`dsbd_jax.models.forest_budget.node_budget`: measured once per host, shape and
+    weight kind (``--weights``), a few seconds on a cut model, then cached), with a status
+    line; ``None`` otherwise."""
     if "dsbd" not in methods or getattr(args, "node_budget", None) != "auto":
         return None
     from dsbd_jax.models.forest_budget import node_budget
-    nodes, why = node_budget(target_config)
+    nodes, why = node_budget(target_config, getattr(args, "weights", "float"))
     _status(f"DSBD forest: {why} (--node-budget off or a number overrides it)")
     return nodes
 

@@ -7,9 +7,11 @@ for nothing; where they are not (float32 on any CPU, AVX512-BF16), every node co
 :func:`node_budget` measures the curve once per host, dtype and model shape: the passes of the
 model cut to a few blocks (:func:`dsbd_jax.models.pass_probe.time_passes`, the probe behind
 ``dtype="auto"``) over one token and over each forest size of :data:`NODES`, in the model's
-dtype and kernel form; the budget is the largest size, growing through :data:`NODES` in
-order, whose pass costs at most :data:`FREE` times the one-token pass. ``None`` when not even
-the smallest is free: the settings' own forest stays.
+dtype and kernel form (an int8 target, ``weights="int8"``: in its int8 kernels, whose one-token
+pass is cheap against its forests: the budget is priced again for it); the budget is the
+largest size, growing through :data:`NODES` in order, whose pass costs at most :data:`FREE`
+times the one-token pass. ``None`` when not even the smallest is free: the settings' own forest
+stays.
 
 The answer is cached in the host's plan (``$DSBD_JAX_CACHE/host_plan.json``, under the host:
 CPU model and deciding flags, cores, jax and jaxlib, ``XLA_FLAGS``; ``cpu_options.host_key``),
@@ -59,31 +61,34 @@ def _dtype(config) -> str:
     return jnp.dtype(config.dtype).name
 
 
-def budget_key(config) -> str:
+def budget_key(config, weights: str = "float") -> str:
     """The entry of a shape's node budget in the host's plan cache (module doc)."""
     plan = host.plan(config, _dtype(config))
-    return (f"forest nodes | {_device()} | {plan.dtype} {plan.form} options "
+    kind = " int8" if weights == "int8" else ""
+    return (f"forest nodes | {_device()} | {plan.dtype} {plan.form}{kind} options "
             f"{plan.options} | " + "x".join(str(int(v)) for v in host._shape(config)))
 
 
-def measure(config, nodes=None, repeats: int = REPEATS) -> Dict[int, float]:
+def measure(config, nodes=None, repeats: int = REPEATS, weights: str = "float"
+            ) -> Dict[int, float]:
     """``{tokens: min seconds}`` of the cut model's passes over 1 token and each of ``nodes``
-    (``config``'s dtype, the kernel form a load gives it)."""
+    (``config``'s dtype, the kernel form a load gives it; ``weights="int8"``: int8 kernels)."""
     dt = _dtype(config)
     form = host.plan(config, dt).form
     nodes = NODES if nodes is None else nodes
     return pass_probe.time_passes(config, (dt,), {dt: form}, rows=(1,) + tuple(nodes),
-                                  repeats=repeats)[dt]
+                                  repeats=repeats, weights=weights)[dt]
 
 
-def _figures(ms: Mapping[str, float], config) -> str:
+def _figures(ms: Mapping[str, float], config, weights: str = "float") -> str:
     """``ms``: ``{tokens (str): ms}`` as the cache stores them."""
     n = pass_probe.cut_config(config).num_layers
     one = float(ms["1"])
     rel = " / ".join(f"{float(v) / one:.2f}" for k, v in ms.items() if k != "1")
     sizes = " / ".join(k for k in ms if k != "1")
     return (f"passes of {n} of {config.num_layers} blocks over {sizes} nodes cost {rel}x a "
-            f"token ({one:.2f} ms) in {_dtype(config)}; free up to {FREE}x")
+            f"token ({one:.2f} ms) in {_dtype(config)}"
+            f"{' with int8 weights' if weights == 'int8' else ''}; free up to {FREE}x")
 
 
 def _answer(nodes: Optional[int]) -> str:
@@ -92,27 +97,30 @@ def _answer(nodes: Optional[int]) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _budget(config) -> Tuple[Optional[int], str]:
+def _budget(config, weights: str) -> Tuple[Optional[int], str]:
     t0 = time.perf_counter()
-    got = cached_choice(budget_key(config), lambda n: True,
-                        lambda: {"passes": measure(config)},
+    got = cached_choice(budget_key(config, weights), lambda n: True,
+                        lambda: {"passes": measure(config, weights=weights)},
                         lambda t: pick_budget(t["passes"]),
                         valid_ms=lambda ms: set(ms.get("passes", {})) == {"1", *map(str, NODES)})
     nodes, ms = got.choice, got.min_ms["passes"]
     if not got.measured:
-        return nodes, f"{_answer(nodes)}: {_figures(ms, config)} ({got.where})"
-    why = (f"{_answer(nodes)}: {_figures(ms, config)} (measured in "
+        return nodes, f"{_answer(nodes)}: {_figures(ms, config, weights)} ({got.where})"
+    why = (f"{_answer(nodes)}: {_figures(ms, config, weights)} (measured in "
            f"{time.perf_counter() - t0:.0f} s, {got.where})")
     logger.info("DSBD forest on this host for %dx%d %s models: %s", config.hidden_size,
                 config.intermediate_size, _dtype(config), why)
     return nodes, why
 
 
-def node_budget(config) -> Tuple[Optional[int], str]:
+def node_budget(config, weights: str = "float") -> Tuple[Optional[int], str]:
     """``(nodes or None, how it was decided)``: the forest size the target ``config`` (in its
-    dtype) verifies for free on this host (module doc). Models whose MLP has under
+    dtype; ``weights``: ``"float"`` or ``"int8"``, the target's kernels) verifies for free on
+    this host (module doc). Models whose MLP has under
     :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) are not
     measured: ``None``."""
+    if weights not in ("float", "int8"):
+        raise ValueError(f"weights must be 'float' or 'int8', got {weights!r}")
     if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
         return None, "a small model: not measured, the settings' forest"
-    return _budget(config)
+    return _budget(config, weights)

@@ -81,14 +81,18 @@ def pass_call(config: ModelConfig, params, tokens: int, slots: int = PROBE_SLOTS
 
 def time_passes(config: ModelConfig, dtypes: Iterable[str], forms: Mapping[str, str],
                 rows=PROBE_ROWS, layers: int = PROBE_LAYERS, slots: int = PROBE_SLOTS,
-                repeats: int = 5) -> Dict[str, Dict[int, float]]:
+                repeats: int = 5, weights: str = "float") -> Dict[str, Dict[int, float]]:
     """``{dtype: {tokens: min seconds}}`` of the passes of :func:`cut_config` (``layers``
-    blocks) in each dtype, its kernels in ``forms[dtype]``, over ``[1, tokens]`` new tokens for
-    each of ``rows``, every call interleaved round by round with the others."""
+    blocks) in each dtype, its kernels in ``forms[dtype]`` (``weights="int8"``: then made
+    :class:`~dsbd_jax.models.weights.Int8`, as ``load_model(..., weights="int8")`` stores
+    them), over ``[1, tokens]`` new tokens for each of ``rows``, every call interleaved round by
+    round with the others."""
     calls = {}
     for dt in dtypes:
         cfg = cut_config(config.replace(dtype=dt), layers)
         params = random_params(cfg, forms[dt])
+        if weights == "int8":
+            params, cfg = kernels.int8_params_(params, cfg)
         for T in rows:
             calls[(dt, T)] = pass_call(cfg, params, T, slots)
     best = interleaved_min(calls, repeats)

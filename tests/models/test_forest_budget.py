@@ -40,9 +40,9 @@ def test_measured_once_cached_and_keyed_by_the_flags(monkeypatch, tmp_path):
     calls = []
     real = fb.measure
 
-    def counted(cfg, nodes=None, repeats=fb.REPEATS):
-        calls.append(cfg.dtype)
-        return real(cfg, nodes=nodes, repeats=1)
+    def counted(cfg, nodes=None, repeats=fb.REPEATS, weights="float"):
+        calls.append(cfg.dtype if weights == "float" else f"{cfg.dtype} {weights}")
+        return real(cfg, nodes=nodes, repeats=1, weights=weights)
     monkeypatch.setattr(fb, "measure", counted)
     config, _ = ref.toy_model(vocab=64)
     mid = config.replace(hidden_size=64, intermediate_size=128, num_layers=1)
@@ -58,6 +58,14 @@ def test_measured_once_cached_and_keyed_by_the_flags(monkeypatch, tmp_path):
     assert again == nodes and "cached" in why and len(calls) == 1
     key = fb.budget_key(mid)
     assert key != fb.budget_key(mid.replace(dtype="bfloat16"))
+    # an int8 target is priced on its own: measured with int8 kernels, under its own entry
+    fb._budget.cache_clear()
+    q_nodes, why = fb.node_budget(mid, "int8")
+    assert calls == ["float32", "float32 int8"] and "with int8 weights" in why
+    assert fb.budget_key(mid, "int8") != key and fb.budget_key(mid, "int8") in \
+        cpu_options.host_entries()
+    with pytest.raises(ValueError, match="weights"):
+        fb.node_budget(mid, "int4")
     monkeypatch.setattr(cpu_options, "cpu_flags", lambda: ("avx512f", "amx_tile", "amx_bf16"))
     assert key not in cpu_options.host_entries()       # another host's key: not its entry
     fb._budget.cache_clear()
@@ -78,3 +86,22 @@ def test_cli_node_budget_option(tmp_path):
         with pytest.raises(argparse.ArgumentTypeError):
             from dsbd_jax.cli.options import node_budget_arg
             node_budget_arg(bad)
+
+
+def test_an_int8_probe_runs_int8_kernels(monkeypatch):
+    from dsbd_jax.models import pass_probe
+    seen = []
+    real = pass_probe.pass_call
+
+    def recorded(cfg, params, T, slots):
+        seen.append(kernels.is_int8(params))
+        return real(cfg, params, T, slots)
+    monkeypatch.setattr(pass_probe, "pass_call", recorded)
+    config, _ = ref.toy_model(vocab=64)
+    mid = config.replace(hidden_size=64, intermediate_size=128, num_layers=1)
+    for weights, int8 in (("float", False), ("int8", True)):
+        seen.clear()
+        times = pass_probe.time_passes(mid, ("float32",), {"float32": "plain"}, rows=(1, 12),
+                                       layers=1, repeats=1, weights=weights)
+        assert seen == [int8, int8] and set(times["float32"]) == {1, 12}
+
