@@ -1008,9 +1008,9 @@ _I8T = "int8_trunc_32768_prompt."
 add(README, TERMS_INT8_VNNI,
     "at batch 1 the int8 draft's one-token pass cost {batches.b1.draft_pass_vs_target.int8:.2f}x "
     "the target's (the float draft's {batches.b1.draft_pass_vs_target.base:.2f}x), speculative "
-    "sampling ran at {=v(_I8 + 'int8.' + _TS + 'end_to_end'):.2f}x our sampling "
+    "sampling ran at **{=v(_I8 + 'int8.' + _TS + 'end_to_end'):.2f}x** our sampling "
     "({=v(_I8 + 'base.' + _TS + 'end_to_end'):.2f}x with the float draft) and DSBD at the "
-    "beam-W4 point at {=v(_I8 + 'int8.' + _TD + 'end_to_end'):.2f}x our beam sampling W=4 "
+    "beam-W4 point at **{=v(_I8 + 'int8.' + _TD + 'end_to_end'):.2f}x** our beam sampling W=4 "
     "({=v(_I8 + 'base.' + _TD + 'end_to_end'):.2f}x)",
     "32,768 most frequent tokens and the prompt's, {=v(_I8 + _I8T + _TS + 'end_to_end'):.2f}x "
     "and {=v(_I8 + _I8T + _TD + 'end_to_end'):.2f}x.",

@@ -1,0 +1,31 @@
+"""``benchmarks/demo_memory.py --small``: the demo twice on one new cache, each run's wall
+seconds and peak RSS, and the cache the runs leave (the models' converted forms after the
+first run, nothing new after the second)."""
+
+import json
+
+import pytest
+
+from bench_setup import load_bench
+
+
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
+def test_small_pair(tmp_path):
+    bench = load_bench("demo_memory")
+    out = tmp_path / "demo.json"
+    res = bench.main(["--small", "--cache", str(tmp_path / "cache"), "--out", str(out)])
+    first, second = res["runs"]
+    for run in (first, second):
+        assert run["rc"] == 0 and run["wall_s"] > 0 and run["peak_rss_bytes"] > 100e6
+        assert run["verdict"] and run["verdict"][0].startswith("DSBD ")
+    assert sum(first["cache_bytes"].values()) > 0
+    assert set(second["cache_bytes"]) == set(first["cache_bytes"])   # no new entry
+    stored = json.loads(out.read_text())
+    assert stored["machine"]["cpu_flags"] is not None
+    assert stored["settings"]["cache"] == "given"
+
+
+def test_demo_arguments_follow_the_separator():
+    bench = load_bench("demo_memory")
+    with pytest.raises(SystemExit, match="--runs"):
+        bench.main(["--runs", "0", "--out", "x.json", "--", "--weights", "int8"])
