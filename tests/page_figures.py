@@ -353,6 +353,22 @@ add(PRECISION_MD, INT8_DISTANCE,
 add(PRECISION_MD, INT8_DISTANCE,
     "different model by a KL of about {models.target.row.kl_float_int8.mean:.3f} nats per token")
 
+DEMO_INT8 = "results/demo_memory_int8_avx512bf16_epyc.json"   # the demo, both models int8
+
+
+def demo_ratio(run: int) -> float:
+    """The speed ratio the demo's verdict line of run ``run`` printed ("... (0.83x, ...")."""
+    return float(load(DEMO_INT8)["runs"][run]["verdict"][0].split("(")[1].split("x")[0])
+
+
+HELPERS.update(demo_ratio=demo_ratio)
+add("docs/getting_started.md", DEMO_INT8,
+    "the first run took {runs.0.wall_s:.0f} s with a peak of {=v('runs.0.peak_rss_bytes') / 1e9:.2f} "
+    "GB resident (the conversions), the second {runs.1.wall_s:.0f} s with a peak of "
+    "{=v('runs.1.peak_rss_bytes') / 1e9:.2f} GB, and the cache holds "
+    "{=sum(v('runs.1.cache_bytes').values()) / 1e9:.2f} GB. There DSBD was the slower "
+    "({=demo_ratio(0):.2f}x and {=demo_ratio(1):.2f}x)")
+
 SOAK = "results/soak_avx512bf16_epyc.json"
 add(MEMORY_MD, SOAK, "AVX512-BF16; jax 0.10.2; {seconds:.0f} s, with another job beside it")
 add(MEMORY_MD, SOAK, "| batches per round (9 method settings, 4 buckets) | {batches_per_round:d} |")
