@@ -232,6 +232,7 @@ def test_cli_host_prints_the_plan(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "host: " in out and "dtype float32 (a small model" in out and "kernels plain" in out
     assert "as a DSBD target: a small model: not measured" in out
+    assert "as a DSBD target in int8 (--weights int8): a small model: not measured" in out
     # then every choice cached for this host, from the one plan file
     assert f"this host's plan: {len(cpu_options.host_entries())} choices in" in out
     assert str(cpu_options.cache_file()) in out
