@@ -3,8 +3,8 @@ gathered as their bits and cast, the table first passed through an optimization 
 tokens, ``llama.embed_rows``) against two former forms: a plain ``nn.Embed`` lookup
 (``plain_lookup``: the rows gathered as 16-bit floats, which XLA:CPU runs in float32 after
 converting the whole ``[V, d]`` table inside the loops) and the bits without the barrier
-(``bits_hoisted``: XLA hoists the whole-table ``uint16`` view out of the loops, a copy per
-call). DSBD g2 / W_S 4 / t 0.7 / W_min 2 and speculative sampling g4 on the offline
+(``bits_hoisted``: XLA hoists the whole-table ``uint16`` view out of the loops as a copy,
+made once per call). DSBD g2 / W_S 4 / t 0.7 / W_min 2 and speculative sampling g4 on the offline
 Qwen2.5-Coder 1.5B / 0.5B pair in bfloat16, end to end (the benchmark prompts, batch 1, EOS off,
 top-k 10 / top-p 0.8, each prompt timed after a warm-up call), every variant in its own process,
 alternating (``--rounds`` rounds); each compiled program's whole-table conversions and copies
