@@ -6,7 +6,8 @@ folder (``--cache``; default a new, empty folder, so the first run converts and 
 models and compiles, and the later runs read both back). Arguments after ``--`` go to the demo
 (e.g. ``-- --weights int8 --draft-weights int8``). Each run reports its exit status, wall
 seconds and peak RSS (``VmHWM``, the process's own high-water mark), and after each run the
-cache's size per entry (``du``). JSON to ``--out`` with the host.
+cache's entries with their bytes, as ``dsbd cache`` lists them (``cli.commands.cache_entries``).
+JSON to ``--out`` with the host.
 
     .venv/bin/python benchmarks/demo_memory.py --out results/demo_memory_int8_<host>.json \\
         -- --weights int8 --draft-weights int8
@@ -38,18 +39,6 @@ print("DEMO_MEMORY " + json.dumps({"rc": rc, "peak_rss_bytes": hwm[0] if hwm els
 """
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-
-
-def cache_sizes(cache: Path) -> dict:
-    """Bytes per top-level entry of the cache folder (models, compiled programs, ...)."""
-    if not cache.exists():
-        return {}
-    return {p.name: folder_bytes(p) if p.is_dir() else p.stat().st_size
-            for p in sorted(cache.iterdir())}
-
-
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     demo_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -63,6 +52,7 @@ def main(argv=None):
     args = ap.parse_args(own)
     if args.runs < 1:
         raise SystemExit("--runs must be >= 1")
+    from dsbd_jax.cli.commands import cache_entries
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     cache = Path(args.cache or tempfile.mkdtemp(prefix="dsbd_demo_cache_"))
     if args.small:
@@ -84,7 +74,7 @@ def main(argv=None):
         verdict = [l for l in proc.stdout.splitlines() if l.startswith("DSBD ")]
         runs.append({"run": i + 1, "rc": rec["rc"], "wall_s": wall,
                      "peak_rss_bytes": rec["peak_rss_bytes"], "verdict": verdict[-1:],
-                     "cache_bytes": cache_sizes(cache)})
+                     "cache_bytes": dict(cache_entries(cache))})
         print(f"run {i + 1}: {wall:.1f} s, peak RSS {rec['peak_rss_bytes'] / 1e9:.2f} GB, "
               f"cache {sum(runs[-1]['cache_bytes'].values()) / 1e9:.2f} GB", flush=True)
     settings = portable_settings({**vars(args), "demo_args": demo_args}, _ROOT)
