@@ -9,7 +9,7 @@ weights:
    16 nodes, at 512 and 4096 cache slots; compile time reported apart. The target also over
    forests of 24, 32, 48 and 64 nodes at the first slot count: ``forest_curve`` (each as a
    multiple of the one-token pass) and ``node_budget``, the forest DSBD's ``--node-budget auto``
-   would grow to (:func:`dsbd_jax.models.forest_budget.pick_budget`).
+   would grow to (:func:`dsbd_jax.host.forest_budget.pick_budget`).
 2. **decoders**: every method (sample, beam sampling W=4, speculative gamma 4, tree, DSBD
    g2 / W_S 4 / t 0.7 / W_min 2) at batch 1 and 8, EOS off: the cost of one iteration inside its
    compiled loop = (run time - prefill time) / iterations (``None`` where the difference is at or
@@ -62,12 +62,12 @@ import numpy as np  # noqa: E402
 from dsbd_jax.decoding import common, methods  # noqa: E402
 from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models import forest_budget  # noqa: E402
+from dsbd_jax.host import forest_budget
 from dsbd_jax.models import head as mhead  # noqa: E402
 from dsbd_jax.models import llama  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
-from dsbd_jax.models.cpu_options import compiler_options  # noqa: E402
+from dsbd_jax.host.cpu_options import compiler_options  # noqa: E402
 
 QWEN = dict(vocab_size=151936, num_kv_heads=2, rope_theta=1e6, attention_bias=True,
             architecture="qwen2", max_position_embeddings=32768)

@@ -1,6 +1,6 @@
 """Every decoder under each XLA:CPU compiler-options candidate, side by side in one process.
 
-``dsbd_jax.models.cpu_options`` picks one ``compiler_options`` dict per host for every jit of
+``dsbd_jax.host.cpu_options`` picks one ``compiler_options`` dict per host for every jit of
 the library. This script times what the pick is worth end to end: the offline pair, the same
 prompts, batch 1, EOS off (every call makes ``--max-new-tokens`` tokens), top-k 10, top-p 0.8,
 and for each decoder its jitted core compiled once per candidate (``--options``, default every
@@ -33,7 +33,7 @@ if _ROOT not in sys.path:  # run as a script from a checkout
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsbd_jax.models import cpu_options  # noqa: E402
+from dsbd_jax.host import cpu_options
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -68,7 +68,7 @@ def main(argv=None):
     from dsbd_jax.decoding import methods as dm
     from dsbd_jax.decoding.common import bucket_length, pad_prompts
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
 
     supported = cpu_options.candidates()
     names = list(supported) if args.options is None else args.options

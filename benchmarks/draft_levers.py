@@ -50,7 +50,7 @@ def pass_call(config, params, B, slots, prompt_len, T=1):
     import jax.numpy as jnp
     from dsbd_jax.models import vocab as mv
     from dsbd_jax.models.cache import empty_cache
-    from dsbd_jax.models.cpu_options import tuned_jit
+    from dsbd_jax.host.cpu_options import tuned_jit
     from dsbd_jax.models.llama import forward
     if mv.has_prompt_rows(params):
         params = mv.with_prompt_rows(params, jnp.ones((B, prompt_len), jnp.int32))
@@ -70,7 +70,7 @@ def head_pass_call(head_config, head_params, target_params, B, slots, T=1):
     import jax.numpy as jnp
     from dsbd_jax.models import head as mhead
     from dsbd_jax.models.cache import empty_cache
-    from dsbd_jax.models.cpu_options import tuned_jit
+    from dsbd_jax.host.cpu_options import tuned_jit
     from dsbd_jax.models.llama import ACT
     positions = jnp.broadcast_to(slots + jnp.arange(T, dtype=jnp.int32), (B, T))
     if slots:
@@ -112,7 +112,7 @@ def build_drafts(draft, counts, rows, both_rows, prompt_rows, distilled=None):
     with ``distilled`` (a RUN/model directory) ``distilled``, ``both_<both_rows>`` and
     ``both_<both_rows>_prompt``."""
     from dsbd_jax.models import vocab as mv
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     keep = draft.config.eos_token_id or ()
     drafts = {"base": draft.params}
 
@@ -215,7 +215,7 @@ def main(argv=None):
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import machine_info, portable_path, portable_settings, write_json
     from dsbd_jax.models import vocab as mv
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training.distill import DistillConfig, make_acceptance, make_rollouts
     from dsbd_jax.training.distill import heldout_acceptance
 

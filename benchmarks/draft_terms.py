@@ -65,7 +65,7 @@ def prefill_call(config, params, B, P, slots, prompt_len):
     import jax.numpy as jnp
     from dsbd_jax.decoding.common import prefill
     from dsbd_jax.models import vocab as mv
-    from dsbd_jax.models.cpu_options import tuned_jit
+    from dsbd_jax.host.cpu_options import tuned_jit
     if mv.has_prompt_rows(params):
         params = mv.with_prompt_rows(params, jnp.ones((B, prompt_len), jnp.int32))
     f = tuned_jit(lambda p, t, n: prefill(config, p, t, n, slots))
@@ -173,15 +173,16 @@ def small_or_trained_head(args, target):
 
 def int8_drafts(draft, counts, rows):
     """``{name: (config, params)}`` of the eight-bit drafts (:class:`dsbd_jax.models.weights.Int8`
-    projections and head, :func:`dsbd_jax.models.kernels.int8_params`): ``int8`` (the full head,
+    projections and head, :func:`dsbd_jax.models.kinds.int8_params`): ``int8`` (the full head,
     untied) and ``int8_trunc_<rows>_prompt`` (the head truncated to the table's ``rows`` most
     frequent tokens with prompt rows, then quantised)."""
-    from dsbd_jax.models import kernels, vocab as mv
-    full, full_config = kernels.int8_params(draft.params, draft.config)
+    from dsbd_jax.models import vocab as mv
+    from dsbd_jax.models import kinds
+    full, full_config = kinds.int8_params(draft.params, draft.config)
     keep = draft.config.eos_token_id or ()
     untied, cfg = mv.untie_head(draft.params, draft.config)
     trunc = mv.truncate_head(untied, cfg, mv.top_rows(counts, rows, keep), prompt_rows=True)
-    trunc, trunc_config = kernels.int8_params(trunc, cfg)
+    trunc, trunc_config = kinds.int8_params(trunc, cfg)
     return {"int8": (full_config, full), f"int8_trunc_{rows}_prompt": (trunc_config, trunc)}
 
 
@@ -266,7 +267,7 @@ def report(out) -> str:
 def _no_paths(text):
     """``load_model``'s dtype reason with the host's dtype cache named by its file name only (a
     result names no path of the measuring machine; ``benchmarks/dtype_runs.py`` does the same)."""
-    from dsbd_jax.models.cpu_options import cache_file
+    from dsbd_jax.host.cpu_options import cache_file
     return None if text is None else text.replace(str(cache_file()), cache_file().name)
 
 
@@ -330,7 +331,7 @@ def main(argv=None):
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models import vocab as mv
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
 
     tmp = Path(tempfile.mkdtemp(prefix="draft_terms_"))
     if args.small:

@@ -1,8 +1,9 @@
 """Is ``dtype="auto"`` the same on every fresh run of a host, and the kernel form with it? ``dsbd
 host`` N times, each with an empty cache folder (``DSBD_JAX_CACHE`` a new temporary folder: the
 kernel forms, the compiler options and the dtype are all measured again), for each model;
-records every run's dtype, kernel form and the figures it printed (``host.dtype_choice``'s pass
-timings), and whether each is the same on every run.
+records every run's dtype, kernel form and the figures it printed (``plan.dtype_choice``'s pass
+timings), its whole output (the node budgets and the draft's kind too, the fresh cache's path
+replaced), and whether each is the same on every run.
 
     .venv/bin/python benchmarks/dtype_runs.py --runs 5 --out results/dtype_runs.json  # ~10 min
     .venv/bin/python benchmarks/dtype_runs.py --small --runs 2 --out /tmp/dtype_runs.json
@@ -28,7 +29,8 @@ LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+) \((?P<why>
 
 
 def one_run(models, env_extra=None):
-    """``{model: (dtype, why)}`` and the wall seconds of one ``dsbd host`` with an empty cache."""
+    """``{model: (dtype, why)}``, the wall seconds and the printed lines of one ``dsbd host``
+    with an empty cache."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "DSBD_JAX_CACHE": cache, "DSBD_JAX_COMPILATION_CACHE": "0",
                **(env_extra or {})}
@@ -47,7 +49,7 @@ def one_run(models, env_extra=None):
         if m:
             got[m["model"]] = {"dtype": m["dtype"], "form": m["form"],
                                "why": m["why"].replace(cache, "<fresh cache>")}
-    return got, wall
+    return got, wall, [line.replace(cache, "<fresh cache>") for line in r.stdout.splitlines()]
 
 
 def main(argv=None):
@@ -69,8 +71,9 @@ def main(argv=None):
         models = [str(t)]
     runs = []
     for i in range(args.runs):
-        got, wall = one_run(models, env)
-        runs.append({"choices": got, "wall_s": round(wall, 1)})
+        got, wall, lines = one_run(models, env)
+        runs.append({"choices": got, "wall_s": round(wall, 1),
+                     "output": lines if not args.small else []})
         print(f"run {i + 1}: " + ", ".join(f"{m} {c['dtype']} {c['form']}"
                                             for m, c in got.items())
               + f" ({wall:.0f} s)", flush=True)

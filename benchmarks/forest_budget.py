@@ -5,9 +5,9 @@ this host, what the node budget's probe decides, and DSBD at node budgets side b
    options, 512 cached slots) over one token and over each of ``--nodes`` new tokens, per
    ``--dtypes``, every size interleaved round by round (min of ``--repeats``); each size as a
    multiple of the one-token pass.
-2. ``probe``: :func:`dsbd_jax.models.forest_budget.measure` on the same config (the model cut
+2. ``probe``: :func:`dsbd_jax.host.forest_budget.measure` on the same config (the model cut
    to a few blocks, what ``--node-budget auto`` and ``dsbd host`` decide from), with the budget
-   :func:`~dsbd_jax.models.forest_budget.pick_budget` takes from it, measured afresh (no cache).
+   :func:`~dsbd_jax.host.forest_budget.pick_budget` takes from it, measured afresh (no cache).
 3. ``decoders``: in ``--decode-dtype``, beam sampling W = 4 and DSBD at the beam-W4 point (g2 /
    W_S 4 / t 0.7 / W_min 2 / max_width 4) with each ``--budgets`` (``off``: the 12-node
    forest), drafting with ``--draft`` (a draft head's name or directory, or a draft model;
@@ -44,8 +44,8 @@ def budget_arg(text: str):
 
 def curve(config, params, nodes, repeats: int, slots: int = 512) -> dict:
     """The whole pass over 1 and each of ``nodes`` new tokens: ``{ms, over_one_token}``."""
-    from dsbd_jax.models.cpu_options import interleaved_min
-    from dsbd_jax.models.pass_probe import pass_call
+    from dsbd_jax.host.cpu_options import interleaved_min
+    from dsbd_jax.host.pass_probe import pass_call
     calls = {T: pass_call(config, params, T, slots) for T in (1,) + tuple(nodes)}
     best = interleaved_min(calls, repeats)
     return {"ms": {str(T): 1e3 * s for T, s in best.items()},
@@ -55,8 +55,8 @@ def curve(config, params, nodes, repeats: int, slots: int = 512) -> dict:
 def _draft(source, target, small: bool):
     """``(draft config, draft params, name)``: a draft head or a draft model."""
     from dsbd_jax.models.head import is_head
-    from dsbd_jax.models.head_registry import read_draft_config
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.heads import read_draft_config
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import head as th
     if source is None and not small:
         heads = th.trained_heads(TARGET)
@@ -95,8 +95,8 @@ def main(argv=None):
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import (machine_info, portable_settings, run_over_prompts,
                                       write_json)
-    from dsbd_jax.models import forest_budget as fb
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.host import forest_budget as fb
+    from dsbd_jax.loading.load import load_model
 
     t_start = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

@@ -9,7 +9,7 @@ A Qwen2.5-Coder-1.5B-shaped model (28 layers, d 1536, MLP 8960, 12 heads / 2 KV 
   (unrolled loop over per-layer arrays), jitted ``model.forward`` (logits of every new token and
   their keys/values), compile time reported apart;
 * ours, ``per_layer_transposed`` (``_bf16``): the per-layer tree with transposed projection
-  kernels (:func:`dsbd_jax.models.kernels.transpose_params`), in float32 or bfloat16;
+  kernels (:func:`dsbd_jax.models.kinds.transpose_params`), in float32 or bfloat16;
 * transformers ``Qwen2ForCausalLM`` with the same shapes (``DynamicCache`` of the same prefix,
   cropped back after each call), ``torch.inference_mode``, ``--threads`` threads.
 
@@ -17,7 +17,7 @@ Each figure is the median of ``--repeats`` timed calls after one warm-up call. W
 (default ``/tmp/dsbd_forward.json``) and prints a table with the ratios.
 
 * ours, ``per_layer@NAME`` for each ``--options NAME``: the per-layer layout compiled with
-  that candidate of :data:`dsbd_jax.models.cpu_options.CANDIDATES` (e.g. ``default`` and
+  that candidate of :data:`dsbd_jax.host.cpu_options.CANDIDATES` (e.g. ``default`` and
   ``eigen_dot``, side by side), and ``per_layer_transposed@NAME`` likewise when
   ``per_layer_transposed`` is among the layouts; the other columns use the options that go with
   their kernels on this host (``options_choice``).
@@ -46,8 +46,8 @@ from dsbd_jax.models import llama as M  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
 from dsbd_jax.models.config import ModelConfig  # noqa: E402
-from dsbd_jax.models import kernels  # noqa: E402
-from dsbd_jax.models.cpu_options import CANDIDATES, candidates, choice, compiler_options  # noqa: E402,E501
+from dsbd_jax.models import kinds
+from dsbd_jax.host.cpu_options import CANDIDATES, candidates, choice, compiler_options  # noqa: E402,E501
 
 SHAPES = {"1 token": (1, 1), "batch 4": (4, 1), "forest 12": (1, 12), "16 tokens": (1, 16)}
 
@@ -72,7 +72,7 @@ def median_time(fn, repeats: int) -> float:
 def ours(cfg, layout, slots, filled, repeats, options=None, transposed=False, dtype="float32"):
     """Times of every pass shape; ``options``: a name of ``cpu_options.CANDIDATES`` (default:
     this host's choice for the kernels' form); ``transposed``: every projection kernel transposed
-    (``kernels.transpose_params``); ``dtype="bfloat16"``: the weights and cache in bfloat16, the
+    (``kinds.transpose_params``); ``dtype="bfloat16"``: the weights and cache in bfloat16, the
     products in mixed precision (and, transposed, the head as ``[V, d]`` rows), as
     ``load_model(dtype=bfloat16)`` runs them."""
     opts = (compiler_options("transposed" if transposed else "plain") if options is None
@@ -82,9 +82,9 @@ def ours(cfg, layout, slots, filled, repeats, options=None, transposed=False, dt
         cfg = cfg.replace(dtype=dtype)
         params = jax.tree.map(lambda x: x.astype(dtype), params)
     if transposed:
-        params = kernels.transpose_params(params, kernels.transposed_widths(cfg))
+        params = kinds.transpose_params(params, kinds.transposed_widths(cfg))
         if dtype != "float32":
-            params = kernels.transpose_head(params)
+            params = kinds.transpose_head(params)
     shape = (cfg.num_layers, 1, slots, cfg.num_kv_heads, cfg.head_dim)
     rng = np.random.default_rng(0)
     out = {}
@@ -174,7 +174,7 @@ def main(argv=None):
            "options_choice_transposed": choice("transposed")}
     for layout in args.layouts:
         if layout in ("per_layer_transposed", "per_layer_transposed_bf16"):
-            res["transposed_widths"] = kernels.transposed_widths(cfg)
+            res["transposed_widths"] = kinds.transposed_widths(cfg)
             res[layout] = ours(cfg, "per_layer", args.slots, args.filled, args.repeats,
                                transposed=True,
                                dtype="bfloat16" if layout.endswith("bf16") else "float32")

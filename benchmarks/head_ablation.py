@@ -70,8 +70,8 @@ def main(argv=None):
     import numpy as np
 
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
-    from dsbd_jax.models import head as mhead
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading import heads
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import head as th
     from dsbd_jax.training.head_data import concat_data
     r = th.load_recipe(args.recipe)
@@ -121,7 +121,7 @@ def main(argv=None):
             raise SystemExit(f"{run_root / name} holds a checkpoint at step {res['step']}, not "
                              f"{args.steps}: delete it to train this variant again")
         metrics = th.heldout_metrics(hc, res["params"], shared, held_v, count_cfg)
-        head_dir = mhead.save(run_root / name / "head", hc, res["params"],
+        head_dir = heads.save(run_root / name / "head", hc, res["params"],
                               {"recipe": r["name"], "variant": name, "steps": args.steps,
                                "overrides": over})
         out["variants"][name] = {"overrides": over,

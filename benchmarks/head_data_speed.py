@@ -40,7 +40,7 @@ def main(argv=None):
 
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models import head as mhead
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import head as th
     from dsbd_jax.training import head_data as hd
     r = th.load_recipe(args.recipe)

@@ -33,8 +33,8 @@ def main(argv=None):
     import numpy as np
 
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
-    from dsbd_jax.models.head_registry import load_head
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.heads import load_head
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import head as th
     r = th.load_recipe(args.recipe)
     data_path = Path(args.data or Path(r["run_dir"]) / "data.npz")

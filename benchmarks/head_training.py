@@ -67,6 +67,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models import head as mhead
+    from dsbd_jax.loading import heads
     from dsbd_jax.training.head import load_recipe, read_log
     r = load_recipe(args.recipe)
     if args.time_log:
@@ -93,9 +94,9 @@ def main(argv=None):
     run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
         Path(r["run_dir"])
     head_dir = run_dir / "head"
-    if not mhead.is_head_dir(head_dir):
+    if not heads.is_head_dir(head_dir):
         raise SystemExit(f"{head_dir}: no trained head (the run did not finish)")
-    _, params, meta = mhead.load(head_dir)
+    _, params, meta = heads.load(head_dir)
     own = {k: v for k, v in params.items() if k != mhead.VOCAB_HEAD}
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
            "dtype": r["dtype"], "command": f"dsbd train-head {args.recipe}",

@@ -42,7 +42,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, portable_settings, write_json  # noqa: E402
-from dsbd_jax.models import kernels, llama, products, weights  # noqa: E402
+from dsbd_jax.models import llama, products, weights
+from dsbd_jax.models import kinds
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 TEXTS = [{"task": "gsm8k", "start": 1300, "stop": 1316},
@@ -138,7 +139,7 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training.head_data import answer_texts
     if args.small:
         from dsbd_jax.testing import make_tiny_pair
@@ -162,7 +163,7 @@ def main(argv=None):
         model = target if role == "target" else load_model(source, "float32",
                                                            progress=not args.small)
         target = None                    # the float target's weights: not needed any more
-        q_params, q_config = kernels.int8_params(model.params, model.config)
+        q_params, q_config = kinds.int8_params(model.params, model.config)
         rec = out["models"][role] = {"source": portable_settings({"s": source}, _ROOT)["s"]}
         positions, acc_float = 0, []
         for kind in args.activations:

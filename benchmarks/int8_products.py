@@ -5,7 +5,7 @@ target's ``1536 x 8960``, or ``--shape 896 4864`` for the 0.5B draft), each prod
 the previous one as in a forward pass, with separate weights per layer, through the library's
 own product rule for each kernel kind (:func:`dsbd_jax.models.weights.product`), compiled under
 the compiler options the library gives a program over that kind
-(:func:`dsbd_jax.models.cpu_options.options_of`):
+(:func:`dsbd_jax.host.cpu_options.options_of`):
 
 * ``float32 plain``: ``[in, out]`` float32 kernels;
 * ``float32 transposed``: float32 row blocks (:class:`~dsbd_jax.models.weights.RowBlocks`);
@@ -45,7 +45,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, portable_settings, write_json  # noqa: E402
-from dsbd_jax.models import cpu_options, products, weights  # noqa: E402
+from dsbd_jax.models import products, weights
+from dsbd_jax.host import cpu_options
 
 
 def kernels_of(kind: str, w: np.ndarray):

@@ -39,7 +39,7 @@ def _maxrss_mb() -> float:
 def child_cold(name, dtype):
     import jax.numpy as jnp
 
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
 
     t0 = time.perf_counter()
     m = load_model(name, jnp.dtype(dtype), progress=False)
@@ -56,7 +56,7 @@ def child_cached(name, dtype, prefill, steps):
     import numpy as np
 
     from dsbd_jax.decoding import common
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
 
     t0 = time.perf_counter()
     m = load_model(name, jnp.dtype(dtype), progress=False)

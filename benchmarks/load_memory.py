@@ -32,7 +32,7 @@ if _ROOT not in sys.path:
 _MEASURE = r"""
 import json, sys, time
 import jax, jax.numpy as jnp, numpy as np
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 
 
 def hwm():  # this process's peak RSS in bytes (VmHWM: reset by exec, unlike ru_maxrss,
@@ -63,7 +63,7 @@ def export_checkpoint(model, directory: str) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from dsbd_jax.models.checkpoint import hf_tensor
+    from dsbd_jax.loading.checkpoint import hf_tensor
 
     cfg = model.config
     tensors = {}
@@ -101,10 +101,10 @@ def main(argv=None) -> None:
     if not os.path.exists(os.path.join(directory, "config.json")):
         import jax
 
-        from dsbd_jax.models.checkpoint import LoadedModel
+        from dsbd_jax.loading.checkpoint import LoadedModel
         from dsbd_jax.models.config import ModelConfig
         from dsbd_jax.models.llama import init_params
-        from dsbd_jax.models.loading import load_model
+        from dsbd_jax.loading.load import load_model
         if a.small:
             cfg = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=512,
                               num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,

@@ -50,7 +50,7 @@ def measure(directory: str, mode: str, port: int, pid: int) -> dict:
     from dsbd_jax import load_model, sample
     from dsbd_jax.decoding.configs import SampleConfig
     from dsbd_jax.eval.timing import machine_info
-    from dsbd_jax.models.loading import read_config
+    from dsbd_jax.loading.load import read_config
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     jax.devices()
     before = rss_mb()

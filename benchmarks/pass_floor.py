@@ -3,9 +3,9 @@
 For each model (``--models``, default the offline pair's shapes: ``target`` Qwen2.5-Coder-1.5B,
 ``draft`` Qwen2.5-Coder-0.5B with its tied head), dtype (``--dtypes float32 bfloat16``), kernel
 form (``--forms``, default ``host``: the form ``load_model`` picks on this host,
-``kernels.choose_form``; or ``plain`` / ``transposed``) and row count (``--rows 1 4 12 16 32 64``),
+``forms.choose_form``; or ``plain`` / ``transposed``) and row count (``--rows 1 4 12 16 32 64``),
 with random weights (``llama.init_params``'s tree and laws, in the per-layer layout of the CPU;
-kernels stored as ``load_model`` stores them: transposed with ``kernels.transpose_params_``, a
+kernels stored as ``load_model`` stores them: transposed with ``kinds.transpose_params_``, a
 16-bit model's head then as ``[V, d]`` rows), it times two programs, interleaved round by round
 (median of ``--repeats``; compile excluded, each program runs once untimed first):
 
@@ -207,7 +207,7 @@ def compiled(name, fn, args):
 def jitted(fn):
     """``fn`` under ``cpu_options.tuned_jit``: compiled under the host's XLA:CPU options for the
     kernels among its arguments (both programs get the same, from the same parameter tree)."""
-    from dsbd_jax.models.cpu_options import tuned_jit
+    from dsbd_jax.host.cpu_options import tuned_jit
     return tuned_jit(fn)
 
 
@@ -295,21 +295,23 @@ def build_params(config, form: str, seed: int = 0):
     """Random parameters of ``config`` (its dtype) in the per-layer layout with the projection
     kernels in ``form``, as ``load_model`` stores them (``pass_probe.random_params``);
     ``int8``: every projection and the head as ``weights.Int8``, as ``load_model(...,
-    weights="int8")`` stores them (``kernels.int8_params_``; a tied head untied: use
+    weights="int8")`` stores them (``kinds.int8_params_``; a tied head untied: use
     :func:`config_for` for its config)."""
-    from dsbd_jax.models.pass_probe import random_params
+    from dsbd_jax.host.pass_probe import random_params
     if form == "int8":
-        from dsbd_jax.models import kernels
-        return kernels.int8_params_(random_params(config, "plain", seed), config)[0]
+        from dsbd_jax.models import kinds
+        from dsbd_jax.host import forms
+        return kinds.int8_params_(random_params(config, "plain", seed), config)[0]
     return random_params(config, form, seed)
 
 
 def config_for(config, form: str):
     """The config a pass over :func:`build_params`' tree in ``form`` runs with (``int8``: the
-    head untied, ``kernels.int8_config``)."""
+    head untied, ``kinds.int8_config``)."""
     if form == "int8":
-        from dsbd_jax.models import kernels
-        return kernels.int8_config(config)
+        from dsbd_jax.models import kinds
+        from dsbd_jax.host import forms
+        return kinds.int8_config(config)
     return config
 
 
@@ -317,8 +319,9 @@ def resolve_form(config, form: str) -> str:
     """``form``, or for ``host`` the form ``load_model`` picks for ``config`` on this host."""
     if form != "host":
         return form
-    from dsbd_jax.models import kernels
-    return kernels.choose_form(config, config.dtype)
+    from dsbd_jax.models import kinds
+    from dsbd_jax.host import forms
+    return forms.choose_form(config, config.dtype)
 
 
 def table(results) -> str:
@@ -350,7 +353,7 @@ def main(argv=None):
                     choices=["float32", "bfloat16"])
     ap.add_argument("--forms", nargs="+", default=["host"],
                     choices=["host", "plain", "transposed", "int8"],
-                    help="kernel forms: host = what load_model picks here (kernels.choose_form)")
+                    help="kernel forms: host = what load_model picks here (forms.choose_form)")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 12, 16, 32, 64],
                     help="new tokens per pass")
     ap.add_argument("--shape", default="auto", choices=["auto", "rows", "tokens"],
@@ -369,7 +372,7 @@ def main(argv=None):
     from benchmarks.draft_levers import interleaved_medians
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models.config import ModelConfig
-    from dsbd_jax.models.cpu_options import options_of
+    from dsbd_jax.host.cpu_options import options_of
 
     shapes = SMALL_MODELS if args.small else MODELS
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),

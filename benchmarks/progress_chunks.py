@@ -50,7 +50,7 @@ def main(argv=None):
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
 
     if args.small:
         from dsbd_jax.testing import make_tiny_pair

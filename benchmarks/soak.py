@@ -47,7 +47,7 @@ from dsbd_jax.decoding import common  # noqa: E402
 from dsbd_jax.decoding.methods import build, label, model_params  # noqa: E402
 from dsbd_jax.eval.plan import expand_methods  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models.cpu_options import cpu_model  # noqa: E402
+from dsbd_jax.host.cpu_options import cpu_model  # noqa: E402
 from dsbd_jax.testing import make_tiny_pair  # noqa: E402
 
 EXTRA = [{"method": "beam_search", "num_beams": 2}, {"method": "tree", "gamma": 2}]

@@ -43,7 +43,7 @@ def jax_part(args, dtype="float32"):
     from dsbd_jax.decoding import common
     from dsbd_jax.eval.datasets import benchmark_prompts
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
@@ -143,7 +143,7 @@ print("JSON" + json.dumps(rows))
 
 
 def hf_part(args, prompts, dtype="float32"):
-    from dsbd_jax.models.presets import ensure_gguf
+    from dsbd_jax.loading.presets import ensure_gguf
     path = ensure_gguf(TARGET)
     payload = dict(dir=str(path.parent), file=path.name, widths=list(args.widths), prompts=prompts,
                    n=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p,

@@ -1,6 +1,6 @@
 """Two forms of one piece of library code, end to end side by side, each in its own process: the
-machinery of ``benchmarks/embed_gather.py`` (the embedding lookup); its models and decoders are
-also ``benchmarks/attention_form.py``'s (which runs both forms in one process).
+machinery of ``benchmarks/probes/embed_gather.py`` (the embedding lookup); its models and decoders are
+also ``benchmarks/probes/attention_form.py``'s (which runs both forms in one process).
 
 A comparison names its variants (the first is the library's former form, patched in by the child
 process before anything is traced; the last is the library as it is), its decoders and what to
@@ -47,7 +47,7 @@ def models(small: bool):
         return (cfg, llama.init_params(cfg, jax.random.PRNGKey(0)), cfg,
                 llama.init_params(cfg, jax.random.PRNGKey(1)), prompts)
     from dsbd_jax.eval.datasets import benchmark_prompts
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     t = load_model(TARGET, "bfloat16", progress=False)
     d = load_model(DRAFT, "bfloat16", tokenizer=False, progress=False)
     _, prompts = benchmark_prompts(t.tokenizer, 2)

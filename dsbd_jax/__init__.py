@@ -6,6 +6,10 @@ Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sampl
 :func:`dsbd_generate`.
 """
 
+from dsbd_jax import _moved
+
+_moved.install()  # old import paths of dsbd_jax.models (until 0.4.0)
+
 from dsbd_jax.decoding.beam import beam_sample, beam_search
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.decoding.calls import Progress
@@ -15,7 +19,7 @@ from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, Sampl
                                        SpeculativeConfig, TreeConfig)
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
-from dsbd_jax.models.loading import LoadedModel, list_presets, load_model
+from dsbd_jax.loading import LoadedModel, list_presets, load_model
 from dsbd_jax.models.llama import causal_mask, forward, init_params, logits
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.speculative import speculative_sample

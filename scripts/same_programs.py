@@ -29,7 +29,11 @@ import sys
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models import llama, kernels
+from dsbd_jax.models import llama
+try:
+    from dsbd_jax.models import kinds  # 0.3.0 on
+except ImportError:
+    from dsbd_jax.models import kernels as kinds  # a checkout before the rooms
 from dsbd_jax.models.cache import empty_cache
 from dsbd_jax import (BeamSampleConfig, DSBDConfig, SampleConfig, SpeculativeConfig, TreeConfig,
                       beam_sample, dsbd_generate, sample,
@@ -42,9 +46,9 @@ for dtype in ("float32", "bfloat16"):
                     tie_word_embeddings=False)
     p = llama.convert_layout(llama.init_params(c, jax.random.key(0)), "per_layer")
     p = jax.tree.map(lambda x: x.astype(dtype), p)
-    trees = {"plain": p, "transposed": kernels.transpose_params(p, kernels.transposed_widths(c))}
+    trees = {"plain": p, "transposed": kinds.transpose_params(p, kinds.transposed_widths(c))}
     if dtype == "bfloat16":
-        trees["rows"] = kernels.transpose_head(trees["transposed"])
+        trees["rows"] = kinds.transpose_head(trees["transposed"])
     B, T, S = 2, 5, 16
     args = (jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), jnp.int32),
             jnp.ones((B, T, S + T), bool), empty_cache(c, B, S))

@@ -35,9 +35,13 @@ def write_bench_config(path, *args, **kwargs) -> Path:
 
 
 def load_bench(name: str):
-    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    """``benchmarks/<name>.py`` (or, for a probe, ``benchmarks/probes/<name>.py``) imported as a
+    module (the scripts are not a package)."""
     import importlib.util
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    shelf = Path(__file__).resolve().parents[1] / "benchmarks"
+    script = shelf / f"{name}.py"
+    if not script.exists():
+        script = shelf / "probes" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_bench", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -471,7 +471,7 @@ add("docs/performance.md", FLOOR_EPYC_SOFTMAX,
 add(INDEX_MD, ATTENTION_EPYC,
     "takes {=min(v('ratios').values()):.3f}-{=max(v('ratios').values()):.3f}x its time end to end")
 add("docs/performance.md", ATTENTION_EPYC,
-    "`.venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json`, "
+    "`.venv/bin/python benchmarks/probes/attention_form.py --out results/attention_form_epyc.json`, "
     "{=v('wall_s') / 60:.0f} minutes;",
     "the current form takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: normalised_after_values / "
     "softmax_then_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios.speculative_g4: "

@@ -115,7 +115,7 @@ def test_generate_refuses_bad_options_before_reading_a_model(argv, words, monkey
     """A bad setting or an empty ``--raw`` prompt is refused before any model config, tokenizer
     or weight is read (the default models' configs and tokenizer can take seconds to read)."""
     from dsbd_jax import cli
-    from dsbd_jax.models import loading
+    from dsbd_jax.loading import load as loading
 
     def fail(*a, **k):
         raise AssertionError("a model was read before the options were checked")
@@ -156,7 +156,8 @@ def test_refusals_come_at_once_with_an_empty_cache(argv, words, tmp_path, monkey
     import time
     from pathlib import Path
     from dsbd_jax import cli
-    from dsbd_jax.models import loading, presets
+    from dsbd_jax.loading import load as loading
+    from dsbd_jax.loading import presets
     root = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache (``dsbd_jax.models.compilation_cache``): a second process reads
+"""JAX's persistent compilation cache (``dsbd_jax.host.compilation_cache``): a second process reads
 back what the first compiled, and ``DSBD_JAX_COMPILATION_CACHE=0`` leaves it off."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from jax._src import monitoring
 hits = []
 monitoring.register_event_listener(
     lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
-from dsbd_jax.models import compilation_cache
+from dsbd_jax.host import compilation_cache
 compilation_cache.MIN_COMPILE_S = 0.0       # keep even this small program
 folder = compilation_cache.enable_compilation_cache()
 

@@ -24,7 +24,7 @@ monitoring.register_event_listener(
     lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
 monitoring.register_event_duration_secs_listener(
     lambda name, d, **kw: reads.append(name) if name.startswith("/dsbd_jax/program_store") else None)
-from dsbd_jax.models import compilation_cache
+from dsbd_jax.host import compilation_cache
 compilation_cache.MIN_COMPILE_S = 0.0
 from dsbd_jax.cli import main
 rc = main(sys.argv[1:])

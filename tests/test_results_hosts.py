@@ -108,7 +108,7 @@ def test_problems_sees_what_is_missing(tmp_path):
 
 def _writers():
     out = {}
-    for p in sorted((ROOT / "benchmarks").glob("*.py")):
+    for p in sorted((ROOT / "benchmarks").rglob("*.py")):
         src = p.read_text()
         if re.search(r"write_json\(|json\.dump\(|json\.dumps\(.*(?:write_text|indent)", src) or \
                 ("write_text(json.dumps" in src):

@@ -16,7 +16,7 @@ import jax  # noqa: E402
 
 from dsbd_jax import DSBDConfig, dsbd_generate, load_model, pad_prompts  # noqa: E402
 from dsbd_jax.eval.datasets import encode_chat  # noqa: E402
-from dsbd_jax.models.loading import read_config  # noqa: E402
+from dsbd_jax.loading.load import read_config  # noqa: E402
 from dsbd_jax.parallel import ShardedDecoder, make_mesh  # noqa: E402
 
 target_path, draft_path = sys.argv[1], sys.argv[2]

@@ -19,7 +19,7 @@ the accepted draft candidates per verified layer; no rate; compiled on every run
 the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
 checked on their own before any model file is read, then against the models' configs before any
 weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
-(:mod:`dsbd_jax.models.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
+(:mod:`dsbd_jax.host.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
 Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
 
 Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when

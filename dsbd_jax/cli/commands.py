@@ -246,7 +246,7 @@ def cmd_vocab(args) -> int:
         return 0
     from dsbd_jax.eval import vocab as ev
     from dsbd_jax.eval.datasets import chat_prompts, encode_chat
-    from dsbd_jax.models.loading import load_tokenizer, read_config
+    from dsbd_jax.loading.load import load_tokenizer, read_config
     if not (args.text or args.task or args.rollouts or args.generate_with):
         raise CLIError("vocab build needs a source: --text, --task, --rollouts or "
                        "--generate-with")
@@ -259,7 +259,7 @@ def cmd_vocab(args) -> int:
         for path in paths:
             if not Path(path).exists():
                 raise CLIError(f"{option} {path}: no such file")
-    from dsbd_jax.models.loading import check_source
+    from dsbd_jax.loading.load import check_source
     for option, source in (("--model", args.model), ("--generate-with", args.generate_with)):
         if source:
             try:
@@ -294,7 +294,7 @@ def cmd_vocab(args) -> int:
         for spec in args.prompt_task:
             name, start, stop = ev.parse_slice(spec)
             texts += chat_prompts(name, None if stop == -1 else stop)[start:]
-        from dsbd_jax.models.loading import load_model
+        from dsbd_jax.loading.load import load_model
         _status(f"loading {args.generate_with} ...")
         model = load_model(args.generate_with, tokenizer=False)
         counts += ev.generation_counts(model.config, model.params, encode_chat(tokenizer, texts),
@@ -337,10 +337,10 @@ def cmd_train_head(args) -> int:
 
 def weights_line(config, dtype) -> str:
     """What ``--draft-weights auto`` gives a draft of ``config``'s shape here, with the figures
-    it was measured from (:func:`dsbd_jax.models.kernels.choose_weights`)."""
-    from dsbd_jax.models import kernels
-    from dsbd_jax.models.cpu_options import host_entries
-    kind = kernels.choose_weights(config, dtype)
+    it was measured from (:func:`dsbd_jax.host.forms.choose_weights`)."""
+    from dsbd_jax.host import forms
+    from dsbd_jax.host.cpu_options import host_entries
+    kind = forms.choose_weights(config, dtype)
     shape = f"{config.hidden_size}x{config.intermediate_size} {dtype}"
     times = next((got.get("min_ms") for entry, got in host_entries().items()
                   if entry.startswith("weights |") and entry.endswith(shape)), None)
@@ -358,15 +358,15 @@ def _by_rows(times) -> dict:
 
 
 def cmd_host(args) -> int:
-    """Print :func:`dsbd_jax.models.host.plan` for each model (its config only), the DSBD
+    """Print :func:`dsbd_jax.host.plan.plan` for each model (its config only), the DSBD
     node budget of a forest it verifies as a target
-    (:func:`dsbd_jax.models.forest_budget.node_budget`), and every choice cached for this host
-    (:func:`dsbd_jax.models.cpu_options.host_entries`)."""
+    (:func:`dsbd_jax.host.forest_budget.node_budget`), and every choice cached for this host
+    (:func:`dsbd_jax.host.cpu_options.host_entries`)."""
     import jax
-    from dsbd_jax.models import host
-    from dsbd_jax.models.forest_budget import node_budget
-    from dsbd_jax.models.cpu_options import cache_file, host_entries, host_key
-    from dsbd_jax.models.loading import read_config
+    from dsbd_jax.host import plan as host
+    from dsbd_jax.host.forest_budget import node_budget
+    from dsbd_jax.host.cpu_options import cache_file, host_entries, host_key
+    from dsbd_jax.loading.load import read_config
     print(f"host: {host_key()}, backend {jax.default_backend()}")
     for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
         config = read_config(source)
@@ -410,7 +410,7 @@ def cache_entries(root: Path):
 def cmd_cache(args) -> int:
     """``dsbd cache``: the cache's entries with sizes (:func:`cache_entries`), or ``--remove``."""
     import shutil
-    from dsbd_jax.models.presets import cache_root
+    from dsbd_jax.loading.presets import cache_root
     root = cache_root()
     for entry in args.remove:
         target = (root / entry).resolve()
@@ -435,7 +435,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
-            from dsbd_jax.models.compilation_cache import enable_compilation_cache
+            from dsbd_jax.host.compilation_cache import enable_compilation_cache
             enable_compilation_cache()      # compiled programs persist across runs
         if args.command in ("generate", "bench") and _join_processes():
             args.no_progress = True      # the progress callback is one process's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT, allowed  # noqa: F401
-from dsbd_jax.models.presets import PresetError  # noqa: F401
+from dsbd_jax.loading.presets import PresetError  # noqa: F401
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"

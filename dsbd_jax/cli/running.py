@@ -99,12 +99,12 @@ def build_decoder(name, args, target_config, draft_config, progress: bool, node_
 
 def auto_node_budget(args, methods, target_config):
     """``--node-budget auto`` for DSBD: the target's free forest on this host
-    (:func:`dsbd_jax.models.forest_budget.node_budget`: measured once per host, shape and
+    (:func:`dsbd_jax.host.forest_budget.node_budget`: measured once per host, shape and
     weight kind (``--weights``), a few seconds on a cut model, then cached), with a status
     line; ``None`` otherwise."""
     if "dsbd" not in methods or getattr(args, "node_budget", None) != "auto":
         return None
-    from dsbd_jax.models.forest_budget import node_budget
+    from dsbd_jax.host.forest_budget import node_budget
     nodes, why = node_budget(target_config, getattr(args, "weights", "float"))
     _status(f"DSBD forest: {why} (--node-budget off or a number overrides it)")
     return nodes
@@ -161,8 +161,8 @@ def check_sources(args, methods) -> None:
     """``--target`` and, for the drafted methods, ``--draft`` name something loadable (a
     preset, a directory, a GGUF file, a hub id, a saved model, a draft head), checked from
     their names and the disk alone, before any model is read or converted."""
-    from dsbd_jax.models.head_registry import cache_dir_of_heads, is_head_source
-    from dsbd_jax.models.loading import check_source
+    from dsbd_jax.loading.heads import cache_dir_of_heads, is_head_source
+    from dsbd_jax.loading.load import check_source
     try:
         check_source(args.target, "--target")
     except ValueError as e:
@@ -179,10 +179,10 @@ def check_sources(args, methods) -> None:
 
 def _with_weights(config, args, option: str):
     """``config`` as an int8 load leaves it when ``args.<option>`` is ``"int8"``
-    (:func:`dsbd_jax.models.kernels.int8_config`)."""
+    (:func:`dsbd_jax.models.kinds.int8_config`)."""
     if getattr(args, option, "float") != "int8":
         return config
-    from dsbd_jax.models.kernels import int8_config
+    from dsbd_jax.models.kinds import int8_config
     return int8_config(config)
 
 
@@ -196,8 +196,8 @@ def prepare(args, methods, prompts, raw: bool = False):
     check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
-    from dsbd_jax.models.head_registry import read_draft_config
-    from dsbd_jax.models.loading import load_tokenizer, read_config
+    from dsbd_jax.loading.heads import read_draft_config
+    from dsbd_jax.loading.load import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     dtype = getattr(args, "dtype", "auto")
     target_config = _with_weights(read_config(args.target, dtype), args, "weights")
@@ -211,7 +211,7 @@ def prepare(args, methods, prompts, raw: bool = False):
                            f"{args.draft} is a draft head (drop --draft-weights, or give a "
                            f"draft model)")
         if kind == "auto":      # decided here, so that the config and the load agree
-            from dsbd_jax.models.kernels import choose_weights
+            from dsbd_jax.host.forms import choose_weights
             args.draft_weights = ("float" if is_head(draft_config) else
                                   choose_weights(draft_config, draft_config.dtype))
             if args.draft_weights == "int8":
@@ -242,7 +242,7 @@ def weights_label(info) -> str:
 def load_models(args, configs):
     """Load the target (and the draft when ``configs[1]`` is not None), with a status line and
     timing for each; the loaded configs must be the ones the decoders were checked against."""
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     models = []
     for role, source, config in (("target", args.target, configs[0]),
                                  ("draft", args.draft, configs[1])):
@@ -259,7 +259,7 @@ def load_models(args, configs):
                                   or getattr(args, "draft_prompt_rows", False)):
             raise CLIError("--draft-vocab-table and --draft-prompt-rows need --draft-head-rows N")
         from dsbd_jax.models.head import is_head
-        from dsbd_jax.models.head_registry import LoadedHead
+        from dsbd_jax.loading.heads import LoadedHead
         if role == "draft" and is_head(config):
             if head:
                 raise CLIError("--draft-head-rows truncates a draft model; a draft head keeps "

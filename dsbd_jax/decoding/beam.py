@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.cpu_options import tuned_jit
+from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.decoding.common import GenerateOutput

@@ -10,8 +10,8 @@ decoder shares, and each class repeats as its first fields:
   ``pad_token_id`` (what finished rows emit; :attr:`pad_id`);
 * ``progress``: a :class:`~dsbd_jax.decoding.calls.Progress` channel, or ``False``;
 * ``options``: the XLA:CPU compiler options the decoder's program compiles under, by name (a
-  :class:`~dsbd_jax.models.host.HostPlan`'s ``options``, one of
-  :data:`dsbd_jax.models.cpu_options.CANDIDATES`): a plan handed to the decoder as a value,
+  :class:`~dsbd_jax.host.plan.HostPlan`'s ``options``, one of
+  :data:`dsbd_jax.host.cpu_options.CANDIDATES`): a plan handed to the decoder as a value,
   nothing measured. ``None`` (default): this host's choice for the kinds of the kernels among
   the call's arguments. Ignored off the CPU and under the caller's own ``jax.jit``.
 
@@ -49,7 +49,7 @@ import numpy as np
 from dsbd_jax.decoding.calls import Progress
 from dsbd_jax.decoding.warping import validate_warping
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.cpu_options import CANDIDATES
+from dsbd_jax.host.cpu_options import CANDIDATES
 
 
 def eos_tuple(eos_token_id) -> Tuple[int, ...]:
@@ -273,7 +273,7 @@ class DSBDConfig(_Shared):
         max_width: cap on the beams of any layer = beams carried between iterations = output
           slots (``None``, the default: ``W_S``; :attr:`beam_width` is the value that applies).
         single_beam: keep one cache row per prompt (the paper's memory-saving mode).
-        node_budget: forest nodes to fill (e.g. :func:`dsbd_jax.models.forest_budget.node_budget`):
+        node_budget: forest nodes to fill (e.g. :func:`dsbd_jax.host.forest_budget.node_budget`):
           layers widen to ``(node_budget - cache_rows) // gamma`` nodes (:attr:`layer_width`),
           the first ``W_S`` the next layer's parents, the rest leaves (docs/algorithm.md).
     """

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.decoding import calls, common, drafting, inputs
-from dsbd_jax.models.cpu_options import tuned_jit
+from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import DSBDConfig, check_config

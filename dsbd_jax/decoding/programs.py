@@ -1,6 +1,6 @@
 """Compiled decoder programs kept on disk and read back without tracing.
 
-JAX's persistent compilation cache (:mod:`dsbd_jax.models.compilation_cache`) saves the
+JAX's persistent compilation cache (:mod:`dsbd_jax.host.compilation_cache`) saves the
 compilation, but a process still traces and lowers a decoder's core before it can look the
 program up: seconds of Python for a decoder over two real models. Beside that cache, in
 ``<jax_compilation_cache_dir>/programs``, a decoder core called at the top level (not under
@@ -53,7 +53,7 @@ READ_EVENT = "/dsbd_jax/program_store/read_duration"
 def store_folder() -> Optional[Path]:
     """``<jax_compilation_cache_dir>/programs`` while JAX's persistent cache is on and
     ``$DSBD_JAX_COMPILATION_CACHE`` does not turn the library's caches off, else None."""
-    from dsbd_jax.models.compilation_cache import compilation_cache_wanted
+    from dsbd_jax.host.compilation_cache import compilation_cache_wanted
     folder = jax.config.jax_compilation_cache_dir
     if (not folder or not jax.config.jax_enable_compilation_cache
             or not compilation_cache_wanted()):

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.cpu_options import tuned_jit
+from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs, speculative as spec
 from dsbd_jax.decoding.common import GenerateOutput

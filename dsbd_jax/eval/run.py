@@ -164,8 +164,8 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     import jax.numpy as jnp
     from dsbd_jax.decoding import common
     from dsbd_jax.models.head import is_head
-    from dsbd_jax.models.head_registry import LoadedHead, read_draft_config
-    from dsbd_jax.models.loading import load_model, read_config
+    from dsbd_jax.loading.heads import LoadedHead, read_draft_config
+    from dsbd_jax.loading.load import load_model, read_config
     from dsbd_jax.decoding.methods import build, label, model_params
     from dsbd_jax.eval.tasks import metric_name, score
     from dsbd_jax.eval.energy import energy_meter

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import jax
 import numpy as np
 
-from dsbd_jax.models import cpu_options
+from dsbd_jax.host import cpu_options
 
 
 def timed(fn: Callable, *args, **kwargs) -> Tuple[Any, float]:

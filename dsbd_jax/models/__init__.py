@@ -1,25 +1,38 @@
-"""Models: what a decoder runs, and where its weights come from.
+"""Models: what a decoder runs. Nothing here reads a file or measures the host.
 
 - ``config``: :class:`ModelConfig`, the frozen, hashable description of one model.
 - ``llama``: the Flax Llama-family decoder (``forward`` with explicit positions, mask and KV
-  cache; ``logits``; ``init_params``), its two weight layouts and their conversion.
+  cache; ``logits``; ``init_params``), its two weight layouts and their conversion (``layout``).
+- ``head``: feature-level draft heads (EAGLE-style): a block that reads the target's features.
 - ``cache``: the fixed-shape :class:`KVCache` ``[layers, batch, slots, kv_heads, head_dim]`` and
   the commits the decoders make on it.
+- ``weights``, ``products``, ``kinds``: the kinds of projection kernel a parameter tree may
+  hold (plain ``[in, out]``, transposed row blocks, int8 codes), their products, and the
+  conversions between them. A new kind of kernel goes here.
+- ``vocab``: tied, untied and truncated vocabulary heads.
+- ``param_check``: a parameter tree checked against its config (what every decoder runs
+  first).
 - ``axes``: logical axis names of the arrays made here, resolved to a device mesh only under
   the caller's mesh context (no module state).
-- ``loading``: the front door, ``load_model(source)`` for a Hugging Face directory, a GGUF file
-  or a preset; ``hf`` (safetensors checkpoints), ``gguf`` (GGUF files), ``presets`` (the offline
-  weight packages) and ``checkpoint`` (what they share: parameter names and shapes, assembling a
-  parameter tree, the converted-weights cache format).
 
-May import: jax, flax, numpy, transformers, gguf, and nothing else of ``dsbd_jax``
-(the bottom layer; the contract in ``pyproject.toml`` enforces it).
+Where weights come from (Hugging Face directories, GGUF files, presets, trained heads) is
+:mod:`dsbd_jax.loading`; what this host runs fastest (dtype, kernel form, compiler options,
+DSBD's forest budget) is :mod:`dsbd_jax.host`.
+
+May import: jax, flax, numpy, and nothing else of ``dsbd_jax`` (the bottom layer; the
+contract in ``pyproject.toml`` enforces it). ``dsbd_jax.models.load_model``,
+``LoadedModel`` and ``list_presets`` still resolve, with a ``DeprecationWarning``, until 0.4.0
+(:mod:`dsbd_jax._moved`); use ``dsbd_jax.load_model``.
 """
 
+from dsbd_jax import _moved
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import causal_mask, convert_layout, forward, init_params, logits, params_layout
-from dsbd_jax.models.loading import LoadedModel, list_presets, load_model
 
-__all__ = ["KVCache", "LoadedModel", "ModelConfig", "causal_mask", "convert_layout", "empty_cache",
-           "forward", "init_params", "list_presets", "load_model", "logits", "params_layout"]
+__all__ = ["KVCache", "ModelConfig", "causal_mask", "convert_layout", "empty_cache",
+           "forward", "init_params", "logits", "params_layout"]
+
+
+def __getattr__(name):
+    return _moved.moved_name(__name__, name)

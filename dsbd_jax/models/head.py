@@ -44,11 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax import _moved
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
 from dsbd_jax.models import weights
-from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.vocab import VOCAB_HEAD, split_head
 
 CONFIG_FILE = "head_config.json"
@@ -283,95 +284,25 @@ def num_params(params) -> int:
     return int(sum(np.prod(np.shape(x)) for x in jax.tree.leaves(params)))
 
 
-# ---------------------------------------------------------------------------------------------
-# saving and loading: safetensors and a config next to it
-def save(path, config: HeadConfig, params, meta: Optional[dict] = None) -> Path:
-    """Write ``head.safetensors`` and ``head_config.json`` (with ``meta``) into directory
-    ``path``. The kernels are written in the plain ``[in, out]`` form whatever form they run
-    in (a block copied from a transposed target), so that the file loads on any host."""
-    from safetensors.numpy import save_file
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    flat = {}
-    for p, x in jax.tree_util.tree_flatten_with_path(unblock_params(params))[0]:
-        name = ".".join(str(getattr(k, "key", k)) for k in p)
-        a = np.asarray(jax.device_get(x))
-        flat[name] = a.astype(np.float32) if a.dtype.name == "bfloat16" else a
-    save_file(flat, str(path / WEIGHTS_FILE))
-    (path / CONFIG_FILE).write_text(json.dumps({**config.to_dict(), "meta": meta or {}},
-                                               indent=2, default=str))
-    return path
-
-
-def is_head_dir(path) -> bool:
-    return (Path(path) / CONFIG_FILE).is_file() and (Path(path) / WEIGHTS_FILE).is_file()
-
-
-def load(path, target_config: Optional[ModelConfig] = None):
-    """``(HeadConfig, params, meta)`` from a directory written by :func:`save`. The weights take
-    the target's dtype when ``target_config`` is given (a head trained in float32 runs beside a
-    bfloat16 target), its block's kernels then in this host's form (:func:`in_host_form`);
-    ``ValueError`` if the head was made for another target shape."""
-    from safetensors.numpy import load_file
-    path = Path(path)
-    if not is_head_dir(path):
-        raise FileNotFoundError(f"no draft head at {path} (needs {CONFIG_FILE} and "
-                                f"{WEIGHTS_FILE})")
-    d = json.loads((path / CONFIG_FILE).read_text())
-    config = HeadConfig.from_dict(d)
-    if target_config is not None:
-        t = config.target
-        for k in ("vocab_size", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                  "num_layers"):
-            if getattr(t, k) != getattr(target_config, k):
-                raise ValueError(f"the draft head at {path} was made for a target with {k} = "
-                                 f"{getattr(t, k)}, this target has {getattr(target_config, k)}")
-        config = dataclasses.replace(config, target=target_config)
-    dt = config.jnp_dtype
-    params: dict = {}
-    for name, a in load_file(str(path / WEIGHTS_FILE)).items():
-        node = params
-        keys = name.split(".")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        x = jnp.asarray(a)
-        node[keys[-1]] = x if keys[-1] == "rows" else x.astype(dt)
-    check_params(config, params)
-    if target_config is not None:
-        params = in_host_form(config, params)
-    return config, params, d.get("meta", {})
-
-
-def in_host_form(config: HeadConfig, params: dict) -> dict:
-    """``params`` with the block's projection kernels in the form ``load_model`` gives a model
-    of the block's shape and dtype on this host (:func:`dsbd_jax.models.kernels.choose_form`,
-    cached per host; ``$DSBD_JAX_KERNEL_FORM`` forces it): transposed ``[out, in]`` row blocks
-    where that form was measured faster (16-bit kernels on AVX512-BF16 hosts: the bfloat16
-    ``[in, out]`` product takes XLA:CPU's slow path), else unchanged. :func:`load` applies it when
-    it binds a head to its target, so a head drafts in its target's form; :func:`save` writes
-    plain kernels whatever the form. Converts ``params`` in place."""
-    from dsbd_jax.models import kernels
-    block = config.block
-    if kernels.choose_form(block, block.dtype) != kernels.TRANSPOSED:
-        return params
-    return kernels.transpose_params_(params, kernels.transposed_widths(block))
-
-
 def int8(params: dict) -> dict:
     """The head with its block's projections, its ``fc`` and its truncated vocabulary rows (when
     it keeps some) as int8 kernels (:class:`dsbd_jax.models.weights.Int8`,
-    :func:`dsbd_jax.models.kernels.int8_kernels_`); the ``fuse`` projection of fused features
+    :func:`dsbd_jax.models.kinds.int8_kernels_`); the ``fuse`` projection of fused features
     and the target's own embedding and vocabulary head, read at call time, stay float. A new
     tree (the input's arrays shared until replaced). Like any draft, an int8 head leaves every
     output distribution unchanged; only acceptance can move."""
-    from dsbd_jax.models import kernels
-    return kernels.int8_kernels(params, extra=("fc",))
+    from dsbd_jax.models import kinds
+    return kinds.int8_kernels(params, extra=("fc",))
 
 
 __all__ = ["HeadConfig", "is_head", "forward", "target_features", "features_of_prompt",
-           "init_params", "check_params", "save", "load", "in_host_form", "is_head_dir",
-           "num_params", "truncate", "int8",
+           "init_params", "check_params", "num_params", "truncate", "int8",
            "VOCAB_HEAD"]
+
+
+def __getattr__(name):
+    # save, load, is_head_dir, in_host_form: dsbd_jax.loading.heads since 0.3.0
+    return _moved.moved_name(__name__, name)
 
 
 def truncate(config: HeadConfig, head_params, target_params, rows) -> dict:

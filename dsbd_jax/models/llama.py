@@ -44,7 +44,6 @@ import numpy as np
 from dsbd_jax.models import weights
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.cpu_options import tuned_jit
 from dsbd_jax.models.layout import (  # noqa: F401  (part of the model's API)
     LAYOUTS, check_layout, convert_layout, default_layout, num_layers_of, params_layout,
     unstack_layers_)
@@ -482,4 +481,4 @@ def _logits_fn(config, params, token_ids):
     return out
 
 
-_logits = tuned_jit(_logits_fn, static_argnums=0)
+_logits = jax.jit(_logits_fn, static_argnums=0)

@@ -14,7 +14,7 @@ import numpy as np
 
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import weights
-from dsbd_jax.models.kernels import PROJECTIONS
+from dsbd_jax.models.kinds import PROJECTIONS
 from dsbd_jax.models.llama import init_params, params_layout
 from dsbd_jax.models.vocab import split_head
 

@@ -1,11 +1,11 @@
-"""The projection products behind :mod:`dsbd_jax.models.kernels`: ``x`` times a kernel in
+"""The projection products behind :mod:`dsbd_jax.models.kinds`: ``x`` times a kernel in
 each stored form (plain ``[in, out]``, transposed ``[out / n, n, in]``, a head's ``[out,
 in]`` rows), and the conversions between the forms: the product rules of the kernel kinds of
 :mod:`dsbd_jax.models.weights`. Pure functions of
 arrays with no dependency inside the package, so that both the model (through
-:mod:`~dsbd_jax.models.kernels`) and the per-host measurement of compiler options
-(:mod:`~dsbd_jax.models.cpu_options`, which times each form under each candidate) use the
-very same products. See :mod:`dsbd_jax.models.kernels` for what each form is for.
+:mod:`~dsbd_jax.models.kinds`) and the per-host measurement of compiler options
+(:mod:`~dsbd_jax.host.cpu_options`, which times each form under each candidate) use the
+very same products. See :mod:`dsbd_jax.models.kinds` for what each form is for.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def is_mixed(kernel: jax.Array) -> bool:
     (``preferred_element_type``), returning float32. A float32 kernel runs the float32 product
     unchanged. XLA:CPU's 16-bit product with a 16-bit result (what Flax's ``Dense`` computes)
     takes a much slower path than float32; with float32 accumulation the same product runs at
-    float32's speed or faster (``benchmarks/matmul.py --dtypes``; figures in
+    float32's speed or faster (``benchmarks/probes/matmul.py --dtypes``; figures in
     ``docs/results/precision.md``)."""
     return jnp.dtype(kernel.dtype).itemsize == 2
 

@@ -78,7 +78,7 @@ def tied_logits(h: jax.Array, embedding: jax.Array) -> jax.Array:
     One row (``h`` holds one vector: a one-token step at batch 1) is computed with the
     embedding as the left operand, ``E h^T``: XLA:CPU runs ``h E^T`` for one row slower than
     ``E h^T`` at a draft's vocabulary head, by a margin that varies with the jaxlib version
-    (``benchmarks/tied_head.py``; figures in ``docs/results/cpu.md``). Both orders give the same
+    (``benchmarks/probes/tied_head.py``; figures in ``docs/results/cpu.md``). Both orders give the same
     product up to float rounding. Two and more rows keep ``attend``'s ``h E^T``. Used by the
     full tied head and by a truncated tied head (:func:`truncated_logits`), so a truncated
     head with every row reproduces the full logits bit for bit.
@@ -102,14 +102,14 @@ def untie_head(params, config):
 
     Why: on the CPU under the per-host option ``eigen_dot``, a tied head with 2-16 rows takes
     several times as long as the same product with an ``[d, V]`` kernel
-    (``benchmarks/tied_head.py``; figures in ``docs/results/cpu.md``). Logits equal the tied
+    (``benchmarks/probes/tied_head.py``; figures in ``docs/results/cpu.md``). Logits equal the tied
     model's to float rounding. An untied model is returned unchanged; a truncated head must be
     untied before truncation (untie first, then :func:`truncate_head`).
 
     In a 16-bit tree with transposed projection kernels the new head is stored as its ``[V, d]``
     rows (a :class:`~dsbd_jax.models.weights.Rows`, a copy of the embedding), the form
     ``load_model`` gives every untied head of such a model
-    (:func:`dsbd_jax.models.kernels.transpose_head`): the result is the tree
+    (:func:`dsbd_jax.models.kinds.transpose_head`): the result is the tree
     ``load_model(..., untie_head=True)`` gives."""
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")

@@ -24,11 +24,11 @@ it as a pytree and by name (:func:`kind`), and no other module changes
 
 * a plain array ``[in, out]``: what the loaders and ``init_params`` make;
 * :class:`Rows` ``[out, in]``: a 16-bit vocabulary head
-  (:func:`dsbd_jax.models.kernels.transpose_head`);
+  (:func:`dsbd_jax.models.kinds.transpose_head`);
 * :class:`RowBlocks` ``[out / n, n, in]``: transposed kernels
-  (:func:`dsbd_jax.models.kernels.transpose_params`);
+  (:func:`dsbd_jax.models.kinds.transpose_params`);
 * :class:`Int8` ``codes [out, in]`` and ``scales [out]``: eight-bit weights, multiplied by XLA's
-  integer product (:func:`dsbd_jax.models.kernels.int8_params`; ``load_model(...,
+  integer product (:func:`dsbd_jax.models.kinds.int8_params`; ``load_model(...,
   weights="int8")``).
 """
 
@@ -324,7 +324,7 @@ def _transposed(m: Mapping) -> bool:
 def program_kind(tree) -> tuple:
     """``(form_of(tree), kernel_dtype(tree), has_row_head(tree))`` in one walk: what decides
     the compiler options of a program over ``tree``
-    (:func:`dsbd_jax.models.cpu_options.options_name`)."""
+    (:func:`dsbd_jax.host.cpu_options.options_name`)."""
     form, dtype, row_head = "plain", None, False
     for m in _mappings(tree):
         if _transposed(m):

@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 
 from dsbd_jax.decoding import calls, common, inputs, programs
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.weights import Int8
 from dsbd_jax.parallel import distributed
 from dsbd_jax.parallel.mesh import mesh_label
@@ -121,7 +121,7 @@ class ShardedDecoder:
     def place(self, params):
         """The parameters placed on the mesh (``device_put`` with the rules' shardings), KV heads
         repeated first where ``kv_repeat`` says so. Typed kernels (transposed kernels, a head's
-        rows: :mod:`dsbd_jax.models.kernels`, single-CPU forms) are put back to ``[in, out]``,
+        rows: :mod:`dsbd_jax.models.kinds`, single-CPU forms) are put back to ``[in, out]``,
         the form the sharding rules split; int8 kernels (:class:`dsbd_jax.models.weights.Int8`)
         stay int8, their codes and scales split along the plain kernel's axes
         (:func:`dsbd_jax.models.axes.logical_axes`)."""

@@ -51,7 +51,7 @@ import optax
 
 from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.param_check import plain_projection
 from dsbd_jax.models.llama import causal_mask, forward
 from dsbd_jax.training.export import save_hf

@@ -1,5 +1,5 @@
 """Write a model as a Hugging Face checkpoint directory that ``load_model`` reads back:
-``config.json`` (the inverse of :func:`dsbd_jax.models.hf.config_from_hf`), ``model.safetensors``
+``config.json`` (the inverse of :func:`dsbd_jax.loading.hf.config_from_hf`), ``model.safetensors``
 (float32, HF tensor names and orientation) and the tokenizer's files when one is given."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from dsbd_jax.models.checkpoint import _PATH_TO_HF
+from dsbd_jax.loading.checkpoint import _PATH_TO_HF
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.kernels import unblock_params
+from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.llama import convert_layout
 
 _ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -73,7 +73,8 @@ import optax
 import yaml
 
 from dsbd_jax.models import head as mhead
-from dsbd_jax.models.head_registry import (  # noqa: F401
+from dsbd_jax.loading import heads
+from dsbd_jax.loading.heads import (  # noqa: F401
     cache_dir_of_heads, head_path, is_head_source, load_head, read_head_config, register,
     trained_heads)
 from dsbd_jax.training.head_log import plot_log, read_log  # noqa: F401
@@ -141,7 +142,7 @@ def load_recipe(path) -> Dict[str, Any]:
         raise ValueError(f"{path}: unknown keys {unknown}; allowed: {list(KEYS)}")
     if not r.get("target"):
         raise ValueError(f"{path}: 'target' is required")
-    from dsbd_jax.models.loading import check_source
+    from dsbd_jax.loading.load import check_source
     check_source(r["target"], f"{path}: target")
     for part in ("train", "heldout"):
         if not (r.get(f"{part}_texts") or r.get(f"{part}_rollouts")):
@@ -348,7 +349,7 @@ def _vocab_rows(table_source, n: int, vocab_size: int) -> np.ndarray:
 
 def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Load the target, score the texts once, train the head (resuming), save and register it."""
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     r = load_recipe(path)
     cfg: HeadTrainConfig = r["train"]
     run_dir = Path(r["run_dir"])
@@ -379,7 +380,7 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
     # training reads only the target's embedding and vocabulary head: free its layers
     shared = {k: v for k, v in target.params.items() if k in ("embed", "lm_head")}
     del target
-    from dsbd_jax.models.loading import release_freed_memory
+    from dsbd_jax.loading.load import release_freed_memory
     release_freed_memory()
     res = train(hc, params, shared, train_data, held_data, cfg, run_dir, progress, stop_after)
     out = {"step": res["step"], "run_dir": str(run_dir), "log": res["log"],
@@ -394,7 +395,7 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
                 "heldout_acceptance_1": last.get("heldout_acceptance_1"),
                 "heldout_acceptance_2": last.get("heldout_acceptance_2"),
                 "wall_s_this_run": time.perf_counter() - t_start}
-        head_dir = mhead.save(run_dir / "head", hc, res["params"], meta)
+        head_dir = heads.save(run_dir / "head", hc, res["params"], meta)
         out["head_dir"] = str(head_dir)
         out["link"] = str(register(str(r["save_as"]), head_dir))
         out["plot"] = str(plot_log(run_dir))

@@ -17,7 +17,7 @@ Divergences (per position, :func:`divergence`), ``q`` the draft's distribution:
 * ``"rkl"``: reverse KL ``KL(q_S || p)`` with ``q_S`` the draft at the temperature restricted to
   ``p``'s stored support and renormalised (outside it ``p`` is zero).
 
-What each gradient can do (how much of it shows on the offline pair: ``benchmarks/distill_losses.py``,
+What each gradient can do (how much of it shows on the offline pair: ``benchmarks/probes/distill_losses.py``,
 ``docs/results/draft.md``): ``"tv"`` is the quantity acceptance is one minus, but its gradient passes
 through the draft's warping. Top-k / top-p make the warped ``q`` constant outside the draft's
 kept tokens, so nothing pushes ``q`` towards a token the target keeps and the draft cut, and

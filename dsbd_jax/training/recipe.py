@@ -29,7 +29,7 @@ from typing import Any, Dict, List
 import yaml
 
 from dsbd_jax.eval.datasets import chat_prompts, encode_chat
-from dsbd_jax.models.loading import list_presets, local_model_dir
+from dsbd_jax.loading.load import list_presets, local_model_dir
 from dsbd_jax.training.distill import DistillConfig, distill, prepare_data
 
 KEYS = ("name", "models", "target", "draft", "dtype", "run_dir", "train_prompts",
@@ -52,7 +52,7 @@ def load_recipe(path) -> Dict[str, Any]:
     for k in ("target", "draft", "train_prompts", "heldout_prompts"):
         if not r.get(k):
             raise ValueError(f"{path}: '{k}' is required")
-    from dsbd_jax.models.loading import check_source
+    from dsbd_jax.loading.load import check_source
     for k in ("target", "draft"):
         check_source(r[k], f"{path}: {k}")
     fields = {f.name for f in dataclasses.fields(DistillConfig)}
@@ -105,7 +105,7 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     """Load the models, encode the prompts, run :func:`distill` (resuming if it can)."""
     import jax.numpy as jnp
 
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     r = load_recipe(path)
     dtype = jnp.dtype(r["dtype"])
     target = load_model(r["target"], dtype, progress=progress)

@@ -1,6 +1,6 @@
 """Every decoder is exact for a bfloat16 model: the reference is the bfloat16 model itself.
 
-A bfloat16 model (:mod:`dsbd_jax.models.host`) stores its weights and KV cache in 16 bits and
+A bfloat16 model (:mod:`dsbd_jax.host.plan`) stores its weights and KV cache in 16 bits and
 runs its products in mixed precision (float32 accumulation); its logits are float32, and
 warping, scores and verification run in float32 as for a float32 model. The model the user
 loaded is the bfloat16 one, so the distribution each decoder must reproduce is the one of that
@@ -10,7 +10,7 @@ the outcomes with the enumerated distribution by Pearson's chi-square (expected 
 pooled), pass at p > 1e-3 (a correct decoder fails a case 0.1% of the time).
 
 The pairs: a bfloat16 target with a bfloat16 draft in the CPU's fast form (every projection and
-the head stored as ``[out, in]`` rows, :func:`dsbd_jax.models.kernels.transpose_head`), a
+the head stored as ``[out, in]`` rows, :func:`dsbd_jax.models.kinds.transpose_head`), a
 bfloat16 draft with a float32 target, and a truncated bfloat16 draft head (its ``[N, d]`` rows).
 
 Power, measured once by breaking the rule on purpose (the speculative case with the residual
@@ -35,7 +35,7 @@ from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
-from dsbd_jax.models import kernels
+from dsbd_jax.models import kinds
 from dsbd_jax.models.vocab import truncate_head
 
 V = 6
@@ -48,7 +48,7 @@ WARP = dict(temperature=1.2, top_k=5)
 
 def _rows_form(params):
     """Projections and head as ``[out, in]`` rows (what a 16-bit load on the CPU stores)."""
-    return kernels.transpose_head(kernels.transpose_params(params, _widths(params)))
+    return kinds.transpose_head(kinds.transpose_params(params, _widths(params)))
 
 
 def _widths(params):
@@ -178,7 +178,7 @@ def test_truncated_bfloat16_draft_is_exact(pair, lp):
     _, dp = ref.toy_model(V, seed=7, dtype="bfloat16", eos_token_id=None)
     top = int(np.argmax(lp(PROMPT)))
     rows = [t for t in range(V) if t != top]
-    draft = kernels.transpose_head(truncate_head(dp, dc, rows, prompt_rows=True))
+    draft = kinds.transpose_head(truncate_head(dp, dc, rows, prompt_rows=True))
     assert draft["vocab_head"]["kernel"].value.shape == (len(rows), dc.hidden_size)
     out = spec.speculative_sample({"target": tp, "draft": draft}, _ids(), jax.random.key(7),
                                   _decode(tc, dc, gamma=2))

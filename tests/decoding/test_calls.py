@@ -10,8 +10,8 @@ import pytest
 from dsbd_jax import (DSBDConfig, beam_sample, beam_search, dsbd_generate, sample,
                       speculative_sample, tree_speculative_sample)
 from dsbd_jax.decoding import calls, common, configs, methods
-from dsbd_jax.models import cpu_options as co
-from dsbd_jax.models import host
+from dsbd_jax.host import cpu_options as co
+from dsbd_jax.host import plan as host
 
 
 def _setup(bench_pair, name):

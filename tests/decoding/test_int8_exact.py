@@ -32,7 +32,8 @@ from dsbd_jax.decoding.configs import (BeamSampleConfig, SampleConfig, Speculati
 from dsbd_jax.decoding.dsbd import dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
-from dsbd_jax.models import kernels, weights
+from dsbd_jax.models import weights
+from dsbd_jax.models import kinds
 from dsbd_jax.models.vocab import truncate_head
 
 V, PROMPT, N, ROWS, P_MIN, WARP = tb.V, tb.PROMPT, tb.N, tb.ROWS, tb.P_MIN, tb.WARP
@@ -44,7 +45,7 @@ def pair():
     """``(target config, float32 target params, int8 draft config, int8 draft params)``."""
     tc, tp = ref.toy_model(V, seed=0, eos_token_id=None)
     dc, dp = ref.toy_model(V, seed=7, eos_token_id=None)
-    dp, dc = kernels.int8_params(dp, dc)
+    dp, dc = kinds.int8_params(dp, dc)
     assert isinstance(dp["layers_0"]["mlp"]["up_proj"]["kernel"], weights.Int8)
     assert isinstance(dp["lm_head"]["kernel"], weights.Int8)
     return tc, tp, dc, dp
@@ -104,7 +105,7 @@ def test_a_truncated_int8_draft_is_exact(pair, lp):
     dc, dp = ref.toy_model(V, seed=7, eos_token_id=None)
     top = int(np.argmax(lp(PROMPT)))
     rows = [t for t in range(V) if t != top and t not in PROMPT]
-    draft, dc = kernels.int8_params(truncate_head(dp, dc, rows, prompt_rows=True), dc)
+    draft, dc = kinds.int8_params(truncate_head(dp, dc, rows, prompt_rows=True), dc)
     assert isinstance(draft["vocab_head"]["kernel"], weights.Int8)
     out = spec.speculative_sample({"target": tp, "draft": draft}, _ids(), jax.random.key(7),
                                   SpeculativeConfig(target=tc, draft=dc, gamma=2,
@@ -117,9 +118,9 @@ def test_a_truncated_int8_draft_is_exact(pair, lp):
 def int8_target():
     """An int8 target, its own log-prob function, and an int8 draft for it."""
     tc, tp = ref.toy_model(V, seed=0, eos_token_id=None)
-    tq, tqc = kernels.int8_params(tp, tc)
+    tq, tqc = kinds.int8_params(tp, tc)
     dc, dp = ref.toy_model(V, seed=7, eos_token_id=None)
-    dq, dqc = kernels.int8_params(dp, dc)
+    dq, dqc = kinds.int8_params(dp, dc)
     lp_q = ref.make_lp_fn(tqc, tq)
     # another model than the float one: its distributions differ (by little)
     assert 0 < np.abs(np.exp(lp_q(PROMPT)) - np.exp(ref.make_lp_fn(tc, tp)(PROMPT))).max() < 0.1

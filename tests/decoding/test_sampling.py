@@ -22,7 +22,7 @@ from exact_reference import chi_square_test, exact_sample_dist, hf_tiny_llama
 
 from dsbd_jax.decoding import common
 from dsbd_jax.decoding.common import DecodeConfig
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 from dsbd_jax.decoding.sampling import sample
 
 ROWS = 20000
@@ -30,7 +30,7 @@ P_MIN = 1e-3
 
 
 def load_peer(tmp_path):
-    """A tiny random HF Llama saved to disk and loaded with ``dsbd_jax.models.loading.load_model``."""
+    """A tiny random HF Llama saved to disk and loaded with ``dsbd_jax.loading.load.load_model``."""
     model = hf_tiny_llama(tmp_path, seed=0)
     loaded = load_model(tmp_path, tokenizer=False, progress=False)
     return model, loaded.config, loaded.params

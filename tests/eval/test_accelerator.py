@@ -19,7 +19,7 @@ def load_script():
 @pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run_writes_every_section(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     cpu_options.choice.cache_clear()
     bench = load_script()
     out = tmp_path / "acc.json"

@@ -1,4 +1,4 @@
-"""``benchmarks/attention_form.py --small``: the attention's former and current forms on a tiny
+"""``benchmarks/probes/attention_form.py --small``: the attention's former and current forms on a tiny
 bfloat16 pair, every decoder, in one process; both give full outputs, the former form is really
 the one its programs ran (they differ), and the patch is gone afterwards."""
 

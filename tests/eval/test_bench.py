@@ -71,7 +71,7 @@ def test_shipped_configs_load():
         assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
     head = load_config("configs/quick_cpu.yaml", models="models/qwen_head.yaml")
     assert head["draft"] == "head_qwen"        # a trained head's name (dsbd train-head)
-    from dsbd_jax.models.hub import is_hub_id
+    from dsbd_jax.loading.hub import is_hub_id
     for f in ("qwen3_8b_0.6b", "gemma3_1b_270m"):  # by hub id
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert is_hub_id(cfg["target"]) and is_hub_id(cfg["draft"])
@@ -161,9 +161,10 @@ def test_bench_drafts_with_a_draft_head(tmp_path, pair, gsm_file):
     reads its config before loading, loads it beside the target, and every drafted method runs
     with it; its KV cache is one layer."""
     from dsbd_jax.models import head as mhead
+    from dsbd_jax.loading import heads
     _, _, T, _ = pair
     hc = mhead.HeadConfig(T.config, intermediate_size=32)
-    head_dir = mhead.save(tmp_path / "head", hc,
+    head_dir = heads.save(tmp_path / "head", hc,
                           mhead.init_params(hc, jax.random.PRNGKey(0), target_params=T.params))
     methods = [{"method": "spec", "gamma": 2},
                {"method": "dsbd", "gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1}]
@@ -342,7 +343,9 @@ def test_cli_errors_are_one_line(capsys, argv, match):
 @pytest.fixture
 def no_weights(monkeypatch):
     """Loading any weights fails the test: settings must be refused before the slow load."""
-    from dsbd_jax.models import gguf, hf, loading
+    from dsbd_jax.loading import gguf
+    from dsbd_jax.loading import hf
+    from dsbd_jax.loading import load as loading
 
     def refuse(*a, **k):
         raise AssertionError("weights were loaded before the settings were checked")
@@ -393,7 +396,7 @@ def test_cli_bench_bad_setting_fails_before_loading(capsys, tmp_path, pair, gsm_
 
 def test_cli_missing_weight_packages_is_one_line(capsys, monkeypatch, no_weights, tmp_path):
     """A preset whose packages are not installed: one line with the pip command, no traceback."""
-    from dsbd_jax.models import presets
+    from dsbd_jax.loading import presets
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
     monkeypatch.setitem(presets.PRESETS, "not-installed", presets.Preset(
         "not-installed", "", (("dsbd-no-such-part1", "1.0"),), ".bin", 1, "0" * 64))
@@ -435,7 +438,7 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
     from dsbd_jax.decoding import methods
     from dsbd_jax.models import llama as M
     from dsbd_jax.eval import profile
-    from dsbd_jax.models.loading import LoadedModel
+    from dsbd_jax.loading.load import LoadedModel
     t = pair[2]
     # a draft of another shape: the profiler tells the models apart by layers and width
     dcfg = t.config.replace(num_layers=1, hidden_size=32, intermediate_size=48)

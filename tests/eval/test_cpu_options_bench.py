@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench_setup import load_bench
-from dsbd_jax.models import cpu_options
+from dsbd_jax.host import cpu_options
 
 
 @pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)

@@ -11,7 +11,7 @@ from bench_setup import load_bench
 @pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_acceptance_only(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     cpu_options.choice.cache_clear()
     out = tmp_path / "levers.json"
     load_bench("draft_levers").main(["--small", "--acceptance-only", "--prompt-rows",
@@ -34,7 +34,7 @@ def test_small_passes_only(tmp_path, monkeypatch):
     """``--passes-only``: every draft gets a draft-pass time at batch 1 and ``--batch``, the base
     is 1.0x itself, prompt-rows drafts are timed too, and nothing else is measured."""
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     cpu_options.choice.cache_clear()
     out = tmp_path / "passes.json"
     load_bench("draft_levers").main(["--small", "--passes-only", "--prompt-rows", "--batch", "2",

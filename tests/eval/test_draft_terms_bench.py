@@ -28,7 +28,7 @@ def test_decode_split_and_what_if_by_hand():
 
 def test_small_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     cpu_options.choice.cache_clear()
     bench = load_bench("draft_terms")
     out = tmp_path / "terms.json"

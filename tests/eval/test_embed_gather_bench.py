@@ -1,4 +1,4 @@
-"""``benchmarks/embed_gather.py --small``: the lookups of a bfloat16 pair side by side, each in
+"""``benchmarks/probes/embed_gather.py --small``: the lookups of a bfloat16 pair side by side, each in
 its own process; the plain lookup's programs convert the whole table, the bits without the
 barrier copy it out of the loop, the decoders' do neither."""
 

@@ -1,6 +1,6 @@
 """Three benchmarks in their ``--small`` modes, each of which checks that its forms compute the
-same product: benchmarks/tied_head.py (the orders and forms of a tied head, and whole tied and
-untied draft passes) and benchmarks/split_products.py (split kernels) land in their JSON with
+same product: benchmarks/probes/tied_head.py (the orders and forms of a tied head, and whole tied and
+untied draft passes) and benchmarks/probes/split_products.py (split kernels) land in their JSON with
 their timings; benchmarks/jax_versions.py's items from an accelerator.py result."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""benchmarks/matmul.py in its ``--small`` mode: every kernel variant (``[in, out]``,
+"""benchmarks/probes/matmul.py in its ``--small`` mode: every kernel variant (``[in, out]``,
 ``[out, in]``, blocked ``[out / n, in, n]``) computes the same products as torch (the script
 checks it) and lands in the JSON with its timings."""
 

@@ -35,7 +35,7 @@ def _kernel_paths(tree, path=()):
 @pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     from dsbd_jax.models.config import ModelConfig
     cpu_options.choice.cache_clear()
     bench = load_bench("pass_floor")
@@ -150,7 +150,7 @@ def test_small_int8_run(tmp_path, monkeypatch):
     """``--forms int8``: every projection and the head (a tied one untied) as int8 codes, the
     pass run with the untied config."""
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")
-    from dsbd_jax.models import cpu_options
+    from dsbd_jax.host import cpu_options
     cpu_options.choice.cache_clear()
     bench = load_bench("pass_floor")
     out = tmp_path / "floor.json"

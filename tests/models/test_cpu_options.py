@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from dsbd_jax.decoding import methods
-from dsbd_jax.models import cpu_options as co
-from dsbd_jax.models import kernels, llama
+from dsbd_jax.host import cpu_options as co
+from dsbd_jax.models import llama
+from dsbd_jax.models import kinds
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.weights import has_row_head, kernel_dtype
 
@@ -132,11 +133,12 @@ def test_forward_same_under_every_candidate():
     """Few-row products at a width where XLA:CPU uses Eigen's thread pool or YNNPACK."""
     cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=1024, num_layers=2,
                       num_heads=4, num_kv_heads=2, head_dim=64, max_position_embeddings=256)
+    logits_jit = co.tuned_jit(llama._logits_fn, static_argnums=0)
     for layout in ("stacked", "per_layer"):
         params = llama.init_params(cfg, jax.random.PRNGKey(0), layout)
         tokens = jax.random.randint(jax.random.PRNGKey(1), (16, 1), 0, cfg.vocab_size)
         for M in (1, 4, 12, 16):
-            outs = {n: np.asarray(_with_options(llama._logits, o)(cfg, params, tokens[:M]))
+            outs = {n: np.asarray(_with_options(logits_jit, o)(cfg, params, tokens[:M]))
                     for n, o in co.candidates().items()}
             for n, other in outs.items():
                 _same(n, outs["default"], other)
@@ -214,9 +216,9 @@ def test_row_heads_and_sixteen_bit_kernels_never_run_on_eigen(fresh, monkeypatch
     assert not has_row_head(untied) and not has_row_head((untied, jnp.ones(3)))
     assert has_row_head(truncate_head(tied, small.replace(tie_word_embeddings=True), rows))
     assert not has_row_head(truncate_head(untied, small, rows))
-    assert has_row_head(kernels.transpose_head(untied))
+    assert has_row_head(kinds.transpose_head(untied))
     assert co.options_of(tied) == "default" and co.options_of(untied) == "eigen_dot"
-    from dsbd_jax.models import host
+    from dsbd_jax.host import plan as host
     assert host.plan(small.replace(tie_word_embeddings=True), "float32", "plain").options == "default"
     assert host.plan(small, "float32", "plain").options == "eigen_dot"
     assert host.plan(small, "bfloat16", "plain").options == "default"

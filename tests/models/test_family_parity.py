@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from dsbd_jax.decoding import common
 from dsbd_jax.models.llama import forward, logits as jax_logits
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 
 V = 128
 TOL = 1e-4
@@ -208,7 +208,7 @@ def test_forest_pass_with_shifted_slots(case, torch):
 
 
 def test_unsupported_options_fail_in_one_line():
-    from dsbd_jax.models.hf import config_from_hf
+    from dsbd_jax.loading.hf import config_from_hf
 
     base = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2)

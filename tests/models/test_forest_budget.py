@@ -5,7 +5,10 @@ import json
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.models import cpu_options, forest_budget as fb, kernels
+from dsbd_jax.host import forms
+from dsbd_jax.host import cpu_options
+from dsbd_jax.host import forest_budget as fb
+from dsbd_jax.models import kinds
 
 
 def test_the_budget_grows_while_the_forest_is_free():
@@ -34,7 +37,7 @@ def test_measured_once_cached_and_keyed_by_the_flags(monkeypatch, tmp_path):
     written with its figures, read back on the next call; the same entry never answers for a
     host whose CPU flags differ, nor for the other dtype."""
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
-    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
     monkeypatch.setattr(fb, "NODES", (12, 16))
     fb._budget.cache_clear()
     calls = []
@@ -89,12 +92,12 @@ def test_cli_node_budget_option(tmp_path):
 
 
 def test_an_int8_probe_runs_int8_kernels(monkeypatch):
-    from dsbd_jax.models import pass_probe
+    from dsbd_jax.host import pass_probe
     seen = []
     real = pass_probe.pass_call
 
     def recorded(cfg, params, T, slots):
-        seen.append(kernels.is_int8(params))
+        seen.append(kinds.is_int8(params))
         return real(cfg, params, T, slots)
     monkeypatch.setattr(pass_probe, "pass_call", recorded)
     config, _ = ref.toy_model(vocab=64)

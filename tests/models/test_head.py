@@ -105,13 +105,14 @@ def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
     """A block copied from a target in the transposed kernel form (what ``load_model`` gives on
     hosts that pick it) keeps that form: it passes the check, gives the plain block's logits,
     and is saved in the plain form, so that the file loads anywhere."""
-    from dsbd_jax.models import kernels
+    from dsbd_jax.models import kinds
+    from dsbd_jax.host import forms
     tp = _target()
-    tpt = kernels.transpose_params(tp, kernels.transposed_widths(CFG))
+    tpt = kinds.transpose_params(tp, kinds.transposed_widths(CFG))
     hc = mh.HeadConfig(CFG)
     plain = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
     trans = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tpt)
-    assert isinstance(trans["layers_0"]["mlp"]["up_proj"]["kernel"], kernels.RowBlocks)
+    assert isinstance(trans["layers_0"]["mlp"]["up_proj"]["kernel"], kinds.RowBlocks)
     mh.check_params(hc, trans)
     _same_logits(hc, (plain, tp), (trans, tpt))
     mh.save(tmp_path / "h", hc, trans)
@@ -128,24 +129,25 @@ def test_a_head_bound_to_its_target_loads_in_the_hosts_kernel_form(tmp_path, mon
     a model of its shape on this host (forced here through ``$DSBD_JAX_KERNEL_FORM``): transposed
     row blocks, the same logits as the plain block, saved plain again; unbound, or where the
     host's form is plain, the kernels stay plain."""
-    from dsbd_jax.models import kernels
+    from dsbd_jax.models import kinds
+    from dsbd_jax.host import forms
     tp = _target()
     hc = mh.HeadConfig(CFG)
     hp = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
     mh.save(tmp_path / "h", hc, hp)
-    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
+    monkeypatch.setenv(forms.FORM_ENV, "transposed")
     _, trans, _ = mh.load(tmp_path / "h", CFG)
     _, unbound, _ = mh.load(tmp_path / "h")
-    monkeypatch.setenv(kernels.FORM_ENV, "plain")
+    monkeypatch.setenv(forms.FORM_ENV, "plain")
     _, plain, _ = mh.load(tmp_path / "h", CFG)
     layer = trans["layers_0"]
     for blk, names in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
                        ("mlp", ("gate_proj", "up_proj", "down_proj"))):
         for n in names:
-            assert isinstance(layer[blk][n]["kernel"], kernels.RowBlocks), n
-            assert not kernels.weights.is_kernel(plain["layers_0"][blk][n]["kernel"])
-            assert not kernels.weights.is_kernel(unbound["layers_0"][blk][n]["kernel"])
-    assert not kernels.weights.is_kernel(trans["fc"]["kernel"])  # not a projection of the block
+            assert isinstance(layer[blk][n]["kernel"], kinds.RowBlocks), n
+            assert not kinds.weights.is_kernel(plain["layers_0"][blk][n]["kernel"])
+            assert not kinds.weights.is_kernel(unbound["layers_0"][blk][n]["kernel"])
+    assert not kinds.weights.is_kernel(trans["fc"]["kernel"])  # not a projection of the block
     _same_logits(hc, (plain, tp), (trans, tp))
     mh.save(tmp_path / "again", hc, trans)
     _, back, _ = mh.load(tmp_path / "again", CFG)   # $DSBD_JAX_KERNEL_FORM is plain here

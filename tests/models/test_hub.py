@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from dsbd_jax.models.hub import is_hub_id, split_revision
+from dsbd_jax.loading.hub import is_hub_id, split_revision
 
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys
 from dsbd_jax import load_model
-from dsbd_jax.models.loading import read_config
+from dsbd_jax.loading.load import read_config
 out = {}
 m = load_model("tiny-org/tiny-llama", progress=False)
 out["main"] = [m.config.hidden_size, m.tokenizer is not None]

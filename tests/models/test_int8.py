@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.models import cpu_options, kernels, products, vocab, weights
+from dsbd_jax.models import products, vocab, weights
+from dsbd_jax.host import cpu_options
+from dsbd_jax.models import kinds
 from dsbd_jax.models.llama import convert_layout, logits
 from dsbd_jax.models.param_check import check_params
 
@@ -116,16 +118,16 @@ def test_take_outputs_keeps_the_kind():
 @pytest.mark.parametrize("tied", [False, True])
 def test_int8_params_quantise_every_projection_and_the_head(tied):
     config, params = ref.toy_model(11, seed=0, layers=2, tie_word_embeddings=tied)
-    q, qc = kernels.int8_params(params, config)
+    q, qc = kinds.int8_params(params, config)
     assert qc.tie_word_embeddings is False
     assert "lm_head" in q and isinstance(q["lm_head"]["kernel"], weights.Int8)
     assert isinstance(params.get("lm_head", {}).get("kernel", jnp.zeros(())), jax.Array)  # input kept
-    kinds = {type(leaf).__name__ for leaf in weights.leaves(q)}
-    assert kinds == {"Int8", "ArrayImpl"}
+    leaf_kinds = {type(leaf).__name__ for leaf in weights.leaves(q)}
+    assert leaf_kinds == {"Int8", "ArrayImpl"}
     for path, leaf in weights.leaves_with_path(q):
         name = jax.tree_util.keystr(path)
         assert isinstance(leaf, weights.Int8) == name.endswith("['kernel']"), name
-    assert kernels.is_int8(q) and not kernels.is_int8(params)
+    assert kinds.is_int8(q) and not kinds.is_int8(params)
     check_params("draft", qc, q)
     ids = jnp.asarray([[1, 2, 3, 4, 5]])
     assert _rel(logits(qc, q, ids), logits(config, params, ids)) < 0.05
@@ -134,7 +136,7 @@ def test_int8_params_quantise_every_projection_and_the_head(tied):
     assert cpu_options.options_name("plain", "int8") in cpu_options.candidates()
     assert cpu_options.options_name("plain", "int8") not in cpu_options.EIGEN_PRODUCTS
     # the stacked layout too
-    s, sc = kernels.int8_params(convert_layout(params, "stacked"), config)
+    s, sc = kinds.int8_params(convert_layout(params, "stacked"), config)
     assert weights.shape_of(s["layers"]["mlp"]["up_proj"]["kernel"])[0] == 2
     np.testing.assert_allclose(np.asarray(logits(sc, s, ids)), np.asarray(logits(qc, q, ids)),
                                rtol=1e-5, atol=1e-5)
@@ -144,9 +146,9 @@ def test_a_truncated_int8_head_with_prompt_rows():
     """Prompt rows of an int8 head get the codes a quantisation of the whole head gives them:
     the logits of those rows equal the full int8 head's."""
     config, params = ref.toy_model(12, seed=1)
-    full, fc = kernels.int8_params(params, config)
+    full, fc = kinds.int8_params(params, config)
     trunc = vocab.truncate_head(params, config, [0, 3, 5], prompt_rows=True)
-    tq, tc = kernels.int8_params(trunc, config)
+    tq, tc = kinds.int8_params(trunc, config)
     assert isinstance(tq["vocab_head"]["kernel"], weights.Int8)
     check_params("draft", tc, tq)
     prompt = jnp.asarray([[7, 9, 7]])
@@ -159,6 +161,6 @@ def test_a_truncated_int8_head_with_prompt_rows():
 
 
 def test_weights_kind_is_checked():
-    assert kernels.check_weights("int8") == "int8"
+    assert kinds.check_weights("int8") == "int8"
     with pytest.raises(ValueError, match="--draft-weights must be one of"):
-        kernels.check_weights("int4", "--draft-weights")
+        kinds.check_weights("int4", "--draft-weights")

@@ -1,6 +1,6 @@
 """Compiler options that follow the kernels' form, and the per-host choice of form:
 ``cpu_options.choice(form)`` is measured per form, ``tuned_jit`` compiles a call whose
-arguments hold transposed kernels under the transposed form's options, ``kernels.choose_form``
+arguments hold transposed kernels under the transposed form's options, ``forms.choose_form``
 picks plain or transposed kernels per host and shape (forced, cached, measured), and
 ``load_model(kernel_blocks="measured")`` applies it. Run with ``PYTHONPATH=tests``."""
 
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.models import cpu_options as co
-from dsbd_jax.models import kernels
+from dsbd_jax.host import cpu_options as co
+from dsbd_jax.models import kinds
+from dsbd_jax.host import forms
 from dsbd_jax.models import llama
 from dsbd_jax.models.weights import (RowBlocks, Rows, form_of, has_row_head, kernel_dtype,
                                      program_kind)
@@ -26,9 +27,9 @@ from dsbd_jax.models.weights import (RowBlocks, Rows, form_of, has_row_head, ker
 def fresh(monkeypatch, tmp_path):
     """Own cache dir, nothing forced, every per-process choice forgotten."""
     monkeypatch.setenv("DSBD_JAX_CACHE", str(tmp_path))
-    for env in (co.ENV, kernels.FORM_ENV):
+    for env in (co.ENV, forms.FORM_ENV):
         monkeypatch.delenv(env, raising=False)
-    choice, choose = co.choice, kernels._choose_form  # (a test may replace co.choice)
+    choice, choose = co.choice, forms._choose_form  # (a test may replace co.choice)
     choice.cache_clear()
     choose.cache_clear()
     yield tmp_path
@@ -39,7 +40,7 @@ def fresh(monkeypatch, tmp_path):
 def test_form_of_finds_a_transposed_kernel_anywhere():
     config, params = ref.kernel_model()
     assert form_of(params) == "plain"
-    t = kernels.transpose_params(params, {"down_proj": 8})
+    t = kinds.transpose_params(params, {"down_proj": 8})
     assert form_of(t) == "transposed"
     # among a call's arguments: nested in dicts, tuples, lists
     assert form_of(((jnp.ones(2),), {"pair": [{"x": 1}, {"target": t}]})) == "transposed"
@@ -113,7 +114,7 @@ def test_tuned_jit_compiles_each_form_under_its_own_options(fresh, monkeypatch):
     choices = {"plain": "eigen_dot", "transposed": "default"}
     monkeypatch.setattr(co, "choice", lambda form="plain": choices[form])
     config, params = ref.kernel_model()
-    tparams = kernels.transpose_params(params, kernels.transposed_widths(config))
+    tparams = kinds.transpose_params(params, kinds.transposed_widths(config))
     traces = []
 
     def logits(p, tokens):
@@ -140,93 +141,93 @@ def test_tuned_jit_compiles_each_form_under_its_own_options(fresh, monkeypatch):
 
 def test_pick_form_rule():
     base = {1: 1.0, 4: 2.0, 16: 4.0}
-    assert kernels.pick_form({"plain": base, "transposed": {1: 0.8, 4: 1.5, 16: 2.6}}) == \
+    assert forms.pick_form({"plain": base, "transposed": {1: 0.8, 4: 1.5, 16: 2.6}}) == \
         "transposed"
     # faster in total, but slower at one M: plain stays
-    assert kernels.pick_form({"plain": base, "transposed": {1: 1.2, 4: 1.0, 16: 2.0}}) == "plain"
+    assert forms.pick_form({"plain": base, "transposed": {1: 1.2, 4: 1.0, 16: 2.0}}) == "plain"
     # not GAIN faster in total
-    assert kernels.pick_form({"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}) == "plain"
+    assert forms.pick_form({"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}) == "plain"
     # from the transposed prior the same rule runs the other way: two forms within the margins
     # keep whichever is the prior, so a measurement that wobbles between runs cannot flip it
     close = {"plain": base, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}}
-    assert kernels.pick_form(close, prior="transposed") == "transposed"
-    assert kernels.pick_form({"plain": {1: 0.8, 4: 1.5, 16: 2.6}, "transposed": base},
+    assert forms.pick_form(close, prior="transposed") == "transposed"
+    assert forms.pick_form({"plain": {1: 0.8, 4: 1.5, 16: 2.6}, "transposed": base},
                              prior="transposed") == "plain"
-    assert kernels.pick_form({"plain": {1: 1.2, 4: 1.0, 16: 2.0}, "transposed": base},
+    assert forms.pick_form({"plain": {1: 1.2, 4: 1.0, 16: 2.0}, "transposed": base},
                              prior="transposed") == "transposed"
 
 
 def test_prior_form_is_transposed_for_16_bit_kernels():
-    assert kernels.prior_form("bfloat16") == kernels.prior_form(jnp.float16) == "transposed"
-    assert kernels.prior_form("float32") == "plain"
+    assert forms.prior_form("bfloat16") == forms.prior_form(jnp.float16) == "transposed"
+    assert forms.prior_form("float32") == "plain"
     # the prior is part of the cached entry: a choice made under another rule is not reused
-    assert kernels.form_key(16, 32, "bfloat16").endswith("| prior transposed")
-    assert kernels.form_key(16, 32, "float32").endswith("| prior plain")
+    assert forms.form_key(16, 32, "bfloat16").endswith("| prior transposed")
+    assert forms.form_key(16, 32, "float32").endswith("| prior plain")
 
 
 def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
     config, _ = ref.kernel_model()
-    assert kernels.choose_form(config) == "plain"  # tiny shapes: never measured, never transposed
-    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
-    assert kernels.choose_form(config) == "transposed"
-    monkeypatch.setenv(kernels.FORM_ENV, "diagonal")
+    assert forms.choose_form(config) == "plain"  # tiny shapes: never measured, never transposed
+    monkeypatch.setenv(forms.FORM_ENV, "transposed")
+    assert forms.choose_form(config) == "transposed"
+    monkeypatch.setenv(forms.FORM_ENV, "diagonal")
     with pytest.raises(ValueError, match="DSBD_JAX_KERNEL_FORM must be"):
-        kernels.choose_form(config)
-    monkeypatch.delenv(kernels.FORM_ENV)
+        forms.choose_form(config)
+    monkeypatch.delenv(forms.FORM_ENV)
     # a shape above MIN_ELEMENTS is measured once, then read from the cache
-    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
-    kernels._choose_form.cache_clear()  # (the tiny shape's "plain" above is remembered)
+    monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
+    forms._choose_form.cache_clear()  # (the tiny shape's "plain" above is remembered)
     monkeypatch.setattr(co, "choice", lambda form="plain": "default")
     calls = []
 
     def fake_measure(din, dout, dtype):
         calls.append((din, dout, dtype))
         return {"plain": {1: 2.0, 4: 3.0, 16: 5.0}, "transposed": {1: 1.0, 4: 2.0, 16: 3.0}}
-    monkeypatch.setattr(kernels, "measure_forms", fake_measure)
-    assert kernels.choose_form(config) == "transposed"
+    monkeypatch.setattr(forms, "measure_forms", fake_measure)
+    assert forms.choose_form(config) == "transposed"
     assert calls == [(16, 32, "float32")]
     cached = co.host_entries()
-    assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "transposed"
-    kernels._choose_form.cache_clear()
-    assert kernels.choose_form(config) == "transposed" and len(calls) == 1
+    assert cached[forms.form_key(16, 32, "float32")]["choice"] == "transposed"
+    forms._choose_form.cache_clear()
+    assert forms.choose_form(config) == "transposed" and len(calls) == 1
 
 
 def test_choose_form_starts_from_the_dtypes_prior(fresh, monkeypatch):
     """Measured forms within the margins: a float32 model keeps plain kernels, a bfloat16 one
     transposed kernels, each cached under its own entry."""
     config, _ = ref.kernel_model()
-    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
-    kernels._choose_form.cache_clear()
+    monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
+    forms._choose_form.cache_clear()
     monkeypatch.setattr(co, "choice", lambda form="plain": "default")
-    monkeypatch.setattr(kernels, "measure_forms", lambda din, dout, dtype: {
+    monkeypatch.setattr(forms, "measure_forms", lambda din, dout, dtype: {
         "plain": {1: 1.0, 4: 2.0, 16: 4.0}, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}})
     try:
-        assert kernels.choose_form(config, "float32") == "plain"
-        assert kernels.choose_form(config, "bfloat16") == "transposed"
+        assert forms.choose_form(config, "float32") == "plain"
+        assert forms.choose_form(config, "bfloat16") == "transposed"
         cached = co.host_entries()
-        assert cached[kernels.form_key(16, 32, "bfloat16")]["choice"] == "transposed"
-        assert cached[kernels.form_key(16, 32, "float32")]["choice"] == "plain"
+        assert cached[forms.form_key(16, 32, "bfloat16")]["choice"] == "transposed"
+        assert cached[forms.form_key(16, 32, "float32")]["choice"] == "plain"
     finally:
-        kernels._choose_form.cache_clear()
+        forms._choose_form.cache_clear()
 
 
 def test_measure_forms_runs_both_products():
-    times = kernels.measure_forms(32, 64, rows=(1, 3), layers=2, repeats=1)
+    times = forms.measure_forms(32, 64, rows=(1, 3), layers=2, repeats=1)
     assert set(times) == {"plain", "transposed"}
     assert all(set(t) == {1, 3} and all(0 < v < 10 for v in t.values()) for t in times.values())
 
 
 def test_load_model_measured(bench_pair, fresh, monkeypatch):
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     t = str(bench_pair[0])
     plain = load_model(t, progress=False, kernel_blocks="measured")  # tiny: plain
     assert plain.info["kernel_transposed"] == {} and form_of(plain.params) == "plain"
-    monkeypatch.setenv(kernels.FORM_ENV, "transposed")
+    monkeypatch.setenv(forms.FORM_ENV, "transposed")
     tr = load_model(t, progress=False, kernel_blocks="measured")
-    assert tr.info["kernel_transposed"] == kernels.transposed_widths(tr.config)
+    assert tr.info["kernel_transposed"] == kinds.transposed_widths(tr.config)
     assert form_of(tr.params) == "transposed"
     np.testing.assert_array_equal(
-        np.asarray(kernels.unblock_params(tr.params)["layers_0"]["mlp"]["up_proj"]["kernel"]),
+        np.asarray(kinds.unblock_params(tr.params)["layers_0"]["mlp"]["up_proj"]["kernel"]),
         np.asarray(plain.params["layers_0"]["mlp"]["up_proj"]["kernel"]))
 
 
@@ -234,8 +235,8 @@ def test_load_model_applies_one_plan_passed_as_a_value(bench_pair, fresh):
     """``load_model`` works out one :class:`HostPlan` (the dtype and the form) and records it;
     a plan passed in is applied as it is, with nothing measured; a call that contradicts it
     fails before loading."""
-    from dsbd_jax.models import host
-    from dsbd_jax.models.loading import load_model, read_config
+    from dsbd_jax.host import plan as host
+    from dsbd_jax.loading.load import load_model, read_config
     from dsbd_jax.models.weights import Rows
     t = str(bench_pair[0])
     default = load_model(t, progress=False)
@@ -245,7 +246,7 @@ def test_load_model_applies_one_plan_passed_as_a_value(bench_pair, fresh):
     m = load_model(t, progress=False, plan=given)
     assert m.info["plan"] == dataclasses.asdict(given)
     assert (m.info["dtype"], m.info["dtype_why"]) == ("bfloat16", "given by the test")
-    assert m.info["kernel_transposed"] == kernels.transposed_widths(m.config)
+    assert m.info["kernel_transposed"] == kinds.transposed_widths(m.config)
     assert program_kind(m.params)[:2] == ("transposed", "bfloat16")
     assert isinstance(m.params["lm_head"]["kernel"], Rows) == m.info["head_transposed"] is True
     with pytest.raises(ValueError, match="contradicts the plan's bfloat16"):

@@ -1,4 +1,4 @@
-"""Kernel forms (dsbd_jax.models.kernels): a plain kernel is Flax's ``Dense`` bit for bit, and
+"""Kernel forms (dsbd_jax.models.kinds): a plain kernel is Flax's ``Dense`` bit for bit, and
 the removed blocked kernels: ``load_model``'s former values load plain kernels with a
 deprecation warning, the product rule and its kind are gone. Run with ``PYTHONPATH=tests``."""
 
@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsbd_jax.models import kernels, weights
+from dsbd_jax.host import forms
+from dsbd_jax.models import weights
+from dsbd_jax.models import kinds
 from dsbd_jax.models.llama import Dense
 
 
@@ -33,10 +35,10 @@ def test_blocked_kernels_are_gone():
     """No blocked kind, product or conversion is left for a caller to reach by mistake."""
     for name in ("block_params", "blocks_of", "choose_blocks", "uniform_blocks", "block",
                  "unblock", "HALVES"):
-        assert not hasattr(kernels, name), name
+        assert not hasattr(kinds, name) and not hasattr(forms, name), name
     with pytest.raises(KeyError, match="unknown kernel kind"):
         weights.kind("ColBlocks")
-    assert kernels.unblock_params({"a": jnp.ones(2)})["a"].shape == (2,)
+    assert kinds.unblock_params({"a": jnp.ones(2)})["a"].shape == (2,)
 
 
 def test_load_model_removed_block_values(bench_pair, monkeypatch):

@@ -22,11 +22,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.models import gguf as gguf_loader
-from dsbd_jax.models import hf, kernels, loading, weights
-from dsbd_jax.models import presets
-from dsbd_jax.models.gguf import permute_rows, unpermute_rows
-from dsbd_jax.models.loading import config_from_hf, list_presets, load_model
+from dsbd_jax.loading import gguf as gguf_loader
+from dsbd_jax.models import weights
+from dsbd_jax.loading import hf
+from dsbd_jax.models import kinds
+from dsbd_jax.loading import load as loading
+from dsbd_jax.loading import presets
+from dsbd_jax.loading.gguf import permute_rows, unpermute_rows
+from dsbd_jax.loading.load import config_from_hf, list_presets, load_model
 
 L, D, FF, H, K, HD, V = 2, 32, 64, 4, 2, 8, 64
 
@@ -252,7 +255,7 @@ def write_gguf(path, tensors, arch, tied=False, tokenizer=False, meta=None, perm
     """GGUF as llama.cpp writes it: ggml names, F32 tensors; llama q/k rows permuted."""
     import gguf
 
-    from dsbd_jax.models.gguf import _HF_TO_GGUF
+    from dsbd_jax.loading.gguf import _HF_TO_GGUF
 
     permute = (arch == "llama") if permute is None else permute
     w = gguf.GGUFWriter(str(path), arch)
@@ -373,7 +376,7 @@ def test_gguf_config_reads_the_header_without_the_vocabulary(tmp_path, monkeypat
     config is the one ``GGUFReader`` gives."""
     import gguf
 
-    from dsbd_jax.models.gguf import GGUFSource, SkippedArray, read_header
+    from dsbd_jax.loading.gguf import GGUFSource, SkippedArray, read_header
     path = write_gguf(tmp_path / "m.gguf", hf_tensors(seed=3, bias=arch == "qwen2"), arch,
                       tokenizer=True, meta={"add_pad_token_id": 0})
     expected = GGUFSource(path).config()
@@ -523,7 +526,7 @@ def test_preset_second_load_reads_the_hosts_form(fake_preset, monkeypatch, dtype
     monkeypatch.setattr(loading, "unstack_layers_", fail)
     monkeypatch.setattr(loading, "transpose_params_", fail)
     monkeypatch.setattr(presets, "load_gguf", fail)
-    from dsbd_jax.models import checkpoint
+    from dsbd_jax.loading import checkpoint
     mapped = []                                  # the memory-mapped cache files it reads
     read = checkpoint.load_host
 
@@ -649,7 +652,7 @@ def test_every_slow_step_of_a_load_names_itself(tmp_path, capfd, monkeypatch):
     20.3 s": the steps after the preset (per-layer split, transposed kernels, head changes) now
     name themselves with their time when they take ``SLOW_STEP_S`` or more (0 here, so that every
     step of a tiny load shows)."""
-    from dsbd_jax.models import loading
+    from dsbd_jax.loading import load as loading
     write_hf(tmp_path / "m", hf_config(), hf_tensors(seed=0))
     monkeypatch.setattr(loading, "SLOW_STEP_S", 0.0)
     load_model(tmp_path / "m", layout="per_layer", kernel_blocks="transposed")
@@ -668,7 +671,7 @@ def test_a_load_hands_freed_memory_back(tmp_path, monkeypatch):
     trim changes no value: the same parameters with and without it."""
     import platform
 
-    from dsbd_jax.models import loading
+    from dsbd_jax.loading import load as loading
     write_hf(tmp_path / "m", hf_config(), hf_tensors(seed=0))
     calls = []
     real = loading.release_freed_memory
@@ -709,7 +712,7 @@ def test_saved_tokenizer_matches_auto_tokenizer_without_torch(tmp_path):
             == auto.apply_chat_template(msgs, add_generation_prompt=True))
     assert fast.all_special_tokens == auto.all_special_tokens
     assert (fast.eos_token_id, fast.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
-    code = ("import sys; from dsbd_jax.models.presets import saved_tokenizer; "
+    code = ("import sys; from dsbd_jax.loading.presets import saved_tokenizer; "
             f"saved_tokenizer({str(tmp_path / 'tok')!r}); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -727,7 +730,7 @@ def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
     assert folders == ["params-v1-host-float32-per_layer-transposed"], folders
     q = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
                    layout="per_layer", weights="int8")
-    assert q.info["weights"] == "int8" and kernels.is_int8(q.params)
+    assert q.info["weights"] == "int8" and kinds.is_int8(q.params)
     again = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
                        layout="per_layer", weights="int8")
     assert again.info["host_form_cache"] == q.info["host_form_cache"]

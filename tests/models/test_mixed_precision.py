@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
+from dsbd_jax.host import forms
 from dsbd_jax.decoding import inputs
-from dsbd_jax.models import cpu_options, host, kernels, products
+from dsbd_jax.models import products
+from dsbd_jax.host import cpu_options
+from dsbd_jax.host import plan as host
+from dsbd_jax.models import kinds
 from dsbd_jax.models import llama as M
 from dsbd_jax.models.weights import Rows
 from dsbd_jax.models.vocab import truncate_head, with_prompt_rows
@@ -70,9 +74,9 @@ def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
     logits and keys to float rounding, for one token, a batch, a forest; the activations and
     logits are float32, the returned keys bfloat16 (the cache's dtype)."""
     config, params = _toy16()
-    widths = {p: n for p, (_, n) in kernels.projection_shapes(config).items()}
-    rows = kernels.transpose_head(kernels.transpose_params(params, widths))
-    assert isinstance(rows["lm_head"]["kernel"], Rows) and kernels.head_transposed(rows)
+    widths = {p: n for p, (_, n) in kinds.projection_shapes(config).items()}
+    rows = kinds.transpose_head(kinds.transpose_params(params, widths))
+    assert isinstance(rows["lm_head"]["kernel"], Rows) and kinds.head_transposed(rows)
     assert rows["lm_head"]["kernel"].value.shape == (12, 16)
     ref.assert_same_forward(config, params, [rows], [(1, 1), (3, 1), (1, 5)])
     from dsbd_jax.models.cache import empty_cache
@@ -81,8 +85,8 @@ def test_rows_form_of_a_bfloat16_model_gives_the_same_logits():
                         empty_cache(config, 1, 0))
     assert out.dtype == jnp.float32 and kv.k.dtype == jnp.bfloat16
     # back to [in, out] exactly; the parameter check accepts both forms
-    back = kernels.unblock_params(rows)
-    assert not kernels.head_transposed(back)
+    back = kinds.unblock_params(rows)
+    assert not kinds.head_transposed(back)
     np.testing.assert_array_equal(np.asarray(back["lm_head"]["kernel"]),
                                   np.asarray(params["lm_head"]["kernel"]))
     inputs.check_params("target", config, rows)
@@ -97,7 +101,7 @@ def test_truncated_head_as_rows_with_prompt_rows():
     head, also after its prompt rows are added."""
     config, params = _toy16()
     head = truncate_head(params, config, [0, 2, 5, 7], prompt_rows=True)
-    rows = kernels.transpose_head(head)
+    rows = kinds.transpose_head(head)
     assert rows["vocab_head"]["kernel"].value.shape == (4, 16)
     inputs.check_params("draft", config, rows)
     prompt = jnp.asarray([[3, 9, 2]], jnp.int32)
@@ -106,7 +110,7 @@ def test_truncated_head_as_rows_with_prompt_rows():
     ids = np.asarray([[1, 4, 6]], np.int32)
     np.testing.assert_allclose(np.asarray(M.logits(config, b, ids)),
                                np.asarray(M.logits(config, a, ids)), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(kernels.unblock_params(rows)["vocab_head"]["kernel"]),
+    np.testing.assert_array_equal(np.asarray(kinds.unblock_params(rows)["vocab_head"]["kernel"]),
                                   np.asarray(head["vocab_head"]["kernel"]))
 
 
@@ -129,7 +133,7 @@ def test_pick_dtype_keeps_the_flags_choice_unless_decisively_slower():
 
 
 def test_the_probe_cuts_layers_and_head_alike():
-    from dsbd_jax.models import pass_probe
+    from dsbd_jax.host import pass_probe
     config, _ = ref.toy_model(vocab=12)
     big = config.replace(num_layers=28, vocab_size=151936, max_position_embeddings=64)
     cut = pass_probe.cut_config(big, 4)
@@ -150,7 +154,7 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
     assert host.choose_dtype(config) == "float32"  # a tiny model: not measured
     assert host.dtype_key(config) not in cpu_options.host_entries()
     # a model past MIN_ELEMENTS is measured once (its passes, both dtypes), then read back
-    monkeypatch.setattr(kernels, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
     host._choose_dtype.cache_clear()
     host._logged.cache_clear()
     calls = []
@@ -215,7 +219,7 @@ def test_another_host_never_reads_the_choice(monkeypatch, tmp_path):
 def test_load_model_auto_dtype(tmp_path):
     """``load_model``'s default ``dtype="auto"`` records its choice (a tiny model: float32);
     a given dtype is used as given."""
-    from dsbd_jax.models.loading import load_model, read_config
+    from dsbd_jax.loading.load import load_model, read_config
     ref.hf_tiny_llama(tmp_path, seed=0)
     m = load_model(tmp_path, tokenizer=False, progress=False)
     assert m.info["dtype"] == "float32" and m.config.dtype == "float32"

@@ -1,7 +1,7 @@
 """Parity of the Flax model with ``transformers`` (penzai / levanter style).
 
 Tiny random ``transformers`` checkpoints (vocab 128, 2 layers) are built with torch, saved with
-``save_pretrained`` into ``tmp_path`` and loaded by ``dsbd_jax.models.loading.load_model``. Weights are
+``save_pretrained`` into ``tmp_path`` and loaded by ``dsbd_jax.loading.load.load_model``. Weights are
 re-drawn at unit scale (not HF's 0.02 init) and biases are non-zero, so attention patterns,
 RoPE and biases change the logits by O(1): a wrong rotation, a dropped bias, a wrong GQA head
 mapping or a wrong mask moves them by far more than the 1e-4 float32 tolerance.
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from dsbd_jax.decoding import common
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 from dsbd_jax.models.llama import forward, logits as jax_logits
 
 V = 128

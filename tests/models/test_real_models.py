@@ -35,9 +35,9 @@ PROMPT = [{"role": "user", "content": "Write a Python function that returns the 
 _JAX_SIDE = r"""
 import json, sys, time
 import numpy as np
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 from dsbd_jax.models.llama import logits
-from dsbd_jax.models.presets import preset_dir
+from dsbd_jax.loading.presets import preset_dir
 name, out = sys.argv[1], sys.argv[2]
 messages = json.loads(sys.argv[3])
 t0 = time.perf_counter()
@@ -116,7 +116,7 @@ import json, sys
 import jax, numpy as np
 from dsbd_jax.decoding import beam
 from dsbd_jax.decoding.common import DecodeConfig
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 m = load_model(sys.argv[1], "float32", progress=False)
 ids = np.asarray([m.tokenizer("1, 2, 3, 4, 5,")["input_ids"]], np.int32)
 cfg = DecodeConfig(target=m.config, max_new_tokens=8, num_beams=2, temperature=0.5)

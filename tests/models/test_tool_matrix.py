@@ -11,7 +11,7 @@ transposed). Each case loads a tiny random target/draft pair written by ``transf
   gives the tree ``load_model(head_rows=...)`` gives, and its logits are the full head's on the
   rows; :func:`~dsbd_jax.models.vocab.with_prompt_rows` adds the prompt tokens;
   :func:`~dsbd_jax.models.vocab.untie_head` gives the tree ``load_model(untie_head=True)``
-  gives; :func:`~dsbd_jax.models.kernels.unblock_params` gives the plain load's tree; export
+  gives; :func:`~dsbd_jax.models.kinds.unblock_params` gives the plain load's tree; export
   (:func:`~dsbd_jax.training.export.save_hf`) writes what loads back as the same model; one
   distillation step (:func:`~dsbd_jax.training.distill.distill`, LoRA) runs and exports;
 * every decoder (``sample``, ``beam_sample``, ``speculative_sample``,
@@ -40,9 +40,10 @@ from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.speculative import speculative_sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
-from dsbd_jax.models import kernels
+from dsbd_jax.models import kinds
+from dsbd_jax.host import forms
 from dsbd_jax.models.llama import logits
-from dsbd_jax.models.loading import load_model
+from dsbd_jax.loading.load import load_model
 from dsbd_jax.models.weights import Rows, program_kind
 from dsbd_jax.models.vocab import save_table, top_rows, truncate_head, untie_head, with_prompt_rows
 
@@ -77,7 +78,7 @@ class Case:
     def load(self, which: str = "draft", form=None, dtype=None, **kw):
         """``load_model`` of this case's ``which`` model, its form forced as a user forces it."""
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(kernels.FORM_ENV, form or self.form)
+            mp.setenv(forms.FORM_ENV, form or self.form)
             return load_model(self.dirs[which], dtype=jnp.dtype(dtype or self.dtype),
                               progress=False, **kw)
 
@@ -185,9 +186,9 @@ def test_untie_head(case):
 def test_unblock_params(case):
     """``unblock_params`` gives the plain load's tree, for the full and the truncated head."""
     plain = case.load(form="plain")
-    _same_tree(kernels.unblock_params(case.draft.params), plain.params, f"{case.id}: unblock")
+    _same_tree(kinds.unblock_params(case.draft.params), plain.params, f"{case.id}: unblock")
     rows = case.rows()
-    cut = kernels.unblock_params(truncate_head(case.draft.params, case.draft.config, rows, True))
+    cut = kinds.unblock_params(truncate_head(case.draft.params, case.draft.config, rows, True))
     _same_tree(cut, truncate_head(plain.params, plain.config, rows, True),
                f"{case.id}: unblock a truncated head")
 
@@ -199,7 +200,7 @@ def test_export(case, tmp_path):
     cfg, params = case.draft.config, case.draft.params
     back = load_model(save_hf(tmp_path / "m", cfg, params), dtype=jnp.float32, progress=False,
                       kernel_blocks=None)
-    want = jax.tree.map(lambda x: x.astype(jnp.float32), kernels.unblock_params(params))
+    want = jax.tree.map(lambda x: x.astype(jnp.float32), kinds.unblock_params(params))
     _same_tree(back.params, want, f"{case.id}: export")
     with pytest.raises(ValueError, match="truncated head"):
         save_hf(tmp_path / "t", cfg, truncate_head(params, cfg, case.rows()))
@@ -220,7 +221,7 @@ def test_distill_one_step(case, tmp_path):
     assert np.isfinite(log[-1]["loss"])
     back = load_model(tmp_path / "run" / "model", dtype=jnp.float32, progress=False,
                       kernel_blocks=None)
-    assert jax.tree.structure(back.params) == jax.tree.structure(kernels.unblock_params(d.params))
+    assert jax.tree.structure(back.params) == jax.tree.structure(kinds.unblock_params(d.params))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Transposed projection kernels (``kernels.transpose_params``, ``load_model(...,
+"""Transposed projection kernels (``kinds.transpose_params``, ``load_model(...,
 kernel_blocks="transposed")``): the product for one row and for several, tree conversion in both
 weight layouts and back, the trace-time shape check, the forward and decoders on transposed
 trees, and every place that needs ``[in, out]`` kernels. Run with ``PYTHONPATH=tests``."""
@@ -14,7 +14,8 @@ import exact_reference as ref
 from dsbd_jax.decoding.beam import beam_sample
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.inputs import check_params
-from dsbd_jax.models import kernels, weights
+from dsbd_jax.models import weights
+from dsbd_jax.models import kinds
 from dsbd_jax.models.llama import convert_layout
 
 
@@ -25,64 +26,64 @@ def test_product_for_one_row_and_for_several():
     rng = np.random.default_rng(0)
     w = jnp.asarray(rng.standard_normal((2, 24, 48)), jnp.float32)  # a stacked [L, in, out]
     for n in (4, 16, 24, 48):
-        t = kernels.transpose_block(w, n)
+        t = kinds.transpose_block(w, n)
         assert t.shape == (2, 48 // n, n, 24)
-        np.testing.assert_array_equal(np.asarray(kernels.untranspose(t)), np.asarray(w))
+        np.testing.assert_array_equal(np.asarray(kinds.untranspose(t)), np.asarray(w))
         # row j of block c is output column c * n + j
         np.testing.assert_array_equal(np.asarray(t[1, -1, 0]), np.asarray(w[1, :, 48 - n]))
         for lead in ((1,), (1, 1), (2,), (3,), (2, 5)):
             x = jnp.asarray(rng.standard_normal(lead + (24,)), jnp.float32)
-            np.testing.assert_allclose(np.asarray(kernels.project_t(x, t[1])),
+            np.testing.assert_allclose(np.asarray(kinds.project_t(x, t[1])),
                                        np.asarray(x @ w[1]), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="does not divide"):
-        kernels.transpose_block(w, 5)
+        kinds.transpose_block(w, 5)
 
 
 def test_one_row_is_a_matrix_vector_product_on_the_rows():
     """One row contracts the ``[out, in]`` rows (no batched product, no transpose of the
     weight); several rows run one batched product per block."""
     t = jnp.zeros((7, 1280, 1536), jnp.float32)
-    one = jax.make_jaxpr(kernels.project_t)(jnp.zeros((1, 1, 1536)), t)
+    one = jax.make_jaxpr(kinds.project_t)(jnp.zeros((1, 1, 1536)), t)
     dots = [e for e in one.eqns if e.primitive.name == "dot_general"]
     assert len(dots) == 1 and dots[0].params["dimension_numbers"] == (((1,), (1,)), ((), ()))
     assert "transpose" not in {e.primitive.name for e in one.eqns}
-    four = jax.make_jaxpr(kernels.project_t)(jnp.zeros((4, 1536)), t)
+    four = jax.make_jaxpr(kinds.project_t)(jnp.zeros((4, 1536)), t)
     dots = [e for e in four.eqns if e.primitive.name == "dot_general"]
     assert len(dots) == 1 and dots[0].params["dimension_numbers"] == (((2,), (2,)), ((0,), (0,)))
 
 
 def test_widths():
-    assert kernels.transposed_width(8960) == 1280  # 7 blocks
-    assert kernels.transposed_width(1536) == 768
-    assert kernels.transposed_width(4864) == 1216  # 4 blocks (64 x 19)
-    assert kernels.transposed_width(256) == 128
-    assert kernels.transposed_width(30) == 15  # no multiple of 64 fits: the largest divisor
-    assert kernels.transposed_width(7) == 7  # a prime: one block
+    assert kinds.transposed_width(8960) == 1280  # 7 blocks
+    assert kinds.transposed_width(1536) == 768
+    assert kinds.transposed_width(4864) == 1216  # 4 blocks (64 x 19)
+    assert kinds.transposed_width(256) == 128
+    assert kinds.transposed_width(30) == 15  # no multiple of 64 fits: the largest divisor
+    assert kinds.transposed_width(7) == 7  # a prime: one block
     for dout in range(1, 3000, 37):
-        n = kernels.transposed_width(dout)
-        assert dout % n == 0 and (n <= kernels.T_MAX_WIDTH or n == dout)
+        n = kinds.transposed_width(dout)
+        assert dout % n == 0 and (n <= kinds.T_MAX_WIDTH or n == dout)
 
 
 @pytest.mark.parametrize("layout", ["per_layer", "stacked"])
 def test_transposed_tree_gives_the_same_forward(layout):
     config, params = model(layout)
-    widths = kernels.transposed_widths(config)
-    t = kernels.transpose_params(params, widths)
-    assert kernels.transposed_of(t) == widths and kernels.transposed_of(params) == {}
+    widths = kinds.transposed_widths(config)
+    t = kinds.transpose_params(params, widths)
+    assert kinds.transposed_of(t) == widths and kinds.transposed_of(params) == {}
     # every projection kernel is a RowBlocks leaf that says its form
-    assert all(isinstance(k, kernels.RowBlocks) for p, k in weights.leaves_with_path(t)
+    assert all(isinstance(k, kinds.RowBlocks) for p, k in weights.leaves_with_path(t)
                if "proj" in jax.tree_util.keystr(p))
-    back = kernels.unblock_params(t)
+    back = kinds.unblock_params(t)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # from a tree of other typed kernels (made plain first), and partly transposed
-    up = kernels.transpose_params(params, {"up_proj": 8})
-    part = kernels.transpose_params(up, {"down_proj": 8})
-    assert kernels.transposed_of(part) == {"down_proj": 8}
+    up = kinds.transpose_params(params, {"up_proj": 8})
+    part = kinds.transpose_params(up, {"down_proj": 8})
+    assert kinds.transposed_of(part) == {"down_proj": 8}
     # convert_layout carries transposed kernels across layouts
     other = "stacked" if layout == "per_layer" else "per_layer"
-    assert kernels.transposed_of(convert_layout(t, other)) == widths
+    assert kinds.transposed_of(convert_layout(t, other)) == widths
     check_params("target", config, t)  # the trace-time check knows transposed kernels
     check_params("target", config, part)
     # one row in all, and several
@@ -96,7 +97,7 @@ def test_in_place_transpose_builds_the_same_tree(layout):
     values; from a tree of typed kernels too."""
     config, params = model(layout)
     params = {**params, "lm_head": {"kernel": jnp.ones((config.hidden_size, config.vocab_size))}}
-    widths = kernels.transposed_widths(config)
+    widths = kinds.transposed_widths(config)
 
     def copy(tree):
         return jax.tree.map(lambda x: x, tree)
@@ -108,29 +109,29 @@ def test_in_place_transpose_builds_the_same_tree(layout):
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
-    want = kernels.transpose_params(params, widths)
+    want = kinds.transpose_params(params, widths)
     got = copy(params)
-    assert kernels.transpose_params_(got, widths) is got
+    assert kinds.transpose_params_(got, widths) is got
     same(got, want)
     assert "kernel" in got["lm_head"]                           # the head only when asked
-    got = kernels.transpose_params_(copy(params), widths, head=True)
-    same(got, kernels.transpose_head(want))
-    up = kernels.transpose_params(params, {"up_proj": 8})
-    same(kernels.transpose_params_(copy(up), {"down_proj": 8}),
-         kernels.transpose_params(up, {"down_proj": 8}))
+    got = kinds.transpose_params_(copy(params), widths, head=True)
+    same(got, kinds.transpose_head(want))
+    up = kinds.transpose_params(params, {"up_proj": 8})
+    same(kinds.transpose_params_(copy(up), {"down_proj": 8}),
+         kinds.transpose_params(up, {"down_proj": 8}))
     with pytest.raises(ValueError, match="unknown projections"):
-        kernels.transpose_params_(copy(params), {"nope": 8})
+        kinds.transpose_params_(copy(params), {"nope": 8})
 
 
 def test_check_params_rejects_a_transposed_kernel_of_the_wrong_size():
     config, params = model()
-    bad = kernels.transpose_params(params, {"down_proj": 8})
+    bad = kinds.transpose_params(params, {"down_proj": 8})
     w = bad["layers_0"]["mlp"]["down_proj"]["kernel"]
     bad["layers_0"]["mlp"]["down_proj"]["kernel"] = type(w)(w.value[:, :, :5])
     with pytest.raises(ValueError, match=r"layers_0.*down_proj.*expected shape \(32, 16\)"):
         check_params("draft", config, bad)
     with pytest.raises(ValueError, match="unknown projections"):
-        kernels.transpose_params(params, {"lm_head": 4})
+        kinds.transpose_params(params, {"lm_head": 4})
 
 
 def test_decoders_on_a_transposed_tree():
@@ -138,7 +139,7 @@ def test_decoders_on_a_transposed_tree():
     (one row per draft pass) give what the plain trees give."""
     from dsbd_jax.decoding.speculative import speculative_sample
     config, params = model()
-    t = kernels.transpose_params(params, kernels.transposed_widths(config))
+    t = kinds.transpose_params(params, kinds.transposed_widths(config))
     cfg = DecodeConfig(target=config, max_new_tokens=6, num_beams=3, top_k=6)
     ids = jnp.asarray([[1, 2, 3, 4], [5, 6, 7, 0]], jnp.int32)
     lens = jnp.asarray([4, 3], jnp.int32)
@@ -152,8 +153,8 @@ def test_decoders_on_a_transposed_tree():
     one = ids[:1]
     want = speculative_sample({"target": params, "draft": dparams}, one, jax.random.key(1), scfg)
     got = speculative_sample({"target": params,
-                              "draft": kernels.transpose_params(
-                                  dparams, kernels.transposed_widths(dconfig))},
+                              "draft": kinds.transpose_params(
+                                  dparams, kinds.transposed_widths(dconfig))},
                              one, jax.random.key(1), scfg)
     np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
 
@@ -164,8 +165,8 @@ def test_load_model_transposed_and_unblocking_users(bench_pair, tmp_path):
     t, _, _, _ = bench_pair
     plain = load_model(t, progress=False)
     tr = load_model(t, progress=False, kernel_blocks="transposed")
-    assert tr.info["kernel_transposed"] == kernels.transposed_widths(tr.config)
-    assert kernels.transposed_of(tr.params) == tr.info["kernel_transposed"]
+    assert tr.info["kernel_transposed"] == kinds.transposed_widths(tr.config)
+    assert kinds.transposed_of(tr.params) == tr.info["kernel_transposed"]
     assert plain.info["kernel_transposed"] == {}
     save_hf(tmp_path / "b", tr.config, tr.params)  # export writes [in, out] kernels back out
     again = load_model(str(tmp_path / "b"), progress=False)

@@ -15,7 +15,8 @@ import exact_reference as ref
 from dsbd_jax.decoding import inputs
 from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.sampling import sample
-from dsbd_jax.models import kernels, weights
+from dsbd_jax.models import weights
+from dsbd_jax.models import kinds
 from dsbd_jax.models import llama as M
 from dsbd_jax.models.vocab import truncate_head
 
@@ -53,7 +54,7 @@ def test_a_new_kind_is_one_class(layout):
     config, params = ref.kernel_model(layout)
     q = quantize_tree(params)
     assert weights.kind("Int8Cols") is Int8Cols
-    plain = kernels.unblock_params(q)          # the dequantized model, as [in, out] arrays
+    plain = kinds.unblock_params(q)          # the dequantized model, as [in, out] arrays
     assert jax.tree.structure(plain) == jax.tree.structure(params)
     assert not any(weights.is_kernel(x) for x in weights.leaves(plain))
     # the forward pass runs each leaf's own product: the dequantized model's logits
@@ -79,7 +80,7 @@ def test_a_decoder_runs_on_a_new_kind_under_jit():
     dc = DecodeConfig(target=config, max_new_tokens=5, temperature=0.0)
     ids = np.asarray([[1, 2, 3], [4, 5, 6]], np.int32)
     got = sample(q, ids, jax.random.key(0), dc)
-    want = sample(kernels.unblock_params(q), ids, jax.random.key(0), dc)
+    want = sample(kinds.unblock_params(q), ids, jax.random.key(0), dc)
     np.testing.assert_array_equal(np.asarray(got.sequences), np.asarray(want.sequences))
 
 
@@ -88,7 +89,7 @@ def test_each_built_in_kind_answers_for_itself():
     w = jnp.asarray(rng.standard_normal((3, 16, 24)), jnp.float32)   # stacked [L, in, out]
     x = jnp.asarray(rng.standard_normal((2, 5, 16)), jnp.float32)
     made = {"Rows": weights.Rows(jnp.swapaxes(w, -1, -2)),
-            "RowBlocks": weights.RowBlocks(kernels.transpose_block(w, 8))}
+            "RowBlocks": weights.RowBlocks(kinds.transpose_block(w, 8))}
     for name, k in made.items():
         assert weights.kind(name) is type(k) and repr(k).startswith(name)
         assert k.shape == weights.shape_of(k) == (3, 16, 24) and k.leading == (3,)
@@ -119,7 +120,7 @@ def test_a_bfloat16_kernel_of_any_kind_runs_in_mixed_precision():
     w = jnp.asarray(rng.standard_normal((16, 24)), jnp.bfloat16)
     x = jnp.asarray(rng.standard_normal((1, 16)), jnp.float32)
     want = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32) @ w.astype(jnp.float32))
-    for k in (w, weights.Rows(w.T), weights.RowBlocks(kernels.transpose_block(w, 8))):
+    for k in (w, weights.Rows(w.T), weights.RowBlocks(kinds.transpose_block(w, 8))):
         y = weights.product(x, k)
         assert y.dtype == jnp.float32, type(k)
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-4)

@@ -174,8 +174,9 @@ def int8_draft_case(target, draft, ids, lens, key):
     """DSBD with an int8 draft on a (2, 4) mesh against its one-device run: the draft stays int8
     on the mesh (codes split along the plain kernel's axes, KV heads repeated in codes and
     scales alike)."""
-    from dsbd_jax.models import kernels, weights
-    dp, dc = kernels.int8_params(draft.params, draft.config)
+    from dsbd_jax.models import weights
+    from dsbd_jax.models import kinds
+    dp, dc = kinds.int8_params(draft.params, draft.config)
     dec = build("dsbd", target.config, dc, **SETTINGS, **METHOD_SETTINGS["dsbd"])
     params = {"target": target.params, "draft": dp}
     ref = jax.device_get(dec(params, ids, key, prompt_lengths=lens))

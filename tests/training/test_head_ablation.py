@@ -69,7 +69,7 @@ def test_variants_are_the_recipes_first_steps(tmp_path, tiny, monkeypatch):
     assert z["train"].shape == (n, T, len(layers) * dm)
     # the last fused layer is the last layer: final-normed, its features are the stored ones
     # (the continuations' features came from the rollouts' own passes), zeros past each text
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     t = load_model(str(tiny / "target"), "float32", progress=False)
     assert layers[-1] == t.config.num_layers - 1
     assert dm == t.config.hidden_size
@@ -104,7 +104,7 @@ def test_more_text_adds_answer_texts_scored_once(tmp_path, tiny, monkeypatch):
     v = json.loads(out.read_text())["variants"]
     cache = tmp_path / "run_ablation" / "more_text" / "texts.npz"
     z = np.load(cache)
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     tok = load_model(str(tiny / "target"), "float32", progress=False).tokenizer
     texts, answer_from = answer_texts(tok, VARIANTS["more_text"]["texts"])
     assert len(texts) == 400 == z["tokens"].shape[0]

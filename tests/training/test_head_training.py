@@ -115,7 +115,7 @@ def test_rollout_data_counts_the_target_continuation_only(tiny):
     from dsbd_jax.decoding.warping import warp_logits
     from dsbd_jax.eval.datasets import chat_prompts, encode_chat
     from dsbd_jax.models.llama import causal_mask, forward
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     target = load_model(str(tiny / "target"), progress=False)
     cfg = th.HeadTrainConfig(store_k=4, top_k=4, top_p=1.0)
     specs = [{"task": "gsm8k", "start": 44, "stop": 47}]
@@ -166,7 +166,7 @@ def test_rollout_data_from_the_rollouts_own_passes_equals_a_pass_over_the_texts(
     with texts and rollouts holds both (``concat_data``)."""
     import jax
     from dsbd_jax.eval.datasets import chat_prompts, encode_chat
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import head_data
     target = load_model(str(tiny / "target"), progress=False)
     cfg = th.HeadTrainConfig(store_k=4, top_k=4, top_p=0.9)
@@ -211,7 +211,7 @@ def test_answer_texts_count_the_answer_alone(tmp_path, tiny):
     predicts the answer's first token), as a rollout counts its continuation; ``all`` (the
     default) counts every position; anything else is refused."""
     from dsbd_jax.eval.datasets import chat_prompt, encode_chat, load
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     target = load_model(str(tiny / "target"), progress=False)
     tok = target.tokenizer
     specs = [{"task": "gsm8k", "start": 40, "stop": 42}, {"task": "humaneval", "start": 40,

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Union
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.checkpoint import LoadedModel, assemble_params, check_no_unexpected
+from dsbd_jax.loading.checkpoint import LoadedModel, assemble_params, check_no_unexpected
 from dsbd_jax.models.config import ModelConfig
 
 SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",

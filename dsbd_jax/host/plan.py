@@ -3,7 +3,7 @@
 Three per-host choices decide how fast a model runs on XLA:CPU, each measured once per host and
 shape and cached in one file under one key, the host's
 (``$DSBD_JAX_CACHE/host_plan.json``, default ``~/.cache/dsbd_jax``;
-:func:`dsbd_jax.models.cpu_options.cached_choice`):
+:func:`dsbd_jax.host.cpu_options.cached_choice`):
 
 * **the dtype** (:func:`choose_dtype`): float32, or bfloat16 storage with float32 accumulation.
   A bfloat16 model stores its weights and KV cache in 16 bits and runs every projection and the
@@ -20,16 +20,16 @@ shape and cached in one file under one key, the host's
   ``DECISIVE`` faster over both passes together, a margin that run-to-run noise does not
   cross, so the choice is the same on every run of a host. Off
   the CPU (GPU, TPU) it is bfloat16; models whose MLP has
-  under :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) stay
+  under :data:`dsbd_jax.host.forms.MIN_ELEMENTS` weights (the tests' tiny models) stay
   float32 on the CPU. ``$DSBD_JAX_DTYPE``
   (``auto``, ``float32``, ``bfloat16``) forces one.
-* **the kernel form** (:func:`dsbd_jax.models.kernels.choose_form`): projection kernels as
+* **the kernel form** (:func:`dsbd_jax.host.forms.choose_form`): projection kernels as
   ``[in, out]`` or as ``[out, in]`` rows, measured for the chosen dtype. A 16-bit model in the
   transposed form also stores its vocabulary head as ``[V, d]`` rows
-  (:func:`dsbd_jax.models.kernels.transpose_head`).
-* **the compiler options** (:func:`dsbd_jax.models.cpu_options.choice`), per kernel form.
+  (:func:`dsbd_jax.models.kinds.transpose_head`).
+* **the compiler options** (:func:`dsbd_jax.host.cpu_options.choice`), per kernel form.
 
-:func:`plan` answers all three for a config (:class:`HostPlan`); :func:`dsbd_jax.models.loading.load_model`
+:func:`plan` answers all three for a config (:class:`HostPlan`); :func:`dsbd_jax.loading.load.load_model`
 applies it (``dtype="auto"``, ``kernel_blocks="measured"``, the defaults), and ``dsbd host``
 prints it with the figures behind it.
 """
@@ -46,8 +46,9 @@ from typing import Dict, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.models import kernels, pass_probe
-from dsbd_jax.models.cpu_options import cached_choice, choice, cpu_flags, options_name
+from dsbd_jax.host import forms
+from dsbd_jax.host import pass_probe
+from dsbd_jax.host.cpu_options import cached_choice, choice, cpu_flags, options_name
 from dsbd_jax.models.products import TRANSPOSED
 
 logger = logging.getLogger("dsbd_jax")
@@ -66,9 +67,9 @@ class HostPlan:
     """How this host runs a model of one shape (:func:`plan`).
 
     ``dtype``: ``"float32"`` or ``"bfloat16"``; ``form``: ``"plain"`` or ``"transposed"``
-    projection kernels; ``options``: the name (in :data:`dsbd_jax.models.cpu_options.CANDIDATES`)
+    projection kernels; ``options``: the name (in :data:`dsbd_jax.host.cpu_options.CANDIDATES`)
     of the compiler options the model's programs compile under
-    (:func:`dsbd_jax.models.cpu_options.options_name`); ``head_transposed``: the vocabulary head
+    (:func:`dsbd_jax.host.cpu_options.options_name`); ``head_transposed``: the vocabulary head
     stored as ``[V, d]`` rows; ``why``: how the dtype was decided."""
     dtype: str
     form: str
@@ -93,12 +94,12 @@ def prior_dtype(flags=None) -> tuple:
 def measure_dtypes(config, rows=PROBE_ROWS, layers=PROBE_LAYERS,
                    repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
     """``{dtype: {tokens: min seconds}}`` of the forward passes of ``config`` cut to ``layers``
-    blocks (and its head cut alike; :func:`dsbd_jax.models.pass_probe.cut_config`) over
+    blocks (and its head cut alike; :func:`dsbd_jax.host.pass_probe.cut_config`) over
     ``[1, tokens]`` new tokens for each of ``rows``, in float32 and in bfloat16, each dtype in
     the kernel form ``load_model`` gives it on this host and compiled under that form's
     options, interleaved round by round."""
-    forms = {dt: kernels.choose_form(config.replace(dtype=dt), dt) for dt in DTYPES}
-    return pass_probe.time_passes(config, DTYPES, forms, rows=rows, layers=layers,
+    by_dtype = {dt: forms.choose_form(config.replace(dtype=dt), dt) for dt in DTYPES}
+    return pass_probe.time_passes(config, DTYPES, by_dtype, rows=rows, layers=layers,
                                   repeats=repeats)
 
 
@@ -117,7 +118,7 @@ def _shape(config) -> tuple:
 
 def dtype_key(config) -> str:
     """The entry of a model shape's dtype choice in the host's plan cache
-    (:func:`dsbd_jax.models.cpu_options.cached_choice`): each form's options, the shape."""
+    (:func:`dsbd_jax.host.cpu_options.cached_choice`): each form's options, the shape."""
     return (f"dtype by passes | options plain {choice('plain')}, transposed "
             f"{choice(TRANSPOSED)} | " + "x".join(str(int(v)) for v in _shape(config)))
 
@@ -157,7 +158,7 @@ def dtype_choice(config) -> tuple:
         return forced, f"${ENV}={forced}"
     if jax.default_backend() != "cpu":
         return "bfloat16", f"{jax.default_backend()} backend"
-    if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
+    if config.hidden_size * config.intermediate_size < forms.MIN_ELEMENTS:
         return "float32", "a small model (not bound by memory; exact float32 logits)"
     return _logged(config.replace(dtype="float32"))
 
@@ -190,7 +191,7 @@ def plan(config, dtype=AUTO, form: Optional[str] = None) -> HostPlan:
     compiler options of that form and whether the head is stored as rows."""
     name, why = dtype_choice(config) if _is_auto(dtype) else (jnp.dtype(dtype).name, "given")
     if form is None:
-        form = kernels.choose_form(config.replace(dtype=name), name)
+        form = forms.choose_form(config.replace(dtype=name), name)
     head_t = form == TRANSPOSED and jnp.dtype(name).itemsize == 2
     row_head = head_t or bool(config.tie_word_embeddings)
     options = options_name(form, name, row_head) if jax.default_backend() == "cpu" else "default"

@@ -1,6 +1,6 @@
-"""Checks of :func:`dsbd_jax.models.loading.load_model`'s arguments that need no model: the
+"""Checks of :func:`dsbd_jax.loading.load.load_model`'s arguments that need no model: the
 ``kernel_blocks`` value (the removed blocked kernels' values warned about) and a
-:class:`~dsbd_jax.models.host.HostPlan` against the call's other arguments."""
+:class:`~dsbd_jax.host.plan.HostPlan` against the call's other arguments."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Mapping
 
 import jax.numpy as jnp
 
-from dsbd_jax.models.host import AUTO, HostPlan
-from dsbd_jax.models.kernels import MEASURED, TRANSPOSED
+from dsbd_jax.host.plan import AUTO, HostPlan
+from dsbd_jax.host.forms import MEASURED
+from dsbd_jax.models.kinds import TRANSPOSED
 
 
 def removed_blocks(kernel_blocks):
@@ -43,7 +44,7 @@ def check_plan(plan, dtype, kernel_blocks) -> None:
     """``TypeError`` / ``ValueError`` unless ``plan`` is a :class:`HostPlan` that nothing else
     in the call contradicts (a different dtype, or a kernel form asked for by ``kernel_blocks``)."""
     if not isinstance(plan, HostPlan):
-        raise TypeError(f"plan must be a dsbd_jax.models.host.HostPlan, got {type(plan).__name__}")
+        raise TypeError(f"plan must be a dsbd_jax.host.plan.HostPlan, got {type(plan).__name__}")
     if not (isinstance(dtype, str) and dtype == AUTO) and jnp.dtype(dtype).name != plan.dtype:
         raise ValueError(f"dtype={jnp.dtype(dtype).name} contradicts the plan's {plan.dtype}: "
                          f"leave dtype at 'auto' when passing a plan")

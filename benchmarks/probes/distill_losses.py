@@ -15,7 +15,7 @@ initial adapters, same batches, same schedule over ``--steps``) starts from the 
 
 Acceptance is not a timing: the host does not change these figures beyond float rounding.
 
-    .venv/bin/python benchmarks/distill_losses.py configs/distill_qwen.yaml --losses tv fkl \
+    .venv/bin/python benchmarks/probes/distill_losses.py configs/distill_qwen.yaml --losses tv fkl \
         --steps 20 --out results/distill_losses.json
 """
 
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     from dsbd_jax.eval.datasets import encode_chat
     from dsbd_jax.eval.timing import machine_info
-    from dsbd_jax.models.kernels import unblock_params
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.models.kinds import unblock_params
+    from dsbd_jax.loading.load import load_model
     from dsbd_jax.training import recipe as rc
     from dsbd_jax.training.distill import _load_data, distill, prepare_data
 

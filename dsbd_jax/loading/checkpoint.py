@@ -4,7 +4,7 @@
 * Parameter paths <-> Hugging Face tensor names (``_PATH_TO_HF``), the parameter shapes of a
   config, and :func:`check_no_unexpected` for tensors a checkpoint has but the model ignores.
 * :func:`assemble_params`: the parameter pytree from any tensor getter in HF layout, one
-  stacked tensor at a time (used by :mod:`dsbd_jax.models.hf` and :mod:`dsbd_jax.models.gguf`).
+  stacked tensor at a time (used by :mod:`dsbd_jax.loading.hf` and :mod:`dsbd_jax.loading.gguf`).
 * The preset cache's format: :func:`config_to_json` / :func:`config_from_json` and
   :func:`load_saved_params`.
 

@@ -12,8 +12,8 @@ Run in one process, interleaved: the same comparison run as separate processes
 (``benchmarks/variant_processes.py``) differed by up to 8 % between two processes of the same
 form on this host.
 
-    .venv/bin/python benchmarks/attention_form.py --out results/attention_form_epyc.json  # ~8 min
-    .venv/bin/python benchmarks/attention_form.py --small --out /tmp/attention_form.json
+    .venv/bin/python benchmarks/probes/attention_form.py --out results/attention_form_epyc.json  # ~8 min
+    .venv/bin/python benchmarks/probes/attention_form.py --small --out /tmp/attention_form.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 

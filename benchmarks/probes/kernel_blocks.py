@@ -1,7 +1,7 @@
 """Decoders with plain and with transposed projection kernels, side by side in one run.
 
 The offline target (Qwen2.5-Coder-1.5B-Instruct) is loaded once; its parameters are used as
-loaded (plain ``[in, out]`` kernels) and transposed (``kernels.transpose_params``,
+loaded (plain ``[in, out]`` kernels) and transposed (``kinds.transpose_params``,
 ``load_model(..., kernel_blocks="transposed")``). For each decoder (sampling; beam sampling W =
 4 by default) and each tree, tok/s over the same prompts, batch 1, EOS off, compile excluded
 (each configuration runs once untimed first); the two trees alternate prompt by prompt so that
@@ -15,10 +15,10 @@ there both the target and the draft are transposed. Each configuration runs unde
 options chosen for its kernels' form (``cpu_options.choice(form)``; ``options`` in the JSON).
 The models load in the dtype ``load_model`` picks for this host (``$DSBD_JAX_DTYPE`` forces one).
 
-    .venv/bin/python benchmarks/kernel_blocks.py \
+    .venv/bin/python benchmarks/probes/kernel_blocks.py \
         --methods sample beam_sample_W4 speculative_g4 dsbd_beamW4_point \
         --out results/kernel_transposed.json
-    .venv/bin/python benchmarks/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
+    .venv/bin/python benchmarks/probes/kernel_blocks.py --small --out /tmp/kb.json   # tiny model, seconds
 
 Blocked kernels (``[out / n, in, n]``), which ``--blocks 64`` / ``--blocks halves`` compared
 before they were removed, made sampling slower in both dtypes and beam sampling slower in
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
@@ -42,7 +42,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, portable_settings, write_json  # noqa: E402
-from dsbd_jax.models import cpu_options, kernels  # noqa: E402
+from dsbd_jax.host import cpu_options
+from dsbd_jax.models import kinds
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -67,7 +68,7 @@ def main(argv=None):
     from dsbd_jax.decoding.common import pad_prompts, bucket_length
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
     from dsbd_jax.decoding.sampling import sample
-    from dsbd_jax.models.loading import load_model
+    from dsbd_jax.loading.load import load_model
     if args.small:
         from dsbd_jax.testing import make_tiny_pair
         tmp = Path(tempfile.mkdtemp())
@@ -79,8 +80,8 @@ def main(argv=None):
         model = load_model(args.target, progress=False, kernel_blocks=None)
         _, prompts = benchmark_prompts(model.tokenizer, args.prompts)
     config = model.config
-    blocks = kernels.transposed_widths(config)
-    trees = {"plain": model.params, "blocked": kernels.transpose_params(model.params, blocks)}
+    blocks = kinds.transposed_widths(config)
+    trees = {"plain": model.params, "blocked": kinds.transpose_params(model.params, blocks)}
     base = dict(target=config, max_new_tokens=args.max_new_tokens, eos_token_id=(),
                 temperature=1.0, top_k=10, top_p=0.8)
     methods = {"sample": (sample, SampleConfig(**base), trees),
@@ -89,7 +90,7 @@ def main(argv=None):
         from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
         from dsbd_jax.decoding.speculative import speculative_sample
         draft = load_model(args.draft, progress=False, kernel_blocks=None)
-        dt = kernels.transpose_params(draft.params, kernels.transposed_widths(draft.config))
+        dt = kinds.transpose_params(draft.params, kinds.transposed_widths(draft.config))
         pair = {"plain": {"target": model.params, "draft": draft.params},
                 # both models transposed, as load_model stores them where that is faster
                 "blocked": {"target": trees["blocked"], "draft": dt}}

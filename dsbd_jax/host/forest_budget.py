@@ -5,7 +5,7 @@ draft forest). Where a model's products are flat in rows (AMX-BF16 in bfloat16, 
 over 24-64 nodes costs about what one token does, and wider draft layers buy accepted tokens
 for nothing; where they are not (float32 on any CPU, AVX512-BF16), every node costs time.
 :func:`node_budget` measures the curve once per host, dtype and model shape: the passes of the
-model cut to a few blocks (:func:`dsbd_jax.models.pass_probe.time_passes`, the probe behind
+model cut to a few blocks (:func:`dsbd_jax.host.pass_probe.time_passes`, the probe behind
 ``dtype="auto"``) over one token and over each forest size of :data:`NODES`, in the model's
 dtype and kernel form (an int8 target, ``weights="int8"``: in its int8 kernels, whose one-token
 pass is cheap against its forests: the budget is priced again for it); the budget is the
@@ -30,8 +30,10 @@ from typing import Dict, Mapping, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.models import host, kernels, pass_probe
-from dsbd_jax.models.cpu_options import cached_choice
+from dsbd_jax.host import plan as host
+from dsbd_jax.host import forms
+from dsbd_jax.host import pass_probe
+from dsbd_jax.host.cpu_options import cached_choice
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -117,10 +119,10 @@ def node_budget(config, weights: str = "float") -> Tuple[Optional[int], str]:
     """``(nodes or None, how it was decided)``: the forest size the target ``config`` (in its
     dtype; ``weights``: ``"float"`` or ``"int8"``, the target's kernels) verifies for free on
     this host (module doc). Models whose MLP has under
-    :data:`dsbd_jax.models.kernels.MIN_ELEMENTS` weights (the tests' tiny models) are not
+    :data:`dsbd_jax.host.forms.MIN_ELEMENTS` weights (the tests' tiny models) are not
     measured: ``None``."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', got {weights!r}")
-    if config.hidden_size * config.intermediate_size < kernels.MIN_ELEMENTS:
+    if config.hidden_size * config.intermediate_size < forms.MIN_ELEMENTS:
         return None, "a small model: not measured, the settings' forest"
     return _budget(config, weights)

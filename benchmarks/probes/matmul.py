@@ -7,7 +7,7 @@ Variants:
 
 * ``jax in_out``: kernel ``[in, out]``, ``x @ w`` (Flax ``Dense``, today's layout);
 * ``jax out_in``: kernel ``[out, in]``, contracting the last axes of both (torch's layout);
-* each of those compiled with every candidate of ``dsbd_jax.models.cpu_options.CANDIDATES``
+* each of those compiled with every candidate of ``dsbd_jax.host.cpu_options.CANDIDATES``
   this XLA accepts (per-executable ``compiler_options`` of ``jax.jit``; ``{}`` is today's default);
 * ``jax blocked<n>``: kernel ``[out / n, in, n]`` (the output split into blocks of ``n``
   columns, each block a contiguous ``[in, n]`` matrix; ``--blocks``, default 32 64 128), one
@@ -25,7 +25,7 @@ bfloat16 result, Flax ``Dense``'s product) and ``torch bf16`` (weights and input
 **Caveat:** the ``--layers`` products of one call are independent, and XLA:CPU runs
 independent products side by side. That flatters variants whose products are single-threaded
 (the blocked ones: a gain here need not survive a whole forward pass with the same blocks). ``benchmarks/forward.py`` is the arbiter;
-``dsbd_jax.models.kernels.measure_forms`` chains its products for that reason (blocked
+``dsbd_jax.host.forms.measure_forms`` chains its products for that reason (blocked
 kernels, once a load option, were removed: ``docs/results/cpu.md``).
 
 Variants are interleaved (one call of each per round, in a shuffled order) and each figure is the
@@ -33,9 +33,9 @@ MINIMUM over ``--repeats`` rounds, so that load from other processes hurts every
 and the figure is the least disturbed call. Under contention treat the figures as provisional.
 The JSON records the CPU model, core count, ``XLA_FLAGS`` and each variant's compiler options.
 
-Usage: python benchmarks/matmul.py [--repeats 15] [--rows 1 4 12 16] [--shapes up q kv o down]
+Usage: python benchmarks/probes/matmul.py [--repeats 15] [--rows 1 4 12 16] [--shapes up q kv o down]
        [--blocks 32 64 128] [--threads N] [--out results/matmul.json]
-       python benchmarks/matmul.py --small   (2 layers, a 256-wide shape: a check, seconds)
+       python benchmarks/probes/matmul.py --small   (2 layers, a 256-wide shape: a check, seconds)
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import random
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
@@ -55,7 +55,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models.cpu_options import candidates  # noqa: E402
+from dsbd_jax.host.cpu_options import candidates  # noqa: E402
 from dsbd_jax.models.products import mixed_cols, mixed_rows  # noqa: E402
 
 # (in, out) of the products of one Qwen2.5-1.5B layer

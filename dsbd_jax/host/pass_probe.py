@@ -1,6 +1,6 @@
 """Random weights at a model's shapes, and the forward passes the decoders run, timed.
 
-The probe behind ``dtype="auto"`` (:func:`dsbd_jax.models.host.dtype_choice`): a model cut to a
+The probe behind ``dtype="auto"`` (:func:`dsbd_jax.host.plan.dtype_choice`): a model cut to a
 few of its blocks, with its vocabulary head cut by the same fraction (so the head keeps its
 share of a pass), timed on the passes every drafted decoder runs: one new token (a decode step)
 and a forest of new tokens (a DSBD forest, a speculative chain), over a cache.
@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models import kernels
+from dsbd_jax.models import kinds
 from dsbd_jax.models.cache import empty_cache
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.cpu_options import interleaved_min, tuned_jit
+from dsbd_jax.host.cpu_options import interleaved_min, tuned_jit
 
 PROBE_LAYERS = 4       # blocks of the cut model
 PROBE_ROWS = (1, 12)   # new tokens per pass: a decode step, a 12-node forest
@@ -48,9 +48,9 @@ def random_params(config: ModelConfig, form: str, seed: int = 0) -> dict:
         else:
             x = 0.02 * rng.standard_normal(leaf.shape, np.float32)
         return jnp.asarray(x, leaf.dtype)
-    params = kernels._copy_dicts(jax.tree_util.tree_map_with_path(fill, shapes))
-    if form == kernels.TRANSPOSED:
-        params = kernels.transpose_params_(params, kernels.transposed_widths(config),
+    params = kinds._copy_dicts(jax.tree_util.tree_map_with_path(fill, shapes))
+    if form == kinds.TRANSPOSED:
+        params = kinds.transpose_params_(params, kinds.transposed_widths(config),
                                            head=jnp.dtype(config.dtype).itemsize == 2)
     return params
 
@@ -92,7 +92,7 @@ def time_passes(config: ModelConfig, dtypes: Iterable[str], forms: Mapping[str, 
         cfg = cut_config(config.replace(dtype=dt), layers)
         params = random_params(cfg, forms[dt])
         if weights == "int8":
-            params, cfg = kernels.int8_params_(params, cfg)
+            params, cfg = kinds.int8_params_(params, cfg)
         for T in rows:
             calls[(dt, T)] = pass_call(cfg, params, T, slots)
     best = interleaved_min(calls, repeats)

@@ -5,7 +5,7 @@ each interpreter in turn, ``--rounds`` times alternately (A, B, A, B, ...), so t
 host hits both alike, and writes one JSON with every run's figures, each environment's best
 (minimum over rounds of each pass's median) and the ratio B / A per pass shape.
 
-    python benchmarks/jax_side_by_side.py --a .venv/bin/python \\
+    python benchmarks/probes/jax_side_by_side.py --a .venv/bin/python \\
         --b .venv-jax-newest/bin/python --small --out results/jax_side_by_side.json
 
 ``--small``: 4 layers of the same width (a minute or two per run); without it, 28 layers.
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_once(python: str, small: bool, repeats: int) -> dict:

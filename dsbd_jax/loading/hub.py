@@ -1,7 +1,7 @@
 """Hugging Face hub ids (``"Qwen/Qwen3-1.7B"``) -> a local checkpoint directory.
 
 :func:`snapshot` resolves an id through ``huggingface_hub.snapshot_download``, fetching only what
-:func:`dsbd_jax.models.hf.load_hf_checkpoint` reads (:data:`HUB_FILES`: the config, tokenizer
+:func:`dsbd_jax.loading.hf.load_hf_checkpoint` reads (:data:`HUB_FILES`: the config, tokenizer
 files and safetensors weights, never ``*.bin`` / ``*.pt`` / ``*.gguf`` duplicates). The usual
 environment applies, read by ``huggingface_hub`` itself: ``HF_HOME`` / ``HF_HUB_CACHE`` (where the
 cache lives), ``HF_TOKEN`` (gated or private repositories), ``HF_HUB_OFFLINE=1`` (the local cache

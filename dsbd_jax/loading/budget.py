@@ -1,7 +1,7 @@
 """Accelerator memory budget of a model from its config: parameters + KV cache (+ one pass's
 logits), so one can check before loading whether a model fits a device.
 
-* parameters: every parameter of :func:`dsbd_jax.models.checkpoint.param_shapes` times the
+* parameters: every parameter of :func:`dsbd_jax.loading.checkpoint.param_shapes` times the
   dtype's bytes;
 * KV cache: keys and values ``[L, rows, slots, K, D]`` in the model's dtype, for ``beams`` rows
   of ``slots`` slots each (a decoder keeps one row per beam; ``slots`` = prompt + new tokens +
@@ -9,7 +9,7 @@ logits), so one can check before loading whether a model fits a device.
 * logits: one forward pass's ``[tokens, V]`` float32 logits (DSBD's target pass over its forest:
   ``Wc + gamma * draft_width`` tokens per prompt).
 
-Run it as ``python -m dsbd_jax.models.budget SOURCE_OR_CONFIG_JSON --dtype bfloat16 --beams 4
+Run it as ``python -m dsbd_jax.loading.budget SOURCE_OR_CONFIG_JSON --dtype bfloat16 --beams 4
 --slots 2048 --device-gb 16`` (see ``docs/models.md``). Compiled programs' workspace and the
 runtime's own reserve come on top; keep a margin.
 """
@@ -24,7 +24,7 @@ from typing import Dict, Optional
 
 import jax.numpy as jnp
 
-from dsbd_jax.models.checkpoint import param_shapes
+from dsbd_jax.loading.checkpoint import param_shapes
 from dsbd_jax.models.config import ModelConfig
 
 GIB = 1024 ** 3
@@ -70,14 +70,14 @@ def format_budget(config: ModelConfig, budget: Dict[str, float], beams: int, slo
 def _config(source: str, dtype: str) -> ModelConfig:
     path = Path(source).expanduser()
     if path.suffix == ".json" and path.is_file():
-        from dsbd_jax.models.hf import config_from_hf
+        from dsbd_jax.loading.hf import config_from_hf
         return config_from_hf(json.loads(path.read_text()), dtype)
-    from dsbd_jax.models.loading import read_config
+    from dsbd_jax.loading.load import read_config
     return read_config(source, jnp.dtype(dtype))
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m dsbd_jax.models.budget", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m dsbd_jax.loading.budget", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="config.json, checkpoint directory, GGUF, preset or hub id")
     p.add_argument("--dtype", default="bfloat16")

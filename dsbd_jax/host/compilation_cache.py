@@ -4,7 +4,7 @@
 :func:`enable_compilation_cache` points ``jax_compilation_cache_dir`` at
 ``<cache>/xla`` (``<cache>``: ``$DSBD_JAX_CACHE``, default ``~/.cache/dsbd_jax``) and keeps
 programs whose compilation took at least ``MIN_COMPILE_S`` seconds. The ``dsbd`` command line
-and :func:`dsbd_jax.models.loading.load_model` call it; ``DSBD_JAX_COMPILATION_CACHE=0`` (or
+and :func:`dsbd_jax.loading.load.load_model` call it; ``DSBD_JAX_COMPILATION_CACHE=0`` (or
 ``false`` / ``no``) leaves it off, and a cache folder already set
 (``JAX_COMPILATION_CACHE_DIR`` or ``jax.config``) is kept as it is. JAX keys every entry by the
 program, the compiler options, the jax/jaxlib version and the devices, so an entry never
@@ -36,7 +36,7 @@ def enable_compilation_cache(cache_dir=None) -> Optional[Path]:
         return None
     import jax
 
-    from dsbd_jax.models.presets import cache_root
+    from dsbd_jax.host.cpu_options import cache_root
     current = jax.config.jax_compilation_cache_dir
     if current:
         return Path(current)

@@ -3,7 +3,7 @@
 A tied head multiplies the hidden states ``h [M, d]`` by the embedding ``E [V, d]``
 transposed (``nn.Embed.attend``: ``h E^T``). The 0.5B Qwen draft from the Hugging Face hub and
 Llama-3.2-1B, the usual drafts, have tied heads. Variants, each compiled under every candidate
-of ``dsbd_jax.models.cpu_options`` this XLA accepts, interleaved round by round, minimum of
+of ``dsbd_jax.host.cpu_options`` this XLA accepts, interleaved round by round, minimum of
 ``--repeats``:
 
 * ``h E^T``: ``jnp.dot(h, E.T)`` (``attend``; the library before the one-row fix, and for M >= 2 now);
@@ -18,9 +18,9 @@ With ``--forward``, also whole decode-step forward passes of the draft of
 (``dsbd_jax.models.vocab.untie_head``), interleaved, under the host's options
 (``benchmarks/draft_levers.py``'s ``pass_call``, compiled as the decoders are).
 
-Usage: python benchmarks/tied_head.py [--vocab 151936 --dim 896] [--rows 1 2 4 8 16]
+Usage: python benchmarks/probes/tied_head.py [--vocab 151936 --dim 896] [--rows 1 2 4 8 16]
        [--repeats 7] [--forward] [--out results/tied_head.json]
-       python benchmarks/tied_head.py --small   (a 4096 x 64 head: a check, seconds)
+       python benchmarks/probes/tied_head.py --small   (a 4096 x 64 head: a check, seconds)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import functools
 import os
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
@@ -39,7 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models.cpu_options import CANDIDATES, candidates, interleaved_min  # noqa: E402
+from dsbd_jax.host.cpu_options import CANDIDATES, candidates, interleaved_min  # noqa: E402
 from dsbd_jax.models.vocab import tied_logits, untie_head  # noqa: E402
 
 

@@ -5,13 +5,13 @@ tokenizer). ``source`` is one of
 
 * a local Hugging Face checkpoint directory (``config.json`` + ``model.safetensors`` or a
   sharded ``model.safetensors.index.json``) of a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``
-  (see :mod:`dsbd_jax.models.hf`);
+  (see :mod:`dsbd_jax.loading.hf`);
 * a GGUF file (architectures ``llama`` and ``qwen2``, any quantisation ``gguf`` dequantises;
-  see :mod:`dsbd_jax.models.gguf`);
+  see :mod:`dsbd_jax.loading.gguf`);
 * a preset name from :func:`list_presets` (offline weights shipped as pip packages; see
-  :mod:`dsbd_jax.models.presets`);
+  :mod:`dsbd_jax.loading.presets`);
 * a Hugging Face hub id ``"org/name"`` (``revision=`` or ``"org/name@rev"``), resolved to a
-  local checkpoint directory by ``huggingface_hub`` (:mod:`dsbd_jax.models.hub`: config,
+  local checkpoint directory by ``huggingface_hub`` (:mod:`dsbd_jax.loading.hub`: config,
   tokenizer and safetensors only; ``HF_HOME``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` honoured).
 
 :func:`read_config` and :func:`load_tokenizer` give a source's config and tokenizer without
@@ -19,7 +19,7 @@ its weights.
 
 Parameters are built one stacked tensor at a time (all layers of e.g. ``q_proj``), converted to
 ``dtype`` and put on the device before the next is read, so the host holds at most one stacked
-float32 tensor besides the finished parameters (:func:`dsbd_jax.models.checkpoint.assemble_params`,
+float32 tensor besides the finished parameters (:func:`dsbd_jax.loading.checkpoint.assemble_params`,
 which also describes the layout).
 
 The modules below this one import in one direction only: ``checkpoint`` <- ``hf``, ``gguf`` <-
@@ -40,22 +40,20 @@ from typing import Any, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.models.compilation_cache import enable_compilation_cache
-from dsbd_jax.models.checkpoint import LoadedModel, notice
+from dsbd_jax.host.compilation_cache import enable_compilation_cache
+from dsbd_jax.loading.checkpoint import LoadedModel, notice
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
+from dsbd_jax.loading.gguf import (GGUFSource, gguf_config, is_gguf_file, load_gguf,
                                    read_header, tokenizer_from_gguf)
-from dsbd_jax.models.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
-from dsbd_jax.models.host import AUTO, HostPlan, dtype_choice, resolve_dtype
-from dsbd_jax.models.host import plan as host_plan
-from dsbd_jax.models.hub import is_hub_id, snapshot
-from dsbd_jax.models.kernels import (AUTO_WEIGHTS, FLOAT, INT8, MEASURED, TRANSPOSED,
-                                     check_weights, choose_form, choose_weights,
-                                     head_transposed, int8_params_,
-                                     transpose_params_, transposed_of, transposed_widths)
+from dsbd_jax.loading.hf import config_from_hf, hf_config, hf_tokenizer, load_hf_checkpoint
+from dsbd_jax.host.plan import AUTO, HostPlan, dtype_choice, resolve_dtype
+from dsbd_jax.host.plan import plan as host_plan
+from dsbd_jax.loading.hub import is_hub_id, snapshot
+from dsbd_jax.host.forms import MEASURED, choose_form, choose_weights
+from dsbd_jax.models.kinds import AUTO_WEIGHTS, FLOAT, INT8, TRANSPOSED, check_weights, head_transposed, int8_params_, transpose_params_, transposed_of, transposed_widths
 from dsbd_jax.models.llama import check_layout, unstack_layers_
-from dsbd_jax.models.load_args import check_plan as _check_plan, removed_blocks as _removed_blocks
-from dsbd_jax.models.presets import (PRESETS, cache_params_default, cache_root,
+from dsbd_jax.loading.load_args import check_plan as _check_plan, removed_blocks as _removed_blocks
+from dsbd_jax.loading.presets import (PRESETS, cache_params_default, cache_root,
                                      host_layout_dir_name, load_host_layout, load_preset,
                                      preset_config, preset_dir, preset_tokenizer,
                                      save_host_layout)
@@ -67,7 +65,7 @@ __all__ = ["LoadedModel", "config_from_hf", "list_presets", "load_model", "load_
 
 
 def list_presets():
-    """Names of the offline model presets (see :mod:`dsbd_jax.models.presets`)."""
+    """Names of the offline model presets (see :mod:`dsbd_jax.loading.presets`)."""
     return sorted(PRESETS)
 
 
@@ -133,7 +131,7 @@ def read_config(source, dtype=jnp.float32, revision: Optional[str] = None) -> Mo
     """The :class:`ModelConfig` of a model source without loading its weights (a HF
     directory's ``config.json``, a GGUF file's metadata, a preset's cached config or GGUF
     metadata), so settings can be checked against it before the slow load. ``dtype="auto"``:
-    the dtype :func:`load_model` would choose on this host (:mod:`dsbd_jax.models.host`)."""
+    the dtype :func:`load_model` would choose on this host (:mod:`dsbd_jax.host.plan`)."""
     kind, where = _resolve(source, revision)
     if isinstance(dtype, str) and dtype == AUTO:
         return read_config(source, resolve_dtype(AUTO, read_config(source, revision=revision)),
@@ -217,28 +215,28 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
 
     Args:
       source: directory, ``.gguf`` path, one of :func:`list_presets`, or a Hugging Face hub id
-        ``"org/name"`` (see :mod:`dsbd_jax.models.hub`).
+        ``"org/name"`` (see :mod:`dsbd_jax.loading.hub`).
       revision: hub ids only: branch, tag or commit (default: ``main``).
       dtype: the parameters' dtype. ``"auto"`` (default): bfloat16 where this host (or
         accelerator) runs it faster than float32, else float32, measured once per host and
-        shape (:func:`dsbd_jax.models.host.choose_dtype`; ``$DSBD_JAX_DTYPE`` forces one).
+        shape (:func:`dsbd_jax.host.plan.choose_dtype`; ``$DSBD_JAX_DTYPE`` forces one).
         ``jnp.float32`` runs everything in float32. ``jnp.bfloat16`` / ``jnp.float16`` store the
         weights and KV cache in 16 bits and run the products in mixed precision (float32
         accumulation); activations, norms, attention and logits stay float32.
         ``info["dtype"]`` and ``info["dtype_why"]`` record the choice.
-      plan: a :class:`dsbd_jax.models.host.HostPlan` (``dsbd_jax.models.host.plan(config)``, or
+      plan: a :class:`dsbd_jax.host.plan.HostPlan` (``dsbd_jax.host.plan.plan(config)``, or
         one made on another host and passed on): its dtype and kernel form are applied as they
         are, nothing is measured. ``None`` (default): with ``kernel_blocks="measured"`` the
-        plan is worked out here, once, by :func:`dsbd_jax.models.host.plan` (the dtype for
+        plan is worked out here, once, by :func:`dsbd_jax.host.plan.plan` (the dtype for
         ``dtype="auto"``, the form for that dtype). ``info["plan"]`` records the plan applied
         (``None`` where ``kernel_blocks`` or ``place`` decided the form instead). A plan's
         compiler options go to the decoders as a value: their configs' ``options``
         (``DSBDConfig(..., options=plan.options)``); without it a program's options follow
         from its kernels' kinds and this host's choice for them
-        (:func:`dsbd_jax.models.cpu_options.options_of`).
+        (:func:`dsbd_jax.host.cpu_options.options_of`).
       tokenizer: ``"auto"`` (load one if the source has one), ``True`` (required), ``False``.
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
-        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.models.compilation_cache`); default
+        ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.host.compilation_cache`); default
         ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. A preset is cached once more in the form
         this load leaves it in (layout, kernel form, dtype; ``presets.save_host_layout``), and a
         later load with the same form reads that.
@@ -261,11 +259,11 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         adds the tokens of its prompts to the rows (``truncate_head(prompt_rows=True)``;
         ``info["prompt_rows"]``).
       kernel_blocks: the stored form of the attention and MLP projection kernels, for XLA:CPU's
-        few-row products (:mod:`dsbd_jax.models.kernels`). ``"measured"`` (default): plain
+        few-row products (:mod:`dsbd_jax.models.kinds`). ``"measured"`` (default): plain
         ``[in, out]`` kernels or transposed ones (``[out, in]`` rows in blocks,
-        :func:`dsbd_jax.models.kernels.transpose_params`), whichever this host runs faster for
+        :func:`dsbd_jax.models.kinds.transpose_params`), whichever this host runs faster for
         this model's MLP shape, each form under its own compiler options
-        (:func:`dsbd_jax.models.kernels.choose_form` through the host's plan: a few seconds once
+        (:func:`dsbd_jax.host.forms.choose_form` through the host's plan: a few seconds once
         per host and shape, cached; plain off the CPU and for small models;
         ``$DSBD_JAX_KERNEL_FORM`` forces one).
         Where transposed kernels win, their few-row products make the forward passes and the
@@ -290,7 +288,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
       weights: the kind of the projection and vocabulary-head kernels. ``"float"`` (default):
         the dtype's (``dtype``, ``kernel_blocks``). ``"int8"``: eight-bit codes with a float32
         scale per output (:class:`dsbd_jax.models.weights.Int8`, made from the float weights
-        by :func:`dsbd_jax.models.kernels.int8_params_`), multiplied by XLA's integer product
+        by :func:`dsbd_jax.models.kinds.int8_params_`), multiplied by XLA's integer product
         with the activations quantised per row; the embedding, norms and KV cache stay in
         ``dtype``, a tied head is untied (its codes are the head's product), and the kernel
         form does not apply (``info["kernel_transposed"]`` is empty). **An int8 model is a
@@ -300,7 +298,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         weights*). A preset is cached in its int8 form (codes a quarter of float32's bytes),
         later loads read that. ``"auto"``, for drafts: int8 where this host runs the model's
         MLP products clearly faster in int8 than in the float form a load gives them
-        (:func:`dsbd_jax.models.kernels.choose_weights`: measured once per host and shape,
+        (:func:`dsbd_jax.host.forms.choose_weights`: measured once per host and shape,
         cached), else float; never for a target, whose kind is the user's choice.
         ``info["weights"]`` records the kind, ``info["weights_why"]`` how it was chosen. Not
         with ``place`` (a mesh takes float kernels; ``"auto"`` then gives float).

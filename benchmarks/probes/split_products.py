@@ -3,7 +3,7 @@
 The open gap is the 16-row product (the 16-token forward of the 1.5B target is 1.14x
 transformers' on the 2-core host). A forward pass chains its products (each waits for the last),
 so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] x [dout, din]``
-(as ``dsbd_jax.models.cpu_options.measure`` does) in these forms, each under every candidate of
+(as ``dsbd_jax.host.cpu_options.measure`` does) in these forms, each under every candidate of
 ``cpu_options.CANDIDATES`` this XLA accepts:
 
 * ``plain``: kernels ``[in, out]`` (the library today);
@@ -13,8 +13,8 @@ so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] 
   summed);
 * ``blocks2``: each kernel as a blocked kernel of two blocks (``[2, in, out / 2]``: one
   batched product; the library's blocked kernels, since removed);
-* ``transposed``: each kernel as its ``[out, in]`` rows in blocks (``kernels.transpose_block``
-  with ``kernels.transposed_width``, run by ``kernels.project_t``: the library's transposed
+* ``transposed``: each kernel as its ``[out, in]`` rows in blocks (``kinds.transpose_block``
+  with ``kinds.transposed_width``, run by ``kinds.project_t``: the library's transposed
   form, which ``load_model`` picks on the 2-core host);
 * ``torch``: ``F.linear`` with ``[out, in]`` weights, ``--threads`` threads (when installed).
 
@@ -23,9 +23,9 @@ so this probe times ``--layers`` chained up/down pairs ``[M, din] x [din, dout] 
 Every form computes the same products (checked against ``plain`` first). Interleaved round by
 round, the minimum of ``--repeats`` rounds, in ms per pair. JSON with the CPU model.
 
-Usage: python benchmarks/split_products.py [--din 1536 --dout 8960] [--rows 1 4 8 12 16]
+Usage: python benchmarks/probes/split_products.py [--din 1536 --dout 8960] [--rows 1 4 8 12 16]
        [--layers 8] [--repeats 9] [--forms plain transposed] [--out results/split_products.json]
-       python benchmarks/split_products.py --small   (a 64 x 256 shape: a check, seconds)
+       python benchmarks/probes/split_products.py --small   (a 64 x 256 shape: a check, seconds)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import functools
 import os
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
@@ -44,8 +44,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
-from dsbd_jax.models import kernels  # noqa: E402
-from dsbd_jax.models.cpu_options import CANDIDATES, candidates, interleaved_min  # noqa: E402
+from dsbd_jax.models import kinds
+from dsbd_jax.host.cpu_options import CANDIDATES, candidates, interleaved_min  # noqa: E402
 
 
 def plain(x, ups, downs):
@@ -91,7 +91,7 @@ def blocks2(x, ups, downs):  # blocked kernels [2, in, out / 2]
 
 def transposed(x, ups, downs):  # transposed kernels [out / n, n, in]
     for u, d in zip(ups, downs):
-        x = kernels.project_t(kernels.project_t(x, u), d)
+        x = kinds.project_t(kinds.project_t(x, u), d)
     return x
 
 
@@ -126,8 +126,8 @@ def main(argv=None):
         "blocks2": (blocks2, [_block(u, dout // 2) for u in U],
                     [_block(d, din // 2) for d in D]),
         "transposed": (transposed,
-                       [kernels.transpose_block(u, kernels.transposed_width(dout)) for u in U],
-                       [kernels.transpose_block(d, kernels.transposed_width(din)) for d in D]),
+                       [kinds.transpose_block(u, kinds.transposed_width(dout)) for u in U],
+                       [kinds.transpose_block(d, kinds.transposed_width(din)) for d in D]),
     }
     trees = {k: v for k, v in trees.items() if k in set(args.forms) | {"plain"}}
     fns = {f"{form} | {opt}": (jax.jit(f, compiler_options=dict(CANDIDATES[opt])), a, b)

@@ -38,11 +38,12 @@ from typing import Optional, Tuple
 
 import jax.numpy as jnp
 
+from dsbd_jax.host.cpu_options import cache_root  # noqa: F401  (the cache's folder)
 from dsbd_jax.models import weights
-from dsbd_jax.models.checkpoint import (LoadedModel, config_from_json, config_to_json,
+from dsbd_jax.loading.checkpoint import (LoadedModel, config_from_json, config_to_json,
                                          convert_saved_params, load_saved_params, notice)
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.models.gguf import gguf_config, load_gguf
+from dsbd_jax.loading.gguf import gguf_config, load_gguf
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -98,14 +99,6 @@ PRESETS = {
                "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     )
 }
-
-
-def cache_root(cache_dir=None) -> Path:
-    """``cache_dir``, else ``$DSBD_JAX_CACHE``, else ``~/.cache/dsbd_jax``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("DSBD_JAX_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsbd_jax"
 
 
 def get_preset(name: str) -> Preset:
@@ -430,7 +423,7 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
     ``config.json`` with ``key``: what the form was made from), published by an atomic rename.
     A folder made from another file or ``key`` (an older format) is replaced: renamed aside
     first, so a process that mapped its files keeps reading them. Returns the folder."""
-    from dsbd_jax.models.checkpoint import save_host
+    from dsbd_jax.loading.checkpoint import save_host
     directory = preset_dir(name, cache_dir)
     final = directory / folder
     with _lock(directory):
@@ -474,7 +467,7 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
     """``(config, params)`` written by :func:`save_host_layout` when its folder exists and was
     made from the same preset file and ``key``; else ``None``. A read: each leaf memory-mapped
     and copied to the device as it is."""
-    from dsbd_jax.models.checkpoint import _to_device, load_host
+    from dsbd_jax.loading.checkpoint import _to_device, load_host
     final = preset_dir(name, cache_dir) / folder
     if not (final / "config.json").exists():
         return None

@@ -1,38 +1,28 @@
-"""The stored forms of projection kernels, and the per-host choice between them.
+"""The kinds of projection kernel a model's parameter tree may hold, and the conversions between them.
 
-A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, what every loader makes) runs on
-XLA:CPU as one Eigen or YNNPACK matrix product. With few rows (``M = 1..16``: one token, beams,
-draft forests) the product's speed depends on how the weight is stored and on the compiler
-options, and differs between hosts (``benchmarks/matmul.py``, ``docs/results/cpu.md``).
+A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, what every loader makes) can be
+stored in several kinds; each is a kind of kernel leaf (:mod:`dsbd_jax.models.weights`), and the
+model's projections call :func:`dsbd_jax.models.weights.product`, so a parameter tree may mix
+them; a stacked tree (``params["layers"]``) carries the layer axis in front of any.
 
-* Each form is a kind of kernel leaf (:mod:`dsbd_jax.models.weights`): a plain ``[in, out]``
-  array, or a typed leaf that says its form (:class:`~dsbd_jax.models.weights.RowBlocks`,
-  :class:`~dsbd_jax.models.weights.Rows`). The model's projections call
-  :func:`dsbd_jax.models.weights.product`, so a parameter tree may mix the forms; a stacked
-  tree (``params["layers"]``) carries the layer axis in front of any.
-* **Transposed kernels**: :func:`transpose_params` stores a projection's kernel as its ``[out,
-  in]`` rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`), a
+* **Plain**: the ``[in, out]`` array.
+* **Transposed**: :func:`transpose_params` stores a projection's kernel as its ``[out, in]``
+  rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`), a
   :class:`~dsbd_jax.models.weights.RowBlocks`; :func:`dsbd_jax.models.products.project_t` runs
   one row as a matrix-vector product over contiguous rows and more rows as one batched product
   per block. :func:`transpose_head` stores a 16-bit vocabulary head as its rows
-  (:class:`~dsbd_jax.models.weights.Rows`). :func:`unblock_params` converts every typed kernel
-  back to ``[in, out]``; code that needs plain kernels (distillation, export to Hugging Face
-  files, sharding over a mesh) calls it first, and ``ShardedDecoder.place`` and ``distill`` do
-  it themselves.
-* **The form follows the host, the options follow the form**. The best compiler options depend
-  on the kernels' form: on a host, plain kernels may run fastest on Eigen (``eigen_dot``) and
-  transposed kernels on XLA's default YNNPACK, where their few-row products beat the plain
-  kernels'. So :func:`dsbd_jax.models.cpu_options.choice` is measured per form, and
-  ``tuned_jit`` compiles a call whose arguments hold transposed kernels under the transposed
-  form's options. :func:`choose_form` then times both forms, each under its own options, on a
-  model's MLP shape (chained pairs at ``M = 1, 4, 16``), starting from a prior form
-  (:func:`prior_form`: transposed for 16-bit kernels, plain for float32) that the other must
-  beat by ``GAIN`` in total without being ``MARGIN`` slower at any ``M``, cached per host and
-  shape in
-  ``$DSBD_JAX_CACHE/host_plan.json``; ``load_model(..., kernel_blocks="measured")``, the
-  default, applies it (``benchmarks/forward.py`` and ``benchmarks/kernel_blocks.py`` measure
-  the forward passes and the decoders in both forms; what each host picks:
-  ``docs/performance.md``).
+  (:class:`~dsbd_jax.models.weights.Rows`).
+* **Eight-bit** (:data:`INT8`): :func:`int8_params` stores every projection and the vocabulary
+  head as :class:`~dsbd_jax.models.weights.Int8` codes with a float32 scale per output.
+
+:func:`unblock_params` converts every typed kernel back to ``[in, out]``; code that needs plain
+kernels (distillation, export to Hugging Face files, sharding over a mesh) calls it first, and
+``ShardedDecoder.place`` and ``distill`` do it themselves.
+
+Which kind a host runs fastest is not the model's business: :mod:`dsbd_jax.host.forms` measures
+that, and :func:`dsbd_jax.load_model` applies its choice. A new kind of kernel goes here (its leaf
+type in :mod:`dsbd_jax.models.weights`, its product in :mod:`dsbd_jax.models.products`), its
+per-host choice in :mod:`dsbd_jax.host`, and its loading option in :mod:`dsbd_jax.loading`.
 
 Blocked kernels (``[out / n, in, n]`` column blocks, one batched product over the blocks) were
 removed after 0.2.0: measured side by side they made sampling slower in both dtypes and beam
@@ -43,19 +33,11 @@ sampling slower in bfloat16, gaining a few percent only in float32 beam sampling
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
-import os
-import time
 from typing import Dict, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from dsbd_jax.models.cpu_options import cache_file as plan_file
-from dsbd_jax.models.cpu_options import (cached_choice, choice, compiler_options,
-                                         interleaved_min, mlp_pairs)
 from dsbd_jax.models import products, weights
 from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, project,  # noqa: F401
                                       project_t, transpose_block, transposed_width,
@@ -63,14 +45,7 @@ from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, project,  # noqa:
 from dsbd_jax.models.weights import RowBlocks, Rows, form_of  # noqa: F401
 from dsbd_jax.models.vocab import untie_head
 
-logger = logging.getLogger("dsbd_jax")
-
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-PROBE_ROWS = (1, 4, 16)
-PROBE_REPEATS = 5
-MIN_ELEMENTS = 1 << 21  # in * out below this: plain kernels, not measured (fits in cache)
-GAIN = 0.10    # a form must be 10% faster than the prior form over PROBE_ROWS in total ...
-MARGIN = 0.05  # ... and never 5% slower at any M
 
 
 def transposed_widths(config) -> Dict[str, int]:
@@ -214,69 +189,6 @@ def check_weights(kind, what: str = "weights") -> str:
     return kind
 
 
-def measure_weights(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=None,
-                    repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
-    """``{"float": {M: s}, "int8": {M: s}}``: ``layers`` chained MLP pairs ``[M, din] x [din,
-    dout] x [dout, din]`` with the float kernels a load of ``dtype`` gives this shape here (its
-    form, :func:`choose_form`, under that form's options) and with the same weights as
-    :class:`~dsbd_jax.models.weights.Int8` kernels (under XLA's own products), interleaved."""
-    layers = layers or FORM_LAYERS
-    form = _choose_form(din, dout, str(jnp.dtype(dtype)))
-    chain, ups, downs = mlp_pairs(form, din, dout, layers, dtype)
-    _, pu, pd = mlp_pairs("plain", din, dout, layers, "float32")
-    qu, qd = [weights.Int8.quantize(w) for w in pu], [weights.Int8.quantize(w) for w in pd]
-
-    def int8_chain(x, ups, downs):
-        for u, d in zip(ups, downs):
-            x = weights.product(weights.product(x, u), d)
-        return x
-    calls = {FLOAT: (jax.jit(chain, compiler_options=compiler_options(form, dtype)), ups, downs),
-             INT8: (jax.jit(int8_chain, compiler_options=compiler_options("plain", INT8)), qu,
-                    qd)}
-    rng = np.random.default_rng(0)
-    best: Dict[str, Dict[int, float]] = {k: {} for k in calls}
-    for M in rows:
-        x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(jnp.dtype(dtype)))
-        xq = x.astype(jnp.float32)
-        t = interleaved_min({k: functools.partial(f, x if k == FLOAT else xq, us, ds)
-                             for k, (f, us, ds) in calls.items()}, repeats)
-        for k in calls:
-            best[k][M] = t[k]
-    return best
-
-
-def pick_weights(times: Mapping[str, Mapping[int, float]]) -> str:
-    """``"int8"`` if its total over the probe rows is ``GAIN`` below the float kernels' and it is
-    never ``MARGIN`` slower at any ``M``; else ``"float"``."""
-    base, alt = times[FLOAT], times[INT8]
-    faster = sum(alt.values()) < (1 - GAIN) * sum(base.values())
-    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in base)
-    return INT8 if faster and never_slower else FLOAT
-
-
-@functools.lru_cache(maxsize=None)
-def _choose_weights(din: int, dout: int, dtype: str) -> str:
-    if din * dout < MIN_ELEMENTS:
-        return FLOAT
-    key = (f"weights | options plain {choice('plain')}, transposed {choice(TRANSPOSED)} | "
-           f"{din}x{dout} {dtype}")
-    return _cached(key, lambda k: k in WEIGHT_KINDS, lambda: measure_weights(din, dout, dtype),
-                   pick_weights)
-
-
-def choose_weights(config, dtype=None) -> str:
-    """``"int8"`` or ``"float"``: the kind of a DRAFT's kernels this host runs faster for
-    ``config``'s MLP shape (its float kernels in the form and dtype a load gives them, against
-    int8 kernels; a few seconds once per host and shape, cached in
-    ``$DSBD_JAX_CACHE/host_plan.json``; :func:`pick_weights`). Float off the CPU and for models
-    whose MLP has under ``MIN_ELEMENTS`` weights. Only for drafts: an int8 target is another
-    model, and never chosen for the user."""
-    if jax.default_backend() != "cpu":
-        return FLOAT
-    dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
-    return _choose_weights(config.hidden_size, config.intermediate_size, dt)
-
-
 def int8_params_(params: dict, config) -> tuple:
     """``(params, config)`` with every projection kernel and the vocabulary head's kernel as
     :class:`~dsbd_jax.models.weights.Int8` (eight-bit codes, a float32 scale per output), IN
@@ -368,97 +280,3 @@ def projection_shapes(config) -> Dict[str, tuple]:
                      config.intermediate_size)
     return {"q_proj": (d, H * D), "k_proj": (d, K * D), "v_proj": (d, K * D),
             "o_proj": (H * D, d), "gate_proj": (d, F), "up_proj": (d, F), "down_proj": (F, d)}
-
-
-# ---------------------------------------------------------------------------------------------
-# the per-host choice of form: plain or transposed kernels, each under its own options
-def _cached(entry: str, valid, measure, pick):
-    """A choice of this host's plan cache (:func:`dsbd_jax.models.cpu_options.cached_choice`)."""
-    got = cached_choice(entry, valid, measure, pick)
-    if not got.stored:  # a read-only home
-        logger.info("kernel choice: %s", got.where)
-    return got.choice
-
-
-FORM_ENV = "DSBD_JAX_KERNEL_FORM"
-MEASURED = "measured"  # load_model(kernel_blocks="measured"): the form this choice picks
-FORM_LAYERS = 4  # chained MLP pairs per probe (a pair per layer, as in a forward pass)
-
-
-def measure_forms(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layers=FORM_LAYERS,
-                  repeats=PROBE_REPEATS) -> Dict[str, Dict[int, float]]:
-    """``{form: {M: min seconds}}`` of ``layers`` chained MLP pairs ``[M, din] x [din, dout] x
-    [dout, din]`` (:func:`dsbd_jax.models.cpu_options.mlp_pairs`) with plain and with
-    transposed kernels, each compiled under the compiler options chosen for its own form
-    (:func:`dsbd_jax.models.cpu_options.choice`), interleaved round by round."""
-    calls = {}
-    for form in ("plain", TRANSPOSED):
-        chain, ups, downs = mlp_pairs(form, din, dout, layers, dtype)
-        calls[form] = (jax.jit(chain, compiler_options=compiler_options(form, dtype)), ups, downs)
-    rng = np.random.default_rng(0)
-    dt = jnp.dtype(dtype)
-    best: Dict[str, Dict[int, float]] = {form: {} for form in calls}
-    for M in rows:
-        x = jnp.asarray(rng.standard_normal((M, din), np.float32).astype(dt))
-        t = interleaved_min({form: functools.partial(f, x, us, ds)
-                             for form, (f, us, ds) in calls.items()}, repeats)
-        for form in calls:
-            best[form][M] = t[form]
-    return best
-
-
-def prior_form(dtype) -> str:
-    """The form a measurement must beat: ``"transposed"`` for 16-bit kernels (XLA:CPU runs a
-    16-bit product of an ``[in, out]`` kernel on a slow path, of ``[out, in]`` rows with float32
-    accumulation on a fast one), ``"plain"`` for float32."""
-    return TRANSPOSED if jnp.dtype(dtype).itemsize == 2 else "plain"
-
-
-def pick_form(times: Mapping[str, Mapping[int, float]], prior: str = "plain") -> str:
-    """The other form than ``prior`` if its total over the probe rows is ``GAIN`` below
-    ``prior``'s and it is never ``MARGIN`` slower at any ``M``; else ``prior``. Two forms within
-    the margins keep the prior, so the choice does not flip between fresh runs of a host."""
-    other = "plain" if prior == TRANSPOSED else TRANSPOSED
-    base, alt = times[prior], times[other]
-    faster = sum(alt.values()) < (1 - GAIN) * sum(base.values())
-    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in base)
-    return other if faster and never_slower else prior
-
-
-def form_key(din: int, dout: int, dtype: str) -> str:
-    """The entry of a shape's form choice in the host's plan cache: the options of each form
-    (each form is measured under its own), the shape, the dtype and the prior form."""
-    return (f"form | options plain {choice('plain')}, transposed "
-            f"{choice(TRANSPOSED)} | {din}x{dout} {dtype} | prior {prior_form(dtype)}")
-
-
-@functools.lru_cache(maxsize=None)
-def _choose_form(din: int, dout: int, dtype: str) -> str:
-    if din * dout < MIN_ELEMENTS:
-        return "plain"
-    prior = prior_form(dtype)
-    return _cached(form_key(din, dout, dtype), lambda f: f in ("plain", TRANSPOSED),
-                   lambda: measure_forms(din, dout, dtype),
-                   functools.partial(pick_form, prior=prior))
-
-
-def choose_form(config, dtype=None) -> str:
-    """``"plain"`` or ``"transposed"``: the faster form of projection kernels for ``config``'s
-    MLP shape on this host, each form timed under its own compiler options (a few seconds once
-    per host and shape, then cached in ``$DSBD_JAX_CACHE/host_plan.json``); the dtype's
-    :func:`prior_form` unless the other form is clearly faster (:func:`pick_form`). Plain off the
-    CPU and for models whose MLP has under ``MIN_ELEMENTS`` weights. ``$DSBD_JAX_KERNEL_FORM``
-    forces ``plain`` or ``transposed`` (default ``auto``)."""
-    forced = os.environ.get(FORM_ENV, "auto").strip() or "auto"
-    if forced not in ("auto", "plain", TRANSPOSED):
-        raise ValueError(f"${FORM_ENV} must be 'auto', 'plain' or 'transposed', got {forced!r}")
-    if forced != "auto":
-        return forced
-    if jax.default_backend() != "cpu":
-        return "plain"
-    dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
-    t0 = time.perf_counter()
-    form = _choose_form(config.hidden_size, config.intermediate_size, dt)
-    logger.info("kernel form for %dx%d %s: %s (%.1f s; cache %s)", config.hidden_size,
-                config.intermediate_size, dt, form, time.perf_counter() - t0, plan_file())
-    return form

@@ -10,7 +10,7 @@ permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permut
 ``qwen2`` files are written without the permutation.
 
 :func:`load_gguf` builds a :class:`LoadedModel` from a file (through
-:func:`dsbd_jax.models.checkpoint.assemble_params`); :func:`gguf_config` and
+:func:`dsbd_jax.loading.checkpoint.assemble_params`); :func:`gguf_config` and
 :func:`tokenizer_from_gguf` read its config and tokenizer without the weights.
 """
 
@@ -25,7 +25,7 @@ from typing import Optional, Union
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.models.checkpoint import LoadedModel, assemble_params, check_no_unexpected
+from dsbd_jax.loading.checkpoint import LoadedModel, assemble_params, check_no_unexpected
 from dsbd_jax.models.config import ModelConfig
 
 logger = logging.getLogger("dsbd_jax")

@@ -5,7 +5,7 @@ forests) are fastest with different settings on different hosts. jaxlib 0.10 han
 product with more than one row to YNNPACK (a ``__ynn_fusion``); with that library switched off
 the same product runs on Eigen. Which library is faster depends on the host and on the
 product's shape: on one host Eigen can win for the 1.5B target's ``1536 x 8960`` products and
-lose for the 0.5B draft's ``896 x 4864`` (``benchmarks/matmul.py`` measures them; figures in
+lose for the 0.5B draft's ``896 x 4864`` (``benchmarks/probes/matmul.py`` measures them; figures in
 ``docs/results/cpu.md``), on another it may be the other way round. Eigen's thread pool, too,
 helps on some hosts and not on others. No single choice wins everywhere, so, as autotuners do,
 the library measures the candidates once per host and keeps the winner:
@@ -15,7 +15,7 @@ the library measures the candidates once per host and keeps the winner:
   releases), so the same code runs on jax 0.10 and 0.11.
 * ``choice(form="plain")``: the name in use for programs whose projection kernels are stored
   in ``form`` (``FORMS``: ``"plain"`` ``[in, out]`` or ``"transposed"``, see
-  :mod:`dsbd_jax.models.kernels`). The best options depend on the form: plain kernels may run
+  :mod:`dsbd_jax.models.kinds`). The best options depend on the form: plain kernels may run
   fastest with ``eigen_dot`` on a host where transposed kernels run fastest with XLA's default
   (YNNPACK), so each form has its own choice (``docs/performance.md``). ``$DSBD_JAX_CPU_OPTIONS``
   forces one name for both forms (a name of ``CANDIDATES``, or ``auto``, the default). With
@@ -28,7 +28,7 @@ the library measures the candidates once per host and keeps the winner:
 * ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's
   for the form of the kernels among the call's arguments, fixed when first called or lowered
   (one jit object per distinct choice, so no extra compiles).
-* :func:`interleaved_min`: the timing loop shared with :mod:`dsbd_jax.models.kernels`.
+* :func:`interleaved_min`: the timing loop shared with :mod:`dsbd_jax.models.kinds`.
 
 What the candidates change: ``single_thread_eigen`` only schedules work (which threads run a
 product), so outputs are bit-identical; ``eigen_dot`` runs the products in another library,
@@ -71,7 +71,7 @@ SAME_BITS = ("default", "single_thread_eigen")
 # every weight to a float32 copy, and a program with a decode loop keeps those copies as
 # temporaries, more bytes than the parameters) and a vocabulary head stored as [V, d] rows, e.g.
 # a tied head (its few-row products take several times as long as XLA's own product:
-# benchmarks/tied_head.py, figures in docs/results/cpu.md)
+# benchmarks/probes/tied_head.py, figures in docs/results/cpu.md)
 EIGEN_PRODUCTS = ("eigen_dot",)
 # the measurement: PROBE_LAYERS chained pairs [M, PROBE_IN] x [PROBE_IN, PROBE_OUT] x
 # [PROBE_OUT, PROBE_IN] (an MLP's up and down products, each waiting for the previous one)
@@ -151,9 +151,17 @@ def cache_file() -> Path:
     ``$DSBD_JAX_CACHE/host_plan.json`` (default ``~/.cache/dsbd_jax``), ``{host_key(): {entry:
     {"choice": ..., "min_ms": {...}}}}``: the compiler options per form, the kernel form per
     shape, the dtype per model shape, DSBD's node budget per target."""
-    root = os.environ.get("DSBD_JAX_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "dsbd_jax"
-    return base / PLAN_FILE
+    return cache_root() / PLAN_FILE
+
+
+def cache_root(cache_dir=None) -> Path:
+    """The library's cache folder: ``cache_dir``, else ``$DSBD_JAX_CACHE``, else
+    ``~/.cache/dsbd_jax`` (converted weights, trained heads' links, compiled programs, this
+    host's plan)."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("DSBD_JAX_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsbd_jax"
 
 
 def interleaved_min(fns: Mapping[Hashable, Callable[[], object]], repeats: int
@@ -195,7 +203,7 @@ def mlp_pairs(form: str, din: int, dout: int, layers: int, dtype="float32"):
     ``chain(x, ups, downs)``, which runs them one after another as a forward pass does (each
     product waits for the previous one) with the model's own product for that form
     (:func:`dsbd_jax.models.products.project_t` for transposed kernels). The probe of
-    :func:`measure` and of :func:`dsbd_jax.models.kernels.measure_forms`."""
+    :func:`measure` and of :func:`dsbd_jax.host.forms.measure_forms`."""
     _check_form(form)
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)

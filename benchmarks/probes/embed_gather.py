@@ -10,10 +10,10 @@ top-k 10 / top-p 0.8, each prompt timed after a warm-up call), every variant in 
 alternating (``--rounds`` rounds); each compiled program's whole-table conversions and copies
 are counted.
 
-    .venv/bin/python benchmarks/embed_gather.py --out results/embed_gather_epyc.json   # ~10 min
-    .venv/bin/python benchmarks/embed_gather.py --variants bits_hoisted rows_as_bits \
+    .venv/bin/python benchmarks/probes/embed_gather.py --out results/embed_gather_epyc.json   # ~10 min
+    .venv/bin/python benchmarks/probes/embed_gather.py --variants bits_hoisted rows_as_bits \
         --out results/embed_gather_barrier_avx512bf16_epyc.json
-    .venv/bin/python benchmarks/embed_gather.py --small --rounds 1 --out /tmp/embed_gather.json
+    .venv/bin/python benchmarks/probes/embed_gather.py --small --rounds 1 --out /tmp/embed_gather.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
