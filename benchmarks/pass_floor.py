@@ -151,7 +151,7 @@ def without_attention():
     """While inside, ``llama.attend`` returns its queries (the shape of its output), so a pass
     traced inside runs everything but its attention (``attention_form.attention_as``, which
     clears jax's caches around it)."""
-    from benchmarks.attention_form import attention_as
+    from benchmarks.probes.attention_form import attention_as
     return attention_as(lambda q, keys, values, mask, scale, cap=None: q)
 
 

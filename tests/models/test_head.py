@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.loading import heads
 from dsbd_jax.models import head as mh
 from dsbd_jax.models import llama
 from dsbd_jax.models.config import ModelConfig
@@ -70,8 +71,8 @@ def test_truncated_head_save_load_and_bad_parameters(tmp_path):
     tp = _target()
     hc = mh.HeadConfig(CFG, intermediate_size=8)
     hp = mh.truncate(hc, mh.init_params(hc, jax.random.PRNGKey(3)), tp, np.arange(0, 32, 2))
-    mh.save(tmp_path / "h", hc, hp, {"note": "x"})
-    hc2, hp2, meta = mh.load(tmp_path / "h", CFG.replace(dtype="bfloat16"))
+    heads.save(tmp_path / "h", hc, hp, {"note": "x"})
+    hc2, hp2, meta = heads.load(tmp_path / "h", CFG.replace(dtype="bfloat16"))
     assert meta == {"note": "x"} and hc2.target.dtype == "bfloat16"
     flat = lambda t: {jax.tree_util.keystr(p): np.asarray(x, np.float32)  # noqa: E731
                       for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
@@ -81,12 +82,12 @@ def test_truncated_head_save_load_and_bad_parameters(tmp_path):
         np.testing.assert_allclose(a[k], b[k], rtol=1e-2, atol=1e-2)
     assert hp2["vocab_head"]["rows"].dtype == jnp.int32
     with pytest.raises(ValueError, match="made for a target"):
-        mh.load(tmp_path / "h", CFG.replace(hidden_size=24, head_dim=12))
+        heads.load(tmp_path / "h", CFG.replace(hidden_size=24, head_dim=12))
     bad = dict(hp, fc={"kernel": jnp.zeros((3, 3)), "bias": hp["fc"]["bias"]})
     with pytest.raises(ValueError, match="fc"):
         mh.check_params(hc, bad)
     with pytest.raises(FileNotFoundError):
-        mh.load(tmp_path / "nothing")
+        heads.load(tmp_path / "nothing")
 
 
 def _same_logits(hc, a, b):
@@ -115,8 +116,8 @@ def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
     assert isinstance(trans["layers_0"]["mlp"]["up_proj"]["kernel"], kinds.RowBlocks)
     mh.check_params(hc, trans)
     _same_logits(hc, (plain, tp), (trans, tpt))
-    mh.save(tmp_path / "h", hc, trans)
-    _, back, _ = mh.load(tmp_path / "h", CFG)
+    heads.save(tmp_path / "h", hc, trans)
+    _, back, _ = heads.load(tmp_path / "h", CFG)
     assert "kernel" in back["layers_0"]["mlp"]["up_proj"]
     for (pa, x), (pb, y) in zip(jax.tree_util.tree_flatten_with_path(plain)[0],
                                 jax.tree_util.tree_flatten_with_path(back)[0]):
@@ -134,12 +135,12 @@ def test_a_head_bound_to_its_target_loads_in_the_hosts_kernel_form(tmp_path, mon
     tp = _target()
     hc = mh.HeadConfig(CFG)
     hp = mh.init_params(hc, jax.random.PRNGKey(2), target_params=tp)
-    mh.save(tmp_path / "h", hc, hp)
+    heads.save(tmp_path / "h", hc, hp)
     monkeypatch.setenv(forms.FORM_ENV, "transposed")
-    _, trans, _ = mh.load(tmp_path / "h", CFG)
-    _, unbound, _ = mh.load(tmp_path / "h")
+    _, trans, _ = heads.load(tmp_path / "h", CFG)
+    _, unbound, _ = heads.load(tmp_path / "h")
     monkeypatch.setenv(forms.FORM_ENV, "plain")
-    _, plain, _ = mh.load(tmp_path / "h", CFG)
+    _, plain, _ = heads.load(tmp_path / "h", CFG)
     layer = trans["layers_0"]
     for blk, names in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
                        ("mlp", ("gate_proj", "up_proj", "down_proj"))):
@@ -149,8 +150,8 @@ def test_a_head_bound_to_its_target_loads_in_the_hosts_kernel_form(tmp_path, mon
             assert not kinds.weights.is_kernel(unbound["layers_0"][blk][n]["kernel"])
     assert not kinds.weights.is_kernel(trans["fc"]["kernel"])  # not a projection of the block
     _same_logits(hc, (plain, tp), (trans, tp))
-    mh.save(tmp_path / "again", hc, trans)
-    _, back, _ = mh.load(tmp_path / "again", CFG)   # $DSBD_JAX_KERNEL_FORM is plain here
+    heads.save(tmp_path / "again", hc, trans)
+    _, back, _ = heads.load(tmp_path / "again", CFG)   # $DSBD_JAX_KERNEL_FORM is plain here
     for (pa, x), (pb, y) in zip(jax.tree_util.tree_flatten_with_path(plain)[0],
                                 jax.tree_util.tree_flatten_with_path(back)[0]):
         assert pa == pb
