@@ -1084,3 +1084,89 @@ add("docs/cli.md", CHUNKS,
     + ":.2f}x and {" + _PC.format(m="beam_sample", f="every_4", k="over_one_program")
     + ":.2f}x; the in-loop callback {" + _PC.format(m="dsbd", f="callback", k="over_one_program")
     + ":.2f}x and {" + _PC.format(m="beam_sample", f="callback", k="over_one_program") + ":.2f}x")
+
+# the Intel Xeon host with AMX: int8 products, whole passes, dsbd host ---------------------------
+INT8P_AMX = "results/int8_products_amx_xeon.json"
+FLOOR_AMX = "results/pass_floor_int8_amx_xeon.json"
+DTYPE_RUNS_AMX = "results/dtype_runs_amx_xeon.json"
+
+
+def host_output(rel: str, pattern: str, model: str = TARGET):
+    """The numbers of ``pattern`` (a regular expression with groups) in the first line of
+    ``dsbd host``'s recorded output (``dtype_runs.py``'s ``output``) after ``model``'s line."""
+    lines = load(rel)["runs"][0]["output"]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(model + " "))
+    for ln in lines[start:]:
+        m = re.search(pattern, ln)
+        if m:
+            return [float(g) for g in m.groups()]
+    raise KeyError(pattern)
+
+
+def mlp_ratios(rel: str):
+    """int8 over float MLP products at each M, for both models, from ``dsbd host``'s lines."""
+    out = []
+    for model in (TARGET, DRAFT):
+        got = host_output(rel, r"M=1: float ([\d.]+) / int8 ([\d.]+) ms, M=4: float ([\d.]+) / "
+                               r"int8 ([\d.]+) ms, M=16: float ([\d.]+) / int8 ([\d.]+) ms", model)
+        out += [got[i + 1] / got[i] for i in (0, 2, 4)]
+    return out
+
+
+HELPERS.update(host_output=host_output, mlp_ratios=mlp_ratios, INT8P_AMX=INT8P_AMX,
+               FLOOR_AMX=FLOOR_AMX, DTYPE_RUNS_AMX=DTYPE_RUNS_AMX)
+for _i in range(6):
+    add(PRECISION_MD, INT8P_AMX,
+        "| {rows:d} | " + " | ".join(f"{{ms.{k}:.1f}}" for k in _KINDS8)
+        + " | **{ms.int8:.1f}** | {ms.int8 one-row:.1f} | {ms.int8 eigen_dot:.1f} | "
+        "{over_float32.int8:.2f}x / {=v('ms.int8') / v('ms.float32 transposed'):.2f}x / "
+        "{over_bfloat16.int8:.2f}x | {rel_rms_vs_float32.int8:.3f} |", at=f"results.{_i}")
+_BF = "results.{}.ms.bfloat16 rows"
+_FT = "results.{}.ms.float32 transposed"
+add(PRECISION_MD, INT8P_AMX,
+    "{results.0.ms.bfloat16 rows:.1f} ms for one row, {results.3.ms.bfloat16 rows:.1f} ms for 12, "
+    "  {results.5.ms.bfloat16 rows:.1f} ms for 64 ({=v('" + _BF.format(5) + "') / v('"
+    + _BF.format(0) + "'):.1f}x the one-row time for 64 times the rows), where float32's "
+    "transposed kernels took {=v('" + _FT.format(3) + "') / v('" + _FT.format(0)
+    + "'):.1f}x at 12 rows and {=v('" + _FT.format(5) + "') / v('" + _FT.format(0)
+    + "'):.1f}x at 64.",
+    "The int8 product keeps {=span(int8_over(INT8P_AMX, range(6), 'bfloat16 rows')):.2f}x "
+    "bfloat16's time at every row count",
+    "One row still takes the slow path unpadded ({results.0.ms.int8 one-row:.0f} ms)")
+_PA = "results.{m}.{d}.{f}.rows.{n}.pass_ms"
+
+
+def _pa(m, d, f, n):
+    return "v('" + _PA.format(m=m, d=d, f=f, n=n) + "')"
+
+
+for _label, _m, _d, _f in (("1.5B target, bfloat16", "target", "bfloat16", "transposed"),
+                           ("1.5B target, float32", "target", "float32", "transposed"),
+                           ("1.5B target, int8", "target", "bfloat16", "int8"),
+                           ("0.5B draft, bfloat16", "draft", "bfloat16", "transposed"),
+                           ("0.5B draft, int8", "draft", "bfloat16", "int8")):
+    add(PRECISION_MD, FLOOR_AMX,
+        f"| {_label} | " + " | ".join("{=" + _pa(_m, _d, _f, n) + ":.1f}" for n in (1, 4, 12))
+        + " | {=" + _pa(_m, _d, _f, 12) + " / " + _pa(_m, _d, _f, 1) + ":.2f}x |")
+add(PRECISION_MD, FLOOR_AMX,
+    "12-token forest still costs {=" + _pa("target", "bfloat16", "transposed", 12) + " / "
+    + _pa("target", "bfloat16", "transposed", 1) + ":.2f}x its token, as on the EPYC.",
+    "The int8 draft's one-token pass is {=" + _pa("draft", "bfloat16", "int8", 1) + " / "
+    + _pa("target", "bfloat16", "transposed", 1) + ":.2f}x the bfloat16 target's, and an int8 "
+    "target's token {=" + _pa("target", "bfloat16", "int8", 1) + " / "
+    + _pa("target", "bfloat16", "transposed", 1) + ":.2f}x the bfloat16 one's.")
+add(PRECISION_MD, DTYPE_RUNS_AMX,
+    "the target's 12-token forest {=probe(TARGET, DTYPE_RUNS_AMX)[0]['bfloat16'][1]:.1f} ms in "
+    "bfloat16 against {=probe(TARGET, DTYPE_RUNS_AMX)[0]['float32'][1]:.1f} ms in float32, its "
+    "token {=probe(TARGET, DTYPE_RUNS_AMX)[0]['bfloat16'][0]:.1f} against "
+    "{=probe(TARGET, DTYPE_RUNS_AMX)[0]['float32'][0]:.1f} ms)",
+    "(MLP products {=span(mlp_ratios(DTYPE_RUNS_AMX)):.2f}x the float ones)",
+    "a DSBD node budget of {=host_output(DTYPE_RUNS_AMX, r'as a DSBD target: node budget "
+    r"(\d+)')[0]:.0f} for the bfloat16 target: forests of 12 / 16 / 24 / 32 nodes cost "
+    "{=host_output(DTYPE_RUNS_AMX, r'nodes cost ([\\d.]+) / ([\\d.]+) / ([\\d.]+) / ([\\d.]+) /')[0]"
+    ":.2f} / {=host_output(DTYPE_RUNS_AMX, r'nodes cost ([\\d.]+) / ([\\d.]+) / ([\\d.]+) / "
+    "([\\d.]+) /')[1]:.2f} / {=host_output(DTYPE_RUNS_AMX, r'nodes cost ([\\d.]+) / ([\\d.]+) / "
+    "([\\d.]+) / ([\\d.]+) /')[2]:.2f} / {=host_output(DTYPE_RUNS_AMX, r'nodes cost ([\\d.]+) / "
+    "([\\d.]+) / ([\\d.]+) / ([\\d.]+) /')[3]:.2f}x a token in the probe.")
+add(INDEX_MD, INT8P_AMX, "| Intel Xeon (AMX) | \"Intel(R) Xeon(R) Processor\", AVX512F, VNNI, "
+    "AVX512-BF16, AVX512-FP16 and AMX (tile, BF16, INT8) | {machine.cpu_count:d} |")
