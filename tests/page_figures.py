@@ -1170,3 +1170,24 @@ add(PRECISION_MD, DTYPE_RUNS_AMX,
     "([\\d.]+) / ([\\d.]+) / ([\\d.]+) /')[3]:.2f}x a token in the probe.")
 add(INDEX_MD, INT8P_AMX, "| Intel Xeon (AMX) | \"Intel(R) Xeon(R) Processor\", AVX512F, VNNI, "
     "AVX512-BF16, AVX512-FP16 and AMX (tile, BF16, INT8) | {machine.cpu_count:d} |")
+
+# the same host: the drafted decoders end to end, two runs of one command (they disagree)
+TERMS_AMX = "results/draft_terms_int8_amx_xeon.json"
+TERMS_AMX_EARLIER = "results/draft_terms_int8_amx_xeon_earlier.json"
+_B1 = "batches.b1."
+_DR = _B1 + "drafts.{d}."
+HELPERS.update(TERMS_AMX_EARLIER=TERMS_AMX_EARLIER)
+for _label, _rel in (("earlier", TERMS_AMX_EARLIER), ("later", TERMS_AMX)):
+    add(PRECISION_MD, _rel,
+        "| " + _label + " | {" + _B1 + "references.sample.tokens_per_s:.2f} | {" + _B1
+        + "references.beam_sample_W4.tokens_per_s:.2f} | "
+        + " | ".join(" / ".join("{" + _DR.format(d=d) + m + ".tokens_per_s:.2f}"
+                                for d in ("base", "int8"))
+                     for m in ("speculative_g4", "dsbd_beamW4_point"))
+        + " | " + " / ".join("{" + _DR.format(d=d) + "targets.dsbd_w4_vs_beam_w4."
+                             "dsbd_beamW4_point.end_to_end:.2f}x" for d in ("base", "int8"))
+        + " | {" + _B1 + "one_token_pass_ms.target:.1f} ms | {" + _B1
+        + "draft_pass_vs_target.base:.2f}x / {" + _B1 + "draft_pass_vs_target.int8:.2f}x |")
+add(PRECISION_MD, TERMS_AMX, "the target's one-token pass, timed alone inside each run, took "
+    "{=w(TERMS_AMX_EARLIER, 'batches.b1.one_token_pass_ms.target'):.0f} and "
+    "{batches.b1.one_token_pass_ms.target:.0f} ms")

@@ -163,7 +163,8 @@ def test_sharded_dsbd_with_a_head_equals_one_device():
     the draft: the same tokens as one device."""
     code = textwrap.dedent("""
         import os, sys
-        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=4")
         sys.path[:0] = ["tests", "tests/decoding"]
         import jax, numpy as np
         import exact_reference as ref

@@ -29,7 +29,9 @@ SUMMED_OVER_PROMPTS = {"layer_verified", "layer_passed", "layer_candidates", "la
 def report(tmp_path_factory, torch):
     tmp = tmp_path_factory.mktemp("sharding")
     out = tmp / "report.json"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    # the suite's own flags (scripts/test.sh: the backend's optimisation level) kept
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(),
                JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(HERE / "sharding_worker.py"), str(tmp / "tiny"),
