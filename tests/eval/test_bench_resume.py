@@ -6,16 +6,25 @@
 * An interrupted run (killed part way through a batch, a cut-off last line) resumes: records
   written are kept byte for byte, nothing is run twice, the result equals an uninterrupted run's,
   and a changed config is refused naming the key.
+* ``dsbd bench`` stops within seconds of Ctrl-C in the middle of a batch that XLA is running,
+  keeps the finished batches' records and says that the same command resumes (which it does:
+  the records then resume as above).
 * Wilson / bootstrap / paired intervals against known values; a wrong interval formula fails.
 """
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from bench_setup import bench_config
+from bench_setup import bench_config, write_bench_config
 from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.eval.plan import default_batch_size, make_config, plan_batches, prompt_keys
 from dsbd_jax.eval.records import read_records, resume_state
@@ -51,6 +60,9 @@ def samples(path):
 
 def key_of(r):
     return r["label"], r["prompt_index"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,3 +363,70 @@ def test_quality_report_script(tmp_path, pair, gsm_file):
     assert "### The yardstick: beam sampling minus sampling" in text
     assert "| beam W=2 | sample | gsm8k/exact_match |" in text
     assert report["yardstick"][0]["dsbd"] == "beam W=2"
+
+
+# ``dsbd bench`` with every decoder call after the first batch's two (its warm-up and its timed
+# call) preceded by minutes of XLA work (a jitted loop of small products), so that the signal
+# comes while XLA runs the batch. jax's wait for a computation (and for a compile) sees the
+# signal and raises KeyboardInterrupt in the command's thread; the command line then says what
+# is kept and leaves at once (cli.commands.main).
+SLOW_BENCH = r"""
+import sys
+import jax, jax.numpy as jnp
+from dsbd_jax.decoding import methods
+build, calls = methods.build, [0]
+busy = jax.jit(lambda x: jax.lax.fori_loop(0, 10_000_000, lambda i, y: jnp.tanh(y @ y), x))
+
+class Slow:
+    def __init__(self, dec):
+        self._dec = dec
+    def __getattr__(self, name):
+        return getattr(self._dec, name)
+    def __call__(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] > 2:
+            x = jax.block_until_ready(jnp.eye(64) * 0.5)
+            busy.lower(x).compile()
+            print("SLOW BATCH", flush=True)
+            jax.block_until_ready(busy(x))
+        return self._dec(*args, **kwargs)
+
+methods.build = lambda *a, **k: Slow(build(*a, **k))
+from dsbd_jax.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigint_stops_bench_in_the_middle_of_a_batch(tmp_path, pair, gsm_file):
+    cfg_path = write_bench_config(tmp_path / "bench.yaml", pair[0], pair[1], gsm_file,
+                                  [{"method": "sample"}], limit=2, batch_size=1)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    # SIGINT as a terminal delivers it (test_stop_resume.py: a lane starts with SIGINT ignored)
+    proc = subprocess.Popen([sys.executable, "-u", "-c", SLOW_BENCH, "bench", str(cfg_path),
+                             "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        lines = []
+        for line in proc.stdout:               # the second batch has started in XLA
+            lines.append(line)
+            if "SLOW BATCH" in line:
+                break
+        assert any("SLOW BATCH" in x for x in lines), "".join(lines) + proc.stderr.read()[-3000:]
+        time.sleep(1)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)   # a blocking call: minutes
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert took < 5, took
+    assert "dsbd bench: stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
+    # the first batch's record is kept, and the same config resumes after it
+    path = out / "records.jsonl"
+    assert [r["prompt_index"] for r in samples(path)] == [0]
+    from dsbd_jax.eval.plan import load_config
+    assert resume_state(path, load_config(cfg_path))["done"] == {("sample", 0)}
