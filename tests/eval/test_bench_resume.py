@@ -14,10 +14,7 @@
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -25,6 +22,7 @@ import numpy as np
 import pytest
 
 from bench_setup import bench_config, write_bench_config
+from ctrl_c import ctrl_c_after
 from dsbd_jax.decoding import calls, common, inputs
 from dsbd_jax.eval.plan import default_batch_size, make_config, plan_batches, prompt_keys
 from dsbd_jax.eval.records import read_records, resume_state
@@ -402,27 +400,11 @@ def test_sigint_stops_bench_in_the_middle_of_a_batch(tmp_path, pair, gsm_file):
                                   [{"method": "sample"}], limit=2, batch_size=1)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
-    # SIGINT as a terminal delivers it (test_stop_resume.py: a lane starts with SIGINT ignored)
-    proc = subprocess.Popen([sys.executable, "-u", "-c", SLOW_BENCH, "bench", str(cfg_path),
-                             "--out", str(out), "--no-progress"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        lines = []
-        for line in proc.stdout:               # the second batch has started in XLA
-            lines.append(line)
-            if "SLOW BATCH" in line:
-                break
-        assert any("SLOW BATCH" in x for x in lines), "".join(lines) + proc.stderr.read()[-3000:]
-        time.sleep(1)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)   # a blocking call: minutes
-        took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    # the second batch has started in XLA; a blocking call would hold the signal for minutes
+    code, _, err, took = ctrl_c_after(
+        [sys.executable, "-u", "-c", SLOW_BENCH, "bench", str(cfg_path), "--out", str(out),
+         "--no-progress"], "SLOW BATCH", env=env, cwd=ROOT, timeout=30, settle=1.0)
+    assert code == 130, err[-2000:]
     assert took < 5, took
     assert "dsbd bench: stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
     # the first batch's record is kept, and the same config resumes after it

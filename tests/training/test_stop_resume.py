@@ -4,15 +4,13 @@ in their third batch compute only the missing batches on the rerun, with the sam
 command line stops within seconds of SIGINT and says how to resume."""
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ctrl_c import ctrl_c_after
 from dsbd_jax.training import head as th
 from dsbd_jax.training import head_data
 from dsbd_jax.training.rollouts import BatchStore, fingerprint, ready
@@ -91,28 +89,10 @@ def test_stopped_rollouts_resume_from_the_last_finished_batch(tmp_path, tiny, mo
 def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
     p = _recipe(tmp_path, tiny, "head_sigint")
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
-    # SIGINT as a terminal's Ctrl-C delivers it: a test lane runs in the background of a script,
-    # where the shell starts every command with SIGINT ignored (and Python then keeps ignoring
-    # it), so the child gets the default disposition back first
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        lines = []
-        for line in proc.stdout:               # the first finished rollout batch
-            lines.append(line)
-            if "target rollouts" in line:
-                break
-        assert any("target rollouts" in x for x in lines), "".join(lines)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+    code, _, err, took = ctrl_c_after(
+        [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
+        "target rollouts", env=env, cwd=ROOT, timeout=60)   # the first finished rollout batch
+    assert code == 130, err[-2000:]
     assert took < 5, took
     assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
     assert list((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
