@@ -33,17 +33,6 @@ if [ "${DSBD_TEST_XLA_CACHE:-1}" != 0 ] && [ -z "${JAX_COMPILATION_CACHE_DIR:-}"
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 fi
-# The lanes' processes, and every process they start, compile at XLA's backend (LLVM)
-# optimisation level 0: the same HLO passes and so the same programs' structure (what the tests
-# read from compiled programs), in less time (tests/decoding/test_chunked_progress.py alone:
-# 152 s against 212 s at the default level on an Intel Xeon with AMX), while the tiny models'
-# own run time hardly counts. The slow lane's real models keep XLA's default, as does a run
-# with its own -m.
-# DSBD_TEST_XLA_OPT=1 keeps the default level everywhere.
-LANE_XLA_FLAGS=${XLA_FLAGS:-}
-if [ "${DSBD_TEST_XLA_OPT:-0}" != 1 ]; then
-  LANE_XLA_FLAGS="${LANE_XLA_FLAGS:+$LANE_XLA_FLAGS }--xla_backend_optimization_level=0"
-fi
 # The lanes (scripts/lanes.sh): each lane's lines stream to the terminal prefixed by the lane
 # ("[A] "), one line per finished test and per finished folder (result and seconds). The docs
 # build and its doctests are part of them (tests/test_docs.py).
@@ -71,8 +60,7 @@ else
   NOT_EXT=" and not extended"; ONLY_SLOW="slow and not extended"
 fi
 if [ "$SPLIT" = 1 ]; then
-  PY="$PY" XLA_FLAGS="$LANE_XLA_FLAGS" bash scripts/lanes.sh -m "not slow$NOT_EXT" "$@" 2>&1 \
-    | tee "$LOG_LANES"
+  PY="$PY" bash scripts/lanes.sh -m "not slow$NOT_EXT" "$@" 2>&1 | tee "$LOG_LANES"
   status=${PIPESTATUS[0]}
 else
   PY="$PY" bash scripts/lanes.sh "$@" 2>&1 | tee "$LOG_LANES"

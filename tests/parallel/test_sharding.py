@@ -29,8 +29,10 @@ SUMMED_OVER_PROMPTS = {"layer_verified", "layer_passed", "layer_candidates", "la
 def report(tmp_path_factory, torch):
     tmp = tmp_path_factory.mktemp("sharding")
     out = tmp / "report.json"
-    # the suite's own flags (scripts/test.sh: the backend's optimisation level) kept
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    # the caller's flags kept; XLA's backend optimisation level 0: the same optimised programs
+    # (what the worker reads) in less compile time, which is most of the worker's
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+             " --xla_backend_optimization_level=0")
     env = dict(os.environ, XLA_FLAGS=flags.strip(),
                JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
