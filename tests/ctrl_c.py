@@ -10,9 +10,9 @@ import time
 
 def ctrl_c_after(argv, marker: str, *, env, cwd, timeout: float, settle: float = 0.0):
     """Start ``argv``, read its output until a line holds ``marker``, wait ``settle`` seconds,
-    send SIGINT; returns ``(exit status, the lines read, stderr, seconds from the signal to the
-    exit)``. Fails if the marker never comes; kills the process if it outlives ``timeout``
-    seconds after the signal. A test lane runs in the background of a script, where the shell
+    send SIGINT; returns ``(exit status, stderr, seconds from the signal to the exit)``. Fails
+    if the marker never comes; kills the process if it outlives ``timeout`` seconds after the
+    signal. A test lane runs in the background of a script, where the shell
     starts every command with SIGINT ignored (and Python keeps ignoring it), so the child gets
     the default disposition back first."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -33,4 +33,4 @@ def ctrl_c_after(argv, marker: str, *, env, cwd, timeout: float, settle: float =
     finally:
         if proc.poll() is None:
             proc.kill()
-    return proc.returncode, lines, err, took
+    return proc.returncode, err, took

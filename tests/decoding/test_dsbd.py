@@ -234,8 +234,8 @@ def _check_beams(out, config, params, prompts, lengths):
 # every row equals its single call, as under the pinned jax (the test below). docs/decoders.md
 # (Keys) says so. The beams' checks before the comparison still run and pass.
 _YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
-NEWEST_JAX_BATCH_ROWS = (tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 12)
-                         and "ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""))
+_JAX_0_12 = tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 12)
+NEWEST_JAX_BATCH_ROWS = _JAX_0_12 and "ynn_fusion_type" not in os.environ.get("XLA_FLAGS", "")
 
 
 @pytest.mark.xfail(NEWEST_JAX_BATCH_ROWS, strict=False,
@@ -264,8 +264,7 @@ def test_batch_eos_budget_and_single_prompt_equivalence():
     assert common.compile_count("dsbd_generate") == before
 
 
-@pytest.mark.skipif(tuple(int(x) for x in jax.__version__.split(".")[:2]) < (0, 12)
-                    or jax.default_backend() != "cpu",
+@pytest.mark.skipif(not _JAX_0_12 or jax.default_backend() != "cpu",
                     reason="XLA:CPU's YNNPACK fusions are an option from jax 0.12 on")
 def test_batch_rows_equal_single_calls_with_ynn_fusions_off():
     """Under jax >= 0.12 on CPU, with the YNNPACK fusions off for the program (a compiler option

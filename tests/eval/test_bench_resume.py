@@ -401,7 +401,7 @@ def test_sigint_stops_bench_in_the_middle_of_a_batch(tmp_path, pair, gsm_file):
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
     # the second batch has started in XLA; a blocking call would hold the signal for minutes
-    code, _, err, took = ctrl_c_after(
+    code, err, took = ctrl_c_after(
         [sys.executable, "-u", "-c", SLOW_BENCH, "bench", str(cfg_path), "--out", str(out),
          "--no-progress"], "SLOW BATCH", env=env, cwd=ROOT, timeout=30, settle=1.0)
     assert code == 130, err[-2000:]
