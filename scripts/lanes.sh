@@ -13,8 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 # Two lanes run side by side (the suite is mostly single-threaded XLA compilation, and the host
-# has 2 cores); each lane runs its folders one pytest process after another; each prints its
-# slowest tests (over 20 s) at its end. Balanced by the folders' seconds on the slowest 2-core
+# has 2 cores); each lane runs its folders one pytest process after another; each prints every
+# test phase over 5 s, slowest first, at its end (the figures for choosing what CI runs). Balanced by the folders' seconds on the slowest 2-core
 # host (the AVX2-only AMD EPYC; scripts/test.sh's CI selection, measured with both lanes
 # running): tests/decoding 2,340, tests/models 1,500, tests/parallel 660, tests/eval 620,
 # tests/training 320, the notebook 160, the docs 150, the generate cache 135, every other
@@ -48,7 +48,7 @@ run_lane() {
   for group in "$@"; do
     echo "== pytest $group"
     out=$(mktemp); t0=$SECONDS
-    "$PY" -u -m pytest -v -o console_output_style=count -ra --durations=15 --durations-min=20 \
+    "$PY" -u -m pytest -v -o console_output_style=count -ra --durations=0 --durations-min=5 \
       ${EXTRA[@]+"${EXTRA[@]}"} $group 2>&1 \
       | tee "$out"
     rc=${PIPESTATUS[0]}
