@@ -1,4 +1,5 @@
-"""What training a draft head took: `dsbd train-head RECIPE` run under ``/usr/bin/time -v``, its
+"""What training a draft took: `dsbd train-head RECIPE` (a draft head) or `dsbd distill RECIPE` (a
+distilled draft model; a recipe with a ``distill:`` section) run under ``/usr/bin/time -v``, its
 wall time, peak memory and log written to one JSON (what `dsbd demo` quotes when it suggests
 training a head: ``results/<recipe>_training.json``).
 
@@ -8,6 +9,8 @@ training a head: ``results/<recipe>_training.json``).
     .venv/bin/python benchmarks/head_training.py configs/head_qwen.yaml \\
         --time-log /tmp/train.log --out results/head_qwen_training.json
     .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
+    .venv/bin/python benchmarks/head_training.py configs/distill_qwen_fkl.yaml \\
+        --out results/distill_qwen_fkl_training.json   # ~50 min on a 2-core CPU
 
 Each ``/usr/bin/time`` report in the log is a part of the record (a run stopped and resumed
 has two). ``--conditions`` records what ran beside it (the default says the machine was quiet);
@@ -18,6 +21,7 @@ timestamps), whose peak memory is not known.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -69,19 +73,24 @@ def main(argv=None):
     from dsbd_jax.models import head as mhead
     from dsbd_jax.loading import heads
     from dsbd_jax.training.head import load_recipe, read_log
+    import yaml
+    distill = "distill" in (yaml.safe_load(Path(args.recipe).read_text()) or {})
+    if distill:
+        from dsbd_jax.training.recipe import load_recipe
+    command = "distill" if distill else "train-head"
     r = load_recipe(args.recipe)
     if args.time_log:
         text = Path(args.time_log).read_text(errors="replace")
     else:
         with tempfile.NamedTemporaryFile("w+", suffix=".log") as f:
             subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "dsbd_jax",
-                            "train-head", args.recipe], stdout=f, stderr=subprocess.STDOUT,
+                            command, args.recipe], stdout=f, stderr=subprocess.STDOUT,
                            cwd=_ROOT, check=True)
             f.seek(0)
             text = f.read()
     reports = time_reports(text)
     rss = max(r[1] for r in reports)
-    parts = [{"what": "dsbd train-head under /usr/bin/time -v"
+    parts = [{"what": f"dsbd {command} under /usr/bin/time -v"
               + (f" (run {i + 1} of {len(reports)}"
                  + (", stopped by a signal, then resumed" if stopped else "") + ")"
                  if len(reports) > 1 else ""),
@@ -93,16 +102,23 @@ def main(argv=None):
     wall = sum(p["wall_s"] for p in parts)
     run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
         Path(r["run_dir"])
-    head_dir = run_dir / "head"
-    if not heads.is_head_dir(head_dir):
-        raise SystemExit(f"{head_dir}: no trained head (the run did not finish)")
-    _, params, meta = heads.load(head_dir)
-    own = {k: v for k, v in params.items() if k != mhead.VOCAB_HEAD}
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
-           "dtype": r["dtype"], "command": f"dsbd train-head {args.recipe}",
-           "recipe": args.recipe, "num_params_own": mhead.num_params(own),
-           "wall_s": wall, "peak_rss_kb": rss, "parts": parts, "conditions": args.conditions,
-           "log": read_log(run_dir), "meta": meta}
+           "dtype": r["dtype"], "command": f"dsbd {command} {args.recipe}",
+           "recipe": args.recipe}
+    if distill:
+        if not (run_dir / "model" / "config.json").is_file():
+            raise SystemExit(f"{run_dir / 'model'}: no distilled draft (the run did not finish)")
+        out.update(target=str(r["target"]), draft=str(r["draft"]),
+                   meta=dataclasses.asdict(r["distill"]))
+    else:
+        head_dir = run_dir / "head"
+        if not heads.is_head_dir(head_dir):
+            raise SystemExit(f"{head_dir}: no trained head (the run did not finish)")
+        _, params, meta = heads.load(head_dir)
+        own = {k: v for k, v in params.items() if k != mhead.VOCAB_HEAD}
+        out.update(num_params_own=mhead.num_params(own), meta=meta)
+    out.update(wall_s=wall, peak_rss_kb=rss, parts=parts, conditions=args.conditions,
+               log=read_log(run_dir))
     write_json(args.out, out)
     print(f"{args.recipe}: {wall / 60:.1f} min, peak {rss / 2 ** 20:.1f} GB; wrote {args.out}")
     return out

@@ -13,6 +13,8 @@ Config file (YAML; see ``configs/quick_cpu.yaml``)::
     name: quick_cpu
     models: models/qwen_offline.yaml     # or target: / draft: (preset, HF directory or .gguf)
     dtype: float32
+    weights: float                       # the target's weights: float (default) or int8
+    draft_weights: int8                  # the draft model's: float (default) or int8
     datasets:                            # tasks of dsbd_jax.eval.tasks, each with limit / path / ...
       - {task: humaneval, limit: 20}
       - {task: gsm8k, limit: 20}
@@ -75,7 +77,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 _TOP_KEYS = {"name", "models", "models_file", "target", "draft", "dtype", "datasets", "max_new_tokens", "warping",
-             "eos", "seed", "warmup", "methods", "description", "profile", "batch_size"}
+             "eos", "seed", "warmup", "methods", "description", "profile", "batch_size",
+             "weights", "draft_weights"}
+# weights / draft_weights: a model's weight kind (load_model's weights=); absent means float, and
+# stays absent, so a run started before these keys existed still resumes
+_WEIGHT_KINDS = ("float", "int8")
 _WARP_KEYS = {"temperature", "top_k", "top_p"}
 
 
@@ -134,6 +140,9 @@ def make_config(cfg: Dict[str, Any], base_dir=".", where: str = "config", **over
     if isinstance(cfg["batch_size"], bool) or not isinstance(cfg["batch_size"], int) \
             or cfg["batch_size"] < 1:
         raise ValueError(f"{where}: batch_size must be an int >= 1, got {cfg['batch_size']!r}")
+    for k in ("weights", "draft_weights"):
+        if k in cfg and cfg[k] not in _WEIGHT_KINDS:
+            raise ValueError(f"{where}: {k} must be one of {list(_WEIGHT_KINDS)}, got {cfg[k]!r}")
     if not isinstance(cfg["profile"], bool):
         raise ValueError(f"{where}: profile must be true or false, got {cfg['profile']!r}")
     bad = sorted(set(cfg["warping"]) - _WARP_KEYS)

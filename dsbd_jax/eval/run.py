@@ -164,6 +164,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     import jax.numpy as jnp
     from dsbd_jax.decoding import common
     from dsbd_jax.models.head import is_head
+    from dsbd_jax.models.kinds import int8_config
     from dsbd_jax.loading.heads import LoadedHead, read_draft_config
     from dsbd_jax.loading.load import load_model, read_config
     from dsbd_jax.decoding.methods import build, label, model_params
@@ -189,17 +190,25 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
         dtype = cfg["dtype"] if cfg["dtype"] == "auto" else jnp.dtype(cfg["dtype"])
         # every method setting is checked against the model configs before the slow load
         # the draft: a draft model, or a draft head (a head directory or a trained head's name)
+        kinds = cfg.get("weights", "float"), cfg.get("draft_weights", "float")
         tc = read_config(cfg["target"], dtype)
         configs = (tc, read_draft_config(cfg["draft"], tc, dtype) if cfg.get("draft") else None)
+        if kinds[1] == "int8" and configs[1] is not None and is_head(configs[1]):
+            raise ValueError(f"draft_weights: int8 quantises a draft model; {cfg['draft']} is "
+                             "a draft head (drop draft_weights, or give a draft model)")
+        configs = tuple(c if c is None or k == "float" else int8_config(c)
+                        for c, k in zip(configs, kinds))
         for method, setting in cfg["runs"]:
             build(method, *configs, **base, **setting)
-        target = load_model(cfg["target"], dtype, tokenizer=True, progress=progress)
+        target = load_model(cfg["target"], dtype, tokenizer=True, progress=progress,
+                            weights=kinds[0])
         if not cfg.get("draft"):
             draft = None
         elif is_head(configs[1]):
             draft = LoadedHead(cfg["draft"], target.config)
         else:
-            draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress)
+            draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress,
+                               weights=kinds[1])
     else:
         target, draft = models
     if target.tokenizer is None:
@@ -235,6 +244,10 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                   # the dtype the figures were measured in (the load's choice where "auto")
                   "dtype": {name: (m.info or {}).get("dtype") for name, m in
                             (("target", target), ("draft", draft)) if m is not None},
+                  # the weight kinds the figures were measured with ("float" or "int8")
+                  "weights": {name: (m.info or {}).get("weights", "float") for name, m in
+                              (("target", target), ("draft", draft))
+                              if m is not None and not is_head(m.config)},
                   "draft_kind": None if draft is None else
                   ("head" if is_head(draft.config) else "model"),
                   "memory": {"device": mem0["reason"] or "memory_stats peak_bytes_in_use"},

@@ -111,7 +111,10 @@ IDENTITY = {
 }
 
 
-@pytest.mark.parametrize("name", list(IDENTITY))
+@pytest.mark.parametrize("name", [  # CI: the chain and DSBD; the tree and single-beam DSBD
+    # (the same truncated head through other verifiers) extended
+    pytest.param(n, marks=() if n in ("speculative", "dsbd") else pytest.mark.extended)
+    for n in IDENTITY])
 def test_full_subset_is_bit_identical(name):
     """``N = V``: the same outputs, log-likelihoods and statistics as the untruncated draft."""
     fn, make = IDENTITY[name]
@@ -150,7 +153,10 @@ DSBD_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(DSBD_CASES))
+@pytest.mark.parametrize("case", [  # CI: replacement and single beam; no_replacement extended
+    # (DSBD without replacement under a truncated draft: test_prompt_rows_dsbd_is_exact_...)
+    pytest.param(c, marks=() if c != "no_replacement" else pytest.mark.extended)
+    for c in DSBD_CASES])
 def test_truncated_draft_dsbd_is_exact_beam_sampling(case):
     """DSBD at fixed width 2 (beam sampling W=2) with and without replacement, and single-beam
     DSBD at width 1 (sampling), with the target's most likely first tokens outside the draft's
@@ -253,7 +259,9 @@ def test_prompt_rows_extend_the_head():
                                   np.asarray(tied["embed"]["embedding"][4]))
 
 
-@pytest.mark.parametrize("name", ["speculative", "tree", "dsbd_single_beam"])
+@pytest.mark.parametrize("name", [  # CI: the chain and the tree; single-beam DSBD extended
+    # (DSBD with prompt rows: test_prompt_rows_dsbd_is_exact_beam_sampling)
+    "speculative", "tree", pytest.param("dsbd_single_beam", marks=pytest.mark.extended)])
 def test_prompt_rows_draft_is_exact_and_accepts_more(name):
     """Rows {3, 4} plus the prompt's tokens {1, 2}: the target's likely first tokens (0, 5) come
     out through the residual, the distribution is the target's, and acceptance is at least the

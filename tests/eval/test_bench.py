@@ -85,6 +85,8 @@ def test_shipped_configs_load():
     ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nwarmup: true\n", "warmup"),
     ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\ncolour: red\n", "unknown key"),
     ("target: [x\n", "not valid YAML"),
+    ("target: x\ndatasets: [{task: gsm8k}]\nmethods: [{method: beam}]\nweights: int4\n",
+     "weights must be one of \\['float', 'int8'\\], got 'int4'"),
 ])
 def test_config_errors(tmp_path, text, match):
     p = tmp_path / "c.yaml"
@@ -181,6 +183,30 @@ def test_bench_drafts_with_a_draft_head(tmp_path, pair, gsm_file):
     S = 16 + 6 + 2 + 1
     spec = build("spec", T.config, hc, max_new_tokens=6, gamma=2)
     assert kv_cache_bytes(spec, 16) == S * per_slot * (T.config.num_layers + 1)
+
+
+def test_bench_runs_an_int8_draft_and_says_so(tmp_path, pair, gsm_file):
+    """``draft_weights: int8`` loads the draft with int8 kernels (the target stays float), every
+    drafted method runs with it, and the run's header names both kinds; a head is refused."""
+    methods = [{"method": "spec", "gamma": 2}]
+    cfg = load_config(write_config(tmp_path, pair, gsm_file, methods, draft_weights="int8"))
+    summary = run_bench(cfg, tmp_path / "out", progress=False, log=lambda s: None)
+    head = read_records(tmp_path / "out" / "records.jsonl")[0]
+    assert head["weights"] == {"target": "float", "draft": "int8"}
+    assert head["config"]["draft_weights"] == "int8"
+    assert summary["rows"][0]["draft_calls_per_token"] > 0
+    # a run without the keys records float for both, and its config stays without them (a run
+    # started before the keys existed resumes)
+    assert "draft_weights" not in load_config(write_config(tmp_path, pair, gsm_file, methods))
+    from dsbd_jax.models import head as mhead
+    from dsbd_jax.loading import heads
+    hc = mhead.HeadConfig(pair[2].config, intermediate_size=32)
+    head_dir = heads.save(tmp_path / "head", hc, mhead.init_params(
+        hc, jax.random.PRNGKey(0), target_params=pair[2].params))
+    cfg = load_config(write_bench_config(tmp_path / "h.yaml", pair[0], str(head_dir), gsm_file,
+                                         methods, draft_weights="int8"))
+    with pytest.raises(ValueError, match="draft_weights: int8 quantises a draft model"):
+        run_bench(cfg, tmp_path / "out_head", progress=False, log=lambda s: None)
 
 
 def test_comparisons_pick_the_matched_beam():

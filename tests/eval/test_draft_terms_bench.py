@@ -26,6 +26,7 @@ def test_decode_split_and_what_if_by_hand():
     assert set(bench.what_if(split, 100.0)) == {"decode", "free_draft"}
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_small_run(tmp_path, monkeypatch):
     monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")  # no host measurement in CI
     from dsbd_jax.host import cpu_options

@@ -86,11 +86,13 @@ def _run(code, cache, *args):
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma3-270m",
-                                  "qwen2.5-coder-0.5b-instruct",
-                                  # the 0.5B's architecture at 7 GB: extended
-                                  pytest.param("qwen2.5-coder-1.5b-instruct",
-                                               marks=pytest.mark.extended)])
+@pytest.mark.parametrize("name", [
+    # CI: Gemma 3 and the default pair's draft (their K-quant blocks, two architectures); the
+    # 1.5B (the 0.5B's architecture at 7 GB) and SmolLM2 (the Llama GGUF's q/k permutation,
+    # checked on tiny Llama GGUFs against transformers in test_model_parity.py) extended
+    pytest.param("smollm2-135m-instruct", marks=pytest.mark.extended), "gemma3-270m",
+    "qwen2.5-coder-0.5b-instruct",
+    pytest.param("qwen2.5-coder-1.5b-instruct", marks=pytest.mark.extended)])
 def test_logits_match_transformers_gguf(name, tmp_path):
     cache = tmp_path / "cache"
     _run(_JAX_SIDE, cache, name, str(tmp_path), json.dumps(PROMPT))
@@ -126,6 +128,8 @@ print("RESULT " + json.dumps(m.tokenizer.decode(np.asarray(out.sequences[0, best
 """
 
 
+@pytest.mark.extended   # Gemma 3's real logits: test_logits_match_transformers_gguf; its cached
+# decoding steps: test_family_parity.py (tiny Gemma 3 models against transformers)
 def test_gemma3_270m_generates(tmp_path):
     """A real generation offline with the Gemma 3 preset (beam sampling, 2 beams, 8 tokens):
     the continuation of a count (a broken model loses it; measured output: ' 6, 7, 8')."""

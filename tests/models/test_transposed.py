@@ -174,6 +174,7 @@ def test_load_model_transposed_and_unblocking_users(bench_pair, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
 def test_transposed_benchmark_small(tmp_path):
     import json
     from bench_setup import load_bench

@@ -205,6 +205,22 @@ def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys, monkeypatch)
     assert "load_model('tiny')" in capsys.readouterr().out
     m = load_model("tiny", progress=False)  # the preset-like name save_as (default: name)
     assert m.tokenizer is not None and m.config.vocab_size == load_model(d).config.vocab_size
+    # the run's record (benchmarks/head_training.py reads a distillation recipe too)
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    from benchmarks.head_training import main as record
+    time_log = tmp_path / "time.log"
+    time_log.write_text("\tElapsed (wall clock) time (h:mm:ss or m:ss): 0:42.5\n"
+                        "\tMaximum resident set size (kbytes): 1024\n")
+    rec = record([str(cfg), "--time-log", str(time_log), "--out", str(tmp_path / "d.json")])
+    assert rec["command"] == f"dsbd distill {cfg}" and rec["wall_s"] == 42.5
+    assert rec["meta"]["steps"] == 4 and rec["meta"]["loss"] == "fkl"
+    log = rec["log"]
+    # a start record per run: the fresh one (step 0) and the resumed one (step 2)
+    assert [r["step"] for r in log if "heldout_acceptance" in r] == [0, 2, 2, 4]
+    assert [r["step"] for r in log if r.get("start")] == [0, 2]
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"target: {t}\ndraft: {d}\ntrain_prompts: [{{file: x}}]\n"
                    "heldout_prompts: [{file: x}]\ndistill: {lr: 1}\n")
