@@ -72,13 +72,13 @@ def main(argv=None):
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models import head as mhead
     from dsbd_jax.loading import heads
-    from dsbd_jax.training.head import load_recipe, read_log
     import yaml
+    from dsbd_jax.training import head, recipe
+    from dsbd_jax.training.head import read_log
+    # a distillation recipe has a distill: section; each command reads its own kind
     distill = "distill" in (yaml.safe_load(Path(args.recipe).read_text()) or {})
-    if distill:
-        from dsbd_jax.training.recipe import load_recipe
     command = "distill" if distill else "train-head"
-    r = load_recipe(args.recipe)
+    r = (recipe if distill else head).load_recipe(args.recipe)
     if args.time_log:
         text = Path(args.time_log).read_text(errors="replace")
     else:

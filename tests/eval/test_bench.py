@@ -69,6 +69,15 @@ def test_shipped_configs_load():
     for f in ("llama31_8b_1b", "llama2_13b_68m"):
         cfg = load_config("configs/paper_grid.yaml", models=f"models/{f}.yaml")
         assert cfg["target"].startswith("~/models/") and cfg["draft"].startswith("~/models/")
+    # the int8 quality configs are the quality run with other weight kinds, nothing else, so
+    # their records pair with its prompt by prompt
+    quality = load_config("configs/quality_cpu.yaml")
+    for name, kinds in (("quality_cpu_int8", {"draft_weights": "int8"}),
+                        ("quality_cpu_int8_target", {"weights": "int8", "draft_weights": "int8"})):
+        cfg = load_config(f"configs/{name}.yaml")
+        assert {k: v for k, v in cfg.items() if k not in ("name", *kinds)} == \
+            {k: v for k, v in quality.items() if k != "name"} and cfg["name"] == name
+        assert {k: cfg[k] for k in kinds} == kinds
     head = load_config("configs/quick_cpu.yaml", models="models/qwen_head.yaml")
     assert head["draft"] == "head_qwen"        # a trained head's name (dsbd train-head)
     from dsbd_jax.loading.hub import is_hub_id
