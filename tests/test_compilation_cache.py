@@ -38,8 +38,9 @@ print(json.dumps({"folder": str(folder) if folder else None, "entries": entries,
 
 
 def run_child(cache, **env):
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
     e = {**os.environ, "DSBD_JAX_CACHE": str(cache), "DSBD_JAX_COMPILATION_CACHE": "1",
-         "JAX_PLATFORMS": "cpu", **env}
+         "JAX_PLATFORMS": "cpu", "DSBD_JAX_CPU_OPTIONS": "default", **env}
     e.pop("JAX_COMPILATION_CACHE_DIR", None)
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=e, capture_output=True,
                          text=True, timeout=300)

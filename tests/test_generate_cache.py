@@ -38,8 +38,9 @@ print(json.dumps({"rc": rc, "hits": len(hits), "reads": len(reads), "entries": e
 
 def generate(cache, pair, *extra):
     t, d = pair
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
     env = {**os.environ, "DSBD_JAX_CACHE": str(cache), "DSBD_JAX_COMPILATION_CACHE": "1",
-           "JAX_PLATFORMS": "cpu"}
+           "JAX_PLATFORMS": "cpu", "DSBD_JAX_CPU_OPTIONS": "default"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     prompts = [] if "--prompt" in extra else ["--prompt", "hi"]
     args = ["generate", "--target", str(t), "--draft", str(d), *prompts, "--raw",

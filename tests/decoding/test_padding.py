@@ -202,7 +202,10 @@ def test_mask_padding_keeps_the_prompt_and_zeroes_the_rest():
     np.testing.assert_array_equal(got, [[3, 1, 0, 0], [2, 2, 2, 0]])
 
 
-@pytest.mark.parametrize("name", ["greedy", "dsbd"])
+# CI: greedy (the batch-size path is the shared prompt handling, ``inputs.mask_padding``); DSBD's
+# own padding is test_padding_is_never_read's (directly and under checkify), so its three batch
+# sizes (about 70 s of compiling) are extended
+@pytest.mark.parametrize("name", ["greedy", pytest.param("dsbd", marks=pytest.mark.extended)])
 def test_padding_is_never_read_at_any_batch_size(models, name):
     """The batch size drawn too (1, 2 or 5 rows; one compilation each): valid prompts with any
     padding decode exactly as their clean twins, nothing is NaN."""

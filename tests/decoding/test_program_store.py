@@ -55,8 +55,10 @@ def child(cache, pair, n=4, progress=False, **env):
     # XLA's backend optimisation level 0: the same optimised programs in less compile time,
     # which is most of each child's (docs/development.md)
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
     e = {**os.environ, "DSBD_JAX_CACHE": str(cache), "DSBD_JAX_COMPILATION_CACHE": "1",
-         "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags.strip(), **env}
+         "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags.strip(), "DSBD_JAX_CPU_OPTIONS": "default",
+         **env}
     e.pop("JAX_COMPILATION_CACHE_DIR", None)
     out = subprocess.run([sys.executable, "-c", CHILD, str(pair[0]), str(pair[1]), str(n),
                           "1" if progress else "0"], cwd=ROOT, env=e, capture_output=True,

@@ -400,7 +400,9 @@ def test_sigint_stops_bench_in_the_middle_of_a_batch(tmp_path, pair, gsm_file):
     cfg_path = write_bench_config(tmp_path / "bench.yaml", pair[0], pair[1], gsm_file,
                                   [{"method": "sample"}], limit=2, batch_size=1)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default")
     # the second batch has started in XLA; a blocking call would hold the signal for minutes
     code, err, took = ctrl_c_after(
         [sys.executable, "-u", "-c", SLOW_BENCH, "bench", str(cfg_path), "--out", str(out),

@@ -177,7 +177,9 @@ def test_choose_form_forced_small_cached_measured(fresh, monkeypatch):
     # a shape above MIN_ELEMENTS is measured once, then read from the cache
     monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
     forms._choose_form.cache_clear()  # (the tiny shape's "plain" above is remembered)
+    # (forms imported the name: patched there too, or the options are measured, ~15 s a form)
     monkeypatch.setattr(co, "choice", lambda form="plain": "default")
+    monkeypatch.setattr(forms, "choice", co.choice)
     calls = []
 
     def fake_measure(din, dout, dtype):
@@ -198,7 +200,9 @@ def test_choose_form_starts_from_the_dtypes_prior(fresh, monkeypatch):
     config, _ = ref.kernel_model()
     monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
     forms._choose_form.cache_clear()
+    # (forms imported the name: patched there too, or the options are measured, ~15 s a form)
     monkeypatch.setattr(co, "choice", lambda form="plain": "default")
+    monkeypatch.setattr(forms, "choice", co.choice)
     monkeypatch.setattr(forms, "measure_forms", lambda din, dout, dtype: {
         "plain": {1: 1.0, 4: 2.0, 16: 4.0}, "transposed": {1: 0.95, 4: 1.9, 16: 3.8}})
     try:
@@ -219,6 +223,7 @@ def test_measure_forms_runs_both_products():
 
 def test_load_model_measured(bench_pair, fresh, monkeypatch):
     from dsbd_jax.loading.load import load_model
+    monkeypatch.setenv(co.ENV, "default")   # the options' own measurement is not this test's
     t = str(bench_pair[0])
     plain = load_model(t, progress=False, kernel_blocks="measured")  # tiny: plain
     assert plain.info["kernel_transposed"] == {} and form_of(plain.params) == "plain"

@@ -74,8 +74,10 @@ def _env(cache):
     folder without parameter caches (module doc)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
     return dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
-                PYTHONPATH=path, DSBD_JAX_CACHE=str(cache), DSBD_JAX_CACHE_PARAMS="0")
+                PYTHONPATH=path, DSBD_JAX_CACHE=str(cache), DSBD_JAX_CACHE_PARAMS="0",
+                DSBD_JAX_CPU_OPTIONS="default")
 
 
 def _run(code, cache, *args):

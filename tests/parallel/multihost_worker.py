@@ -5,11 +5,14 @@ Each process decodes its own prompts (process ``p`` of ``N`` takes rows ``SPLITS
 batch of 8: unequal counts) and writes what it got back to ``OUT/process<p>.npz``. For ``dsbd``
 the weights are placed onto each process's shards as they load (``load_model(place=...)``).
 
-    python multihost_worker.py decode TINY OUT PORT N P      # one process of N (P: its id)
-    python multihost_worker.py reference TINY OUT            # one process, one device
-    python multihost_worker.py fault TINY OUT PORT N P       # process 1 dies between two calls
+    python multihost_worker.py decode TINY OUT PORT N P [M,..]  # one process of N (P: its id)
+    python multihost_worker.py reference TINY OUT [M,..]        # one process, one device
+    python multihost_worker.py fault TINY OUT PORT N P          # process 1 dies between two calls
 
 ``reference`` runs the same decoders unsharded on the whole batch (``OUT/reference.npz``).
+``M,..``: the decoders of ``METHODS`` to run (default all; the output files are named after the
+first, ``reference-<M>.npz`` / ``process<p>-<M>.npz``, so two selections can share ``OUT``).
+The whole-batch gather and the disagreeing inputs run on ``dsbd`` where it is selected.
 """
 
 from __future__ import annotations
@@ -57,17 +60,18 @@ def models(tiny, place_target=None, place_draft=None):
             load_model(os.path.join(tiny, "draft"), tokenizer=False, place=place_draft))
 
 
-def reference(tiny, out_dir):
+def reference(tiny, out_dir, methods):
     import jax
     from dsbd_jax.decoding.methods import build, model_params
     target, draft = models(tiny)
     ids, lens = batch()
     res = {}
-    for name, (method, extra) in METHODS.items():
+    for name in methods:
+        method, extra = METHODS[name]
         dec = build(method, target.config, draft.config, **SETTINGS, **extra)
         params = model_params(dec, target.params, draft.params)
         res.update(flat(name, dec(params, ids, jax.random.key(SEED), prompt_lengths=lens)))
-    np.savez(os.path.join(out_dir, "reference.npz"), **res)
+    np.savez(os.path.join(out_dir, f"reference-{methods[0]}.npz"), **res)
 
 
 def bad_inputs(sdec, params, ids, lens, pid):
@@ -91,7 +95,7 @@ def bad_inputs(sdec, params, ids, lens, pid):
     return out
 
 
-def decode(tiny, out_dir, port, count, pid, fault=False):
+def decode(tiny, out_dir, port, count, pid, fault=False, methods=tuple(METHODS)):
     t0 = time.time()
     from dsbd_jax.parallel import distributed
     distributed.initialize(f"127.0.0.1:{port}", count, pid)
@@ -103,17 +107,17 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
     ids, lens = batch()
     mine = SPLITS[count][pid]
     mesh = sh.make_mesh(*MESH)
-    res, times = {}, {}
-    methods = ["sample"] if fault else list(METHODS)
+    res, times, sdecs, placed = {}, {}, {}, {}
+    methods = ["sample"] if fault else list(methods)
     for name in methods:
         t = time.time()
         method, extra = METHODS[name]
         dec = build(method, target.config, draft.config, **SETTINGS, **extra)
-        sdec = sh.ShardedDecoder.of(dec, mesh)
+        sdec = sdecs[name] = sh.ShardedDecoder.of(dec, mesh)
         pair = (target, draft)
         if name == "dsbd":    # weights placed onto this process's shards as they load
             pair = models(tiny, sdec.placer("target"), sdec.placer("draft"))
-        params = sdec.place(model_params(dec, pair[0].params, pair[1].params))
+        params = placed[name] = sdec.place(model_params(dec, pair[0].params, pair[1].params))
         out = sdec(params, ids[mine], jax.random.key(SEED), prompt_lengths=lens[mine])
         res.update(flat(name, out))
         times[name] = round(time.time() - t, 1)
@@ -137,12 +141,15 @@ def decode(tiny, out_dir, port, count, pid, fault=False):
                 sys.exit(3)
             print(f"process {pid}: second call returned after {time.time() - t:.1f} s", flush=True)
             return
-    # gather="all": the whole batch on every process (same compiled program)
-    res.update(flat("all/dsbd", sdec(params, ids[mine], jax.random.key(SEED),
-                                     prompt_lengths=lens[mine], gather="all")))
-    res["compiles"] = np.array(sdec.compiles)
-    res.update(bad_inputs(sdec, params, ids[mine], lens[mine], pid))
-    np.savez(os.path.join(out_dir, f"process{pid}.npz"), **res)
+    # one compile per decoder, counted before the calls below
+    res["compiles"] = np.array([sdecs[n].compiles for n in methods])
+    if "dsbd" in sdecs:
+        sdec, params = sdecs["dsbd"], placed["dsbd"]
+        # gather="all": the whole batch on every process (same compiled program)
+        res.update(flat("all/dsbd", sdec(params, ids[mine], jax.random.key(SEED),
+                                         prompt_lengths=lens[mine], gather="all")))
+        res.update(bad_inputs(sdec, params, ids[mine], lens[mine], pid))
+    np.savez(os.path.join(out_dir, f"process{pid}-{methods[0]}.npz"), **res)
     print(f"process {pid}: total {time.time() - t0:.1f} s {times}", flush=True)
 
 
@@ -150,7 +157,10 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     mode, tiny, out_dir = sys.argv[1:4]
     if mode == "reference":
-        reference(tiny, out_dir)
+        reference(tiny, out_dir, sys.argv[4].split(",") if len(sys.argv) > 4 else list(METHODS))
+    elif mode == "decode" and len(sys.argv) > 7:
+        decode(tiny, out_dir, int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+               methods=sys.argv[7].split(","))
     else:
         decode(tiny, out_dir, int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
                fault=(mode == "fault"))

@@ -70,7 +70,9 @@ def test_train_resume_register_and_generate(tmp_path, tiny, monkeypatch):
     assert rec["machine"]["cpu_count"] >= 1 and rec["meta"]["steps"] == 20
     cfg, params, meta = th.load_head("head_tiny")      # by the registered name
     assert meta["steps"] == 20 and meta["data"]["train_texts"][0]["task"] == "gsm8k"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default")
     r = subprocess.run([sys.executable, "-m", "dsbd_jax", "generate", "--target",
                         str(tiny / "target"), "--draft", "head_tiny", "--method", "spec",
                         "--prompt", "hi", "--max-new-tokens", "6", "--no-progress"],

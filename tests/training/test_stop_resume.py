@@ -88,7 +88,9 @@ def test_stopped_rollouts_resume_from_the_last_finished_batch(tmp_path, tiny, mo
 
 def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
     p = _recipe(tmp_path, tiny, "head_sigint")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"))
+    # forced options: a fresh cache would first measure XLA:CPU's (15-20 s), not this test's subject
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default")
     code, err, took = ctrl_c_after(
         [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
         "target rollouts", env=env, cwd=ROOT, timeout=60)   # the first finished rollout batch
