@@ -13,7 +13,10 @@ training a head: ``results/<recipe>_training.json``).
         --out /tmp/distill_qwen_fkl_training.json      # ~50 min or more on 2 cores
 
 Each ``/usr/bin/time`` report in the log is a part of the record (a run stopped and resumed
-has two). ``--conditions`` records what ran beside it (the default says the machine was quiet);
+has two). Run this way, every part's report is appended to ``<run_dir>/time.log`` as it ends,
+also when Ctrl-C stops it (the script ignores the signal itself and lets the run stop and say how
+to resume): running the same command again resumes the run and records the whole of it, every
+part from that file. ``--conditions`` records what ran beside it (the default says the machine was quiet);
 ``--part SECONDS:WHAT`` adds a part of the run timed otherwise (e.g. from its log's
 timestamps), whose peak memory is not known.
 """
@@ -44,12 +47,37 @@ def time_reports(text: str):
             break
         parts = [float(p) for p in w.group(1).split(":")]
         out.append((sum(p * 60 ** i for i, p in enumerate(reversed(parts))), int(m.group(1)),
-                    "terminated by signal" in text[start:w.start()]))
+                    bool(_STOPPED.search(text[start:w.start()]))))
         start = m.end()
     if not out:
         raise ValueError("no /usr/bin/time -v report found (Elapsed ... and Maximum resident "
                          "set size lines)")
     return out
+
+
+# a part that ended by a signal: killed, or stopped by Ctrl-C (exit status 130 after the run
+# caught SIGINT and saved what it had)
+_STOPPED = re.compile(r"terminated by signal|exited with non-zero status 130\b")
+
+
+def run_part(command: str, recipe: str, run_dir: Path, argv=None):
+    """``dsbd COMMAND RECIPE`` under ``/usr/bin/time -v``, its output on the terminal as it runs;
+    the part's time report appended to ``run_dir/time.log`` (``time -a -o``) whatever its end.
+    SIGINT is ignored here while the run lasts: Ctrl-C reaches the run (and ``time``) from the
+    terminal, and the run saves what it has and exits 130. Returns ``(exit status,
+    run_dir/time.log's text)``. ``argv``: another command to run so (the tests')."""
+    import signal
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "time.log"
+    # (ignored only once the run has started: an ignored SIGINT would be inherited by it)
+    argv = argv or [sys.executable, "-m", "dsbd_jax", command, recipe]
+    proc = subprocess.Popen(["/usr/bin/time", "-v", "-a", "-o", str(log), *argv], cwd=_ROOT)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    return code, log.read_text(errors="replace") if log.is_file() else ""
 
 
 def parse_time_log(text: str):
@@ -79,15 +107,18 @@ def main(argv=None):
     distill = "distill" in (yaml.safe_load(Path(args.recipe).read_text()) or {})
     command = "distill" if distill else "train-head"
     r = (recipe if distill else head).load_recipe(args.recipe)
+    run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
+        Path(r["run_dir"])
     if args.time_log:
         text = Path(args.time_log).read_text(errors="replace")
     else:
-        with tempfile.NamedTemporaryFile("w+", suffix=".log") as f:
-            subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "dsbd_jax",
-                            command, args.recipe], stdout=f, stderr=subprocess.STDOUT,
-                           cwd=_ROOT, check=True)
-            f.seek(0)
-            text = f.read()
+        code, text = run_part(command, args.recipe, run_dir)
+        if code != 0:
+            print(f"dsbd {command} {args.recipe} ended with exit status {code}"
+                  + (" (stopped)" if code == 130 else "") + f"; its time is kept in "
+                  f"{run_dir / 'time.log'}. Run this same command again to resume the run and "
+                  "record all of it.", file=sys.stderr)
+            raise SystemExit(code)
     reports = time_reports(text)
     rss = max(r[1] for r in reports)
     parts = [{"what": f"dsbd {command} under /usr/bin/time -v"
@@ -100,8 +131,6 @@ def main(argv=None):
         sec, _, what = p.partition(":")
         parts.append({"what": what, "wall_s": float(sec), "peak_rss_kb": None})
     wall = sum(p["wall_s"] for p in parts)
-    run_dir = Path(_ROOT) / r["run_dir"] if not Path(r["run_dir"]).is_absolute() else \
-        Path(r["run_dir"])
     out = {"machine": machine_info(), "settings": portable_settings(vars(args), _ROOT),
            "dtype": r["dtype"], "command": f"dsbd {command} {args.recipe}",
            "recipe": args.recipe}

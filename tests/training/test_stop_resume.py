@@ -98,3 +98,52 @@ def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
     assert took < 5, took
     assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
     assert list((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
+
+
+# benchmarks/head_training.py's parts: a stand-in run that stops on SIGINT with exit status 130
+# (as train-head and distill do), then a second part that finishes
+_PART = r"""
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *a: sys.exit(130))
+print("part started", flush=True)
+if sys.argv[1] == "stop":
+    time.sleep(60)
+"""
+_WRAPPER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from benchmarks.head_training import run_part
+code, text = run_part("distill", "recipe.yaml", Path(sys.argv[2]),
+                      argv=[sys.executable, "-c", sys.argv[3], sys.argv[4]])
+print("wrapper saw exit status", code, flush=True)
+"""
+
+
+def test_a_recorded_run_keeps_the_time_of_a_part_stopped_by_ctrl_c(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stops the run but not
+    the recording script, and the stopped part's /usr/bin/time report is kept in the run folder's
+    time.log beside the next part's: the record of a resumed run has both parts."""
+    import signal
+    import subprocess
+    import time
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.head_training import time_reports
+    run = tmp_path / "run"
+    argv = [sys.executable, "-c", _WRAPPER, str(ROOT), str(run), _PART]
+    proc = subprocess.Popen(argv + ["stop"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert "part started" in proc.stdout.readline()
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=30)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "wrapper saw exit status 130" in rest, rest
+    done = subprocess.run(argv + ["finish"], capture_output=True, text=True, timeout=60)
+    assert "wrapper saw exit status 0" in done.stdout, done.stdout + done.stderr
+    parts = time_reports((run / "time.log").read_text())
+    assert [stopped for _, _, stopped in parts] == [True, False]
+    assert parts[0][0] < 30 and all(rss > 0 for _, rss, _ in parts)
