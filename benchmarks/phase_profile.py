@@ -7,6 +7,12 @@ it, the bare forward passes of the same shapes timed alone (jitted ``model.forwa
 of the same size), so the in-loop forward time can be checked against them, and the iteration
 time against the forward passes it needs.
 
+Each run also counts what it executed (``dsbd_jax.eval.profile.executed_counts``; counts do not
+depend on the host's load): per iteration, the thunks per phase and outside the forward passes,
+the thunks whose result has a vocabulary-sized axis, the inner loops' trips, and the target's
+thunks per pass per layer; ``counts_against`` gives each run's counts over beam sampling W=4's
+on the same prompts (``beam4``, when it is among the methods).
+
 Usage: python benchmarks/phase_profile.py [--new 32] [--prompts 2] [--methods NAME,...]
                                     [--batch 1] [--draft-weights float|int8]
                                     [--out results/profile.json]
@@ -142,6 +148,12 @@ def main(argv=None):
                      bucket=P, bare_forward_ms_per_iteration=bare,
                      tokens_per_iteration=r["generated_tokens"] / max(r["iterations"], 1))
             r["ms_per_token_decode"] = 1e3 * r["decode_s"] / max(r["generated_tokens"], 1)
+            c = r["per_iteration_counts"]
+            passes = sum(1 for m, *_ in shapes if m == "target") or (1 if method in (
+                "sample", "beam") else 0)
+            c["target_thunks_per_pass_per_layer"] = (
+                c["thunks"]["target forward"] / passes / target.config.num_layers
+                if passes else None)
             res["runs"].append(r)
             ph = r["per_iteration_ms"]
             print(f"{name:8s} {task:9s} it={r['iterations']:3d} tok/it={r['tokens_per_iteration']:.2f} "
@@ -149,8 +161,31 @@ def main(argv=None):
                   f"overhead={100 * r['overhead_frac']:5.1f}% | "
                   + " ".join(f"{k}={ph[k]:.1f}" for k in PHASES if k != "prefill" and ph[k] >= 0.5),
                   flush=True)
+    res["counts_against"] = counts_against(res["runs"])
+    for row in res["counts_against"]:
+        print(f"{row['name']:8s} {row['task']:9s} against beam4: thunks outside the passes "
+              f"{row['thunks_outside_passes']:.2f}x, inner loop trips {row['loop_trips']}, "
+              f"vocabulary-axis thunks outside the passes {row['vocab_thunks_outside_passes']:.2f}x")
     write_json(args.out, res)
     print(f"wrote {args.out}")
+
+
+def counts_against(runs, reference="beam4"):
+    """Each run's per-iteration counts over the ``reference`` run's on the same task (module
+    doc); the loop trips as they are (beam sampling runs no inner loop)."""
+    refs = {r["task"]: r["per_iteration_counts"] for r in runs if r["name"] == reference}
+    rows = []
+    for r in runs:
+        ref, c = refs.get(r["task"]), r["per_iteration_counts"]
+        if ref is None or r["name"] == reference:
+            continue
+        rows.append({"name": r["name"], "task": r["task"],
+                     "thunks_outside_passes": c["thunks_outside_passes"]
+                     / max(ref["thunks_outside_passes"], 1e-9),
+                     "vocab_thunks_outside_passes": c["vocab_thunks_outside_passes"]
+                     / max(ref["vocab_thunks_outside_passes"], 1e-9),
+                     "loop_trips": c["loop_trips"], "reference_loop_trips": ref["loop_trips"]})
+    return rows
 
 
 if __name__ == "__main__":

@@ -26,7 +26,14 @@ The two models' passes are told apart by their scope names, which hold the layer
 a draft of the target's exact shape is counted as ``target forward``.
 
 Thunks of ``while`` / ``conditional`` / ``call`` instructions contain other thunks and are not
-counted. ``overhead`` = decode time (the traced wall time minus prefill) minus the forward
+counted.
+
+Beside the times, what ran (:func:`executed_counts`; these counts do not depend on the host's
+load, so they can be taken beside other work): the executed thunks per phase; the ones whose
+result has a vocabulary-sized axis (sorts, top-k, softmax, cumulative sums over ``V``) per phase;
+and every ``while`` loop's executions and trips (a trip is one run of its body: every instruction
+of the body's own computation runs once per trip, so the most frequent one counts them), with the
+loop's phase (its instruction's scope). ``overhead`` = decode time (the traced wall time minus prefill) minus the forward
 passes. XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more
 than the wall time; ``overhead_frac`` is therefore the share of the decode loop's thunk time
 spent outside the forward passes. The traced wall time includes the tracer's own cost (a few
@@ -135,10 +142,76 @@ def _trace_events(trace_dir: str):
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[str] = None
-                     ) -> Dict[str, Any]:
-    """Profile one call of an AOT-compiled function (see module doc). ``args``: its arguments."""
-    scopes = instruction_scopes(compiled.as_text())
+_HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)")
+_WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+
+
+def program_structure(hlo_text: str):
+    """``(computation of each instruction, {while instruction: its body computation},
+    {instruction: its result's type text}, the entry computation)`` from a compiled module's
+    text. A computation's header is an unindented line that ends in ``{`` (its parameter list
+    may hold ``/*index=5*/`` comments)."""
+    comp_of, bodies, types, current, entry = {}, {}, {}, None, None
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if not m:
+            if line and not line[0].isspace() and line.rstrip().endswith("{"):
+                h = _HEADER_NAME.match(line)
+                current = h.group(1) if h else None
+                if line.startswith("ENTRY"):
+                    entry = current
+            continue
+        name = m.group(1)
+        comp_of[name] = current
+        rhs = line.split("=", 1)[1]
+        types[name] = rhs[:rhs.find(m.group(2) + "(")]
+        if m.group(2) == "while":
+            b = _WHILE_BODY.search(line)
+            if b:
+                bodies[name] = b.group(1)
+    return comp_of, bodies, types, entry
+
+
+def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optional[str] = None,
+                    vocab_size: Optional[int] = None) -> Dict[str, Any]:
+    """What one traced call executed (module doc): ``thunks`` and ``vocab_thunks`` per phase, and
+    ``loops``: one entry per ``while`` that ran (``executions``, ``trips``, ``phase``,
+    ``in_entry``: whether it sits in the entry computation, as a decode loop does)."""
+    scopes = instruction_scopes(hlo_text)
+    comp_of, bodies, types, entry = program_structure(hlo_text)
+    runs = collections.Counter(e["args"]["hlo_op"] for e in events
+                               if e.get("ph") == "X" and e.get("args", {}).get("hlo_op"))
+    thunks, vocab = collections.Counter(), collections.Counter()
+    vocab_dim = re.compile(rf"[\[,]{int(vocab_size)}[\],]") if vocab_size else None
+    for name, n in runs.items():
+        opcode, op_name = scopes.get(name, ("", ""))
+        if opcode in _CONTAINERS:
+            continue
+        phase = phase_of(op_name, target_scope, draft_scope)
+        thunks[phase] += n
+        if vocab_dim is not None and vocab_dim.search(types.get(name, "")):
+            vocab[phase] += n
+    members = collections.defaultdict(list)
+    for name, comp in comp_of.items():
+        members[comp].append(name)
+    loops = []
+    for name, body in bodies.items():
+        trips = max((runs.get(i, 0) for i in members.get(body, ())), default=0)
+        if trips:
+            loops.append({"while": name, "executions": runs.get(name, 0), "trips": trips,
+                          "phase": phase_of(scopes.get(name, ("", ""))[1], target_scope,
+                                            draft_scope),
+                          "in_entry": comp_of.get(name) == entry})
+    return {"thunks": {p: thunks.get(p, 0) for p in PHASES},
+            "vocab_thunks": {p: vocab.get(p, 0) for p in PHASES}, "loops": loops}
+
+
+def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[str] = None,
+                     vocab_size: Optional[int] = None) -> Dict[str, Any]:
+    """Profile one call of an AOT-compiled function (see module doc). ``args``: its arguments.
+    ``counts``: :func:`executed_counts` of the traced call."""
+    text = compiled.as_text()
+    scopes = instruction_scopes(text)
     jax.block_until_ready(compiled(*args))                     # untimed warm-up
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
@@ -180,6 +253,7 @@ def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[st
             "overhead_frac": (loop_thunks - forwards) / loop_thunks if loop_thunks > 0
             else float("nan"),
             "unmatched_s": unknown,
+            "counts": executed_counts(text, events, target_scope, draft_scope, vocab_size),
             "top_ops": [{"phase": p, "op": n, "s": s} for (p, n), s in top]}
 
 
@@ -199,12 +273,42 @@ def profile_decoder(decoder, params, prompt_ids, key, prompt_lengths=None) -> Di
     cfg = decoder.config
     draft = getattr(cfg, "draft", None) if decoder.needs_draft else None
     res = profile_compiled(compiled, args, forward_scope(cfg.target),
-                           forward_scope(draft) if draft is not None else None)
+                           forward_scope(draft) if draft is not None else None,
+                           cfg.target.vocab_size)
     out = res.pop("output")
     its = int(out.stats["iterations"])
+    res["per_iteration_counts"] = per_iteration_counts(res["counts"], its)
     res.update(compile_s=compile_s, iterations=its,
                generated_tokens=int(out.stats["generated_tokens"].max()),
                per_iteration_ms={k: 1e3 * v / max(its, 1) for k, v in res["phases_s"].items()
                                  if k != "prefill"},
                decode_per_iteration_ms=1e3 * res["decode_s"] / max(its, 1))
     return res
+
+
+PASSES = ("prefill", "target forward", "draft forward")
+
+
+def per_iteration_counts(counts: Dict[str, Any], iterations: int) -> Dict[str, Any]:
+    """A decode call's :func:`executed_counts` per loop iteration: thunks and vocabulary-axis
+    thunks per phase (prefill left out) and outside the forward passes, and the inner loops'
+    trips (every loop that ran except the decode loop: the loop of the entry computation that
+    made ``iterations`` trips, and loops of the prefill), in all and per phase."""
+    its = max(int(iterations), 1)
+    inner = [lp for lp in counts["loops"]
+             if not (lp["in_entry"] and lp["trips"] == iterations) and lp["phase"] != "prefill"]
+    by_phase = collections.Counter()
+    for lp in inner:
+        by_phase[lp["phase"]] += lp["trips"]
+    out = {
+        "thunks": {p: n / its for p, n in counts["thunks"].items() if p != "prefill"},
+        "thunks_outside_passes": sum(n for p, n in counts["thunks"].items()
+                                     if p not in PASSES) / its,
+        "vocab_thunks": {p: n / its for p, n in counts["vocab_thunks"].items()
+                         if p != "prefill"},
+        "vocab_thunks_outside_passes": sum(n for p, n in counts["vocab_thunks"].items()
+                                           if p not in PASSES) / its,
+        "loop_trips": sum(lp["trips"] for lp in inner) / its,
+        "loop_trips_by_phase": {p: n / its for p, n in sorted(by_phase.items())},
+        "inner_loops": len(inner)}
+    return out

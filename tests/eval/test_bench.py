@@ -489,9 +489,28 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
         assert ph[p] > 0, p
     assert sum(ph.values()) == pytest.approx(r["thunk_sum_s"])
     assert 0 < r["overhead_frac"] < 1 and r["iterations"] >= 1
+    # what ran: DSBD's verification and width run inner loops, trips counted per iteration
+    c = r["per_iteration_counts"]
+    assert c["loop_trips"] > 0 and c["loop_trips_by_phase"].get("verify", 0) > 0, c
+    assert all(lp["trips"] >= lp["executions"] >= 1 for lp in r["counts"]["loops"])
+    assert c["thunks"]["verify"] > 0 and c["thunks"]["draft forward"] > 0
+    assert c["thunks_outside_passes"] == pytest.approx(sum(
+        v for k, v in c["thunks"].items() if k not in ("target forward", "draft forward")))
+    assert c["vocab_thunks"]["target forward"] > 0       # the vocabulary projection
+    dsbd_outside = c["thunks_outside_passes"]
     dec = methods.build("sample", t.config, None, max_new_tokens=4)
     r = profile.profile_decoder(dec, t.params, ids, jax.random.PRNGKey(0), lens)
     assert r["phases_s"]["draft forward"] == 0 and r["phases_s"]["target forward"] > 0
+    c = r["per_iteration_counts"]
+    assert c["loop_trips"] == 0 and c["inner_loops"] == 0       # only the decode loop
+    assert 0 < c["thunks_outside_passes"] < dsbd_outside
+    # a computation's header whose parameter list holds "=" (/*index=5*/) still starts one
+    comp_of, bodies, _, entry = profile.program_structure(
+        "%body.1 (p: (s32[], /*index=5*/f32[2])) -> (s32[]) {\n  %a.1 = s32[] add(s32[] %x, s32[] %y)\n}\n"
+        "ENTRY %main.2 (x: s32[]) -> s32[] {\n  ROOT %w.3 = s32[] while(s32[] %x), "
+        "condition=%c.4, body=%body.1\n}\n")
+    assert comp_of == {"a.1": "body.1", "w.3": "main.2"} and bodies == {"w.3": "body.1"}
+    assert entry == "main.2"
     assert profile.phase_of("jit(f)/while/body/vmap(verify)/closed_call/warp/top_k", "T", "D") \
         == "warp"
     assert profile.phase_of("jit(f)/prefill/T/dot", "T", "D") == "prefill"
