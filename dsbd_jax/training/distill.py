@@ -157,12 +157,14 @@ def make_rollouts(target, draft, prompts: Sequence[Sequence[int]], dc: DistillCo
         total = lens + clen
         pos = np.minimum(lens[:, None] - 1 + np.arange(T)[None], P + T - 1).astype(np.int32)
         mask = np.arange(T)[None] < clen[:, None]
-        logits = _logits_at_jit(tc, tp, jnp.asarray(tokens), jnp.asarray(total),
-                                jnp.asarray(pos))
-        idx, p, _ = target_topk(logits, dc.temperature, dc.top_k, dc.top_p, dc.store_k)
+        # the target's pass over the rollouts under ready(): Ctrl-C stops it at once, as it
+        # stops the rollouts (a blocking call held the signal for the whole pass)
+        idx, p = ready(lambda *a: target_topk(_logits_at_jit(*a), dc.temperature, dc.top_k,
+                                              dc.top_p, dc.store_k)[:2],
+                       tc, tp, jnp.asarray(tokens), jnp.asarray(total), jnp.asarray(pos))
         done[i] = {k: np.asarray(v)[:n] for k, v in (
             ("tokens", tokens), ("total", total), ("pos", pos), ("mask", mask),
-            ("idx", np.asarray(idx)), ("p", np.asarray(p)))}
+            ("idx", idx), ("p", p))}
         store.put(f"{i:06d}", done[i])
         if bar is not None:
             bar.update(1)
@@ -262,7 +264,7 @@ def heldout_acceptance(acc_fn, params, data, batch_size: int) -> float:
         b = {k: jnp.asarray(v[idx]) for k, v in data.items()}
         keep = (np.arange(i, i + batch_size) < n)[:, None]
         b["mask"] = jnp.asarray(data["mask"][idx] & keep)
-        s, c = acc_fn(params, b)
+        s, c = ready(acc_fn, params, b)      # Ctrl-C stops an evaluation at once too
         num, den = num + float(s), den + float(c)
     return num / max(den, 1.0)
 
