@@ -110,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--draft-weights", default="float", choices=("float", "int8"),
                     help="the draft's kernels (load_model's weights=): int8 profiles the "
                          "eight-bit draft")
+    ap.add_argument("--conditions", default="the machine otherwise quiet",
+                    help="what ran beside it (the counts do not depend on it; the times do)")
     ap.add_argument("--out", default="/tmp/dsbd_profile.json")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.prompts % args.batch:
@@ -127,6 +129,7 @@ def main(argv=None):
     res = {"machine": machine_info(), "target": args.target, "draft": args.draft,
            "new_tokens": args.new, "eos": "off", "warping": "top-k 10, top-p 0.8",
            "batch": args.batch, "draft_weights": args.draft_weights,
+           "conditions": args.conditions,
            "layout": {k: sorted(m.params)[-1] for k, m in (("target", target), ("draft", draft))},
            "dtypes": {"target": target.config.dtype, "draft": draft.config.dtype},
            "runs": []}

@@ -438,6 +438,35 @@ add(PRECISION_MD, DTYPE_RUNS_EPYC,
     "DTYPE_RUNS_EPYC)):.0f} % faster here",
     "--runs 5 --out results/dtype_runs_epyc.json`, {=sum(r['wall_s'] for r in v('runs')) / 60:.0f} "
     "minutes)")
+COUNTS_AMX = "results/iteration_counts_amx_xeon.json"   # what an iteration executes (counts)
+add("docs/performance.md", COUNTS_AMX,
+    "| thunks outside the forward passes | {runs.0.per_iteration_counts.thunks_outside_passes:.0f}"
+    " | {runs.1.per_iteration_counts.thunks_outside_passes:.0f} | "
+    "{runs.2.per_iteration_counts.thunks_outside_passes:.0f} | "
+    "{runs.3.per_iteration_counts.thunks_outside_passes:.0f} |",
+    "| trips of loops inside the iteration | {runs.0.per_iteration_counts.loop_trips:.0f} | "
+    "{runs.1.per_iteration_counts.loop_trips:.0f} | {runs.2.per_iteration_counts.loop_trips:.0f}"
+    " | {runs.3.per_iteration_counts.loop_trips:.0f} |",
+    "| vocabulary-axis thunks outside the passes | "
+    "{runs.0.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
+    "{runs.1.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
+    "{runs.2.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
+    "{runs.3.per_iteration_counts.vocab_thunks_outside_passes:.1f} |",
+    "| the target's thunks per pass per layer | "
+    "{runs.0.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
+    "{runs.1.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
+    "{runs.2.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
+    "{runs.3.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} |",
+    "DSBD's iteration executes {counts_against.0.thunks_outside_passes:.2f}x beam sampling's "
+    "thunks outside the passes (warp {runs.1.per_iteration_counts.thunks.warp:.0f}, "
+    "verification {runs.1.per_iteration_counts.thunks.verify:.0f}, the draws "
+    "{runs.1.per_iteration_counts.thunks.random:.0f}, the width "
+    "{runs.1.per_iteration_counts.thunks.width:.0f}, other bookkeeping "
+    "{runs.1.per_iteration_counts.thunks.other:.0f}) and "
+    "{runs.1.per_iteration_counts.loop_trips:.0f} loop trips (verification "
+    "{runs.1.per_iteration_counts.loop_trips_by_phase.verify:.0f}, width "
+    "{runs.1.per_iteration_counts.loop_trips_by_phase.width:.0f}, draws "
+    "{runs.1.per_iteration_counts.loop_trips_by_phase.random:.0f})")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "
@@ -842,6 +871,7 @@ ALLOWED = [
      "a bound computed from parameter counts, not a timing"),
     ("docs/dsbd.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/performance.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
+    ("docs/performance.md", "at most 3x", "the accelerator issue's target for the counts, a setting"),
     ("docs/results/speed.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/results/accelerators.md", "table:| tests/decoding | 95 |",
      "test counts of one run of the suite under jax 0.11.2 (scripts/jax011_check.sh), not a "
