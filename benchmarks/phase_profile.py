@@ -152,8 +152,7 @@ def main(argv=None):
                      tokens_per_iteration=r["generated_tokens"] / max(r["iterations"], 1))
             r["ms_per_token_decode"] = 1e3 * r["decode_s"] / max(r["generated_tokens"], 1)
             c = r["per_iteration_counts"]
-            passes = sum(1 for m, *_ in shapes if m == "target") or (1 if method in (
-                "sample", "beam") else 0)
+            passes = sum(1 for m, *_ in shapes if m == "target")
             c["target_thunks_per_pass_per_layer"] = (
                 c["thunks"]["target forward"] / passes / target.config.num_layers
                 if passes else None)

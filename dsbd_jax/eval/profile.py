@@ -33,9 +33,11 @@ load, so they can be taken beside other work): the executed thunks per phase; th
 result has a vocabulary-sized axis (sorts, top-k, softmax, cumulative sums over ``V``) per phase;
 and every ``while`` loop's executions and trips (a trip is one run of its body: every instruction
 of the body's own computation runs once per trip, so the most frequent one counts them), with the
-loop's phase (its instruction's scope). ``overhead`` = decode time (the traced wall time minus prefill) minus the forward
-passes. XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more
-than the wall time; ``overhead_frac`` is therefore the share of the decode loop's thunk time
+loop's phase (its instruction's scope).
+
+``overhead`` = decode time (the traced wall time minus prefill) minus the forward passes.
+XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more than the
+wall time; ``overhead_frac`` is therefore the share of the decode loop's thunk time
 spent outside the forward passes. The traced wall time includes the tracer's own cost (a few
 microseconds per thunk): compare it with ``untraced_s``.
 """
@@ -173,11 +175,12 @@ def program_structure(hlo_text: str):
 
 
 def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optional[str] = None,
-                    vocab_size: Optional[int] = None) -> Dict[str, Any]:
+                    vocab_size: Optional[int] = None, scopes=None) -> Dict[str, Any]:
     """What one traced call executed (module doc): ``thunks`` and ``vocab_thunks`` per phase, and
     ``loops``: one entry per ``while`` that ran (``executions``, ``trips``, ``phase``,
-    ``in_entry``: whether it sits in the entry computation, as a decode loop does)."""
-    scopes = instruction_scopes(hlo_text)
+    ``in_entry``: whether it sits in the entry computation, as a decode loop does). ``scopes``:
+    :func:`instruction_scopes` of ``hlo_text``, where the caller has it already."""
+    scopes = instruction_scopes(hlo_text) if scopes is None else scopes
     comp_of, bodies, types, entry = program_structure(hlo_text)
     runs = collections.Counter(e["args"]["hlo_op"] for e in events
                                if e.get("ph") == "X" and e.get("args", {}).get("hlo_op"))
@@ -253,7 +256,8 @@ def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[st
             "overhead_frac": (loop_thunks - forwards) / loop_thunks if loop_thunks > 0
             else float("nan"),
             "unmatched_s": unknown,
-            "counts": executed_counts(text, events, target_scope, draft_scope, vocab_size),
+            "counts": executed_counts(text, events, target_scope, draft_scope, vocab_size,
+                                      scopes),
             "top_ops": [{"phase": p, "op": n, "s": s} for (p, n), s in top]}
 
 
