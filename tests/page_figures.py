@@ -439,34 +439,48 @@ add(PRECISION_MD, DTYPE_RUNS_EPYC,
     "--runs 5 --out results/dtype_runs_epyc.json`, {=sum(r['wall_s'] for r in v('runs')) / 60:.0f} "
     "minutes)")
 COUNTS_AMX = "results/iteration_counts_amx_xeon.json"   # what an iteration executes (counts)
+COUNTS_BEFORE = "results/iteration_counts_avx512bf16_epyc_before.json"
+COUNTS_EPYC = "results/iteration_counts_avx512bf16_epyc.json"
 add("docs/performance.md", COUNTS_AMX,
+    "(862 thunks\noutside the passes and 23 trips for DSBD, 117 for beam sampling".replace(
+        "862", "{runs.1.per_iteration_counts.thunks_outside_passes:.0f}").replace(
+        "23 trips", "{runs.1.per_iteration_counts.loop_trips:.0f} trips").replace(
+        "117", "{runs.0.per_iteration_counts.thunks_outside_passes:.0f}"))
+add("docs/performance.md", COUNTS_BEFORE,
     "| thunks outside the forward passes | {runs.0.per_iteration_counts.thunks_outside_passes:.0f}"
+    " | {runs.1.per_iteration_counts.thunks_outside_passes:.0f} | ",
+    "| trips of loops inside the iteration | {runs.0.per_iteration_counts.loop_trips:.0f} | "
+    "{runs.1.per_iteration_counts.loop_trips:.0f} | ",
+    "| vocabulary-axis thunks outside the passes | "
+    "{runs.0.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
+    "{runs.1.per_iteration_counts.vocab_thunks_outside_passes:.1f} | ",
+    "| the target's thunks per pass per layer | "
+    "{runs.0.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
+    "{runs.1.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | ",
+    "Before, DSBD's iteration executed {counts_against.0.thunks_outside_passes:.2f}x beam "
+    "sampling's thunks outside the passes and {runs.1.per_iteration_counts.loop_trips:.0f} loop\n"
+    "trips (verification {runs.1.per_iteration_counts.loop_trips_by_phase.verify:.0f}:",
+    "width {runs.1.per_iteration_counts.loop_trips_by_phase.width:.0f}:",
+    "draws {runs.1.per_iteration_counts.loop_trips_by_phase.random:.0f}:")
+add("docs/performance.md", COUNTS_EPYC,
     " | {runs.1.per_iteration_counts.thunks_outside_passes:.0f} | "
     "{runs.2.per_iteration_counts.thunks_outside_passes:.0f} | "
     "{runs.3.per_iteration_counts.thunks_outside_passes:.0f} |",
-    "| trips of loops inside the iteration | {runs.0.per_iteration_counts.loop_trips:.0f} | "
-    "{runs.1.per_iteration_counts.loop_trips:.0f} | {runs.2.per_iteration_counts.loop_trips:.0f}"
+    " | {runs.1.per_iteration_counts.loop_trips:.1f} | {runs.2.per_iteration_counts.loop_trips:.0f}"
     " | {runs.3.per_iteration_counts.loop_trips:.0f} |",
-    "| vocabulary-axis thunks outside the passes | "
-    "{runs.0.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
-    "{runs.1.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
+    " | {runs.1.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
     "{runs.2.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
     "{runs.3.per_iteration_counts.vocab_thunks_outside_passes:.1f} |",
-    "| the target's thunks per pass per layer | "
-    "{runs.0.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
-    "{runs.1.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
+    " | {runs.1.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
     "{runs.2.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} | "
     "{runs.3.per_iteration_counts.target_thunks_per_pass_per_layer:.1f} |",
-    "DSBD's iteration executes {counts_against.0.thunks_outside_passes:.2f}x beam sampling's "
-    "thunks outside the passes (warp {runs.1.per_iteration_counts.thunks.warp:.0f}, "
-    "verification {runs.1.per_iteration_counts.thunks.verify:.0f}, the draws "
+    "Now {counts_against.0.thunks_outside_passes:.2f}x beam sampling's thunks outside the passes "
+    "(warp {runs.1.per_iteration_counts.thunks.warp:.0f}, verification "
+    "{runs.1.per_iteration_counts.thunks.verify:.0f}, the draws\n"
     "{runs.1.per_iteration_counts.thunks.random:.0f}, the width "
     "{runs.1.per_iteration_counts.thunks.width:.0f}, other bookkeeping "
     "{runs.1.per_iteration_counts.thunks.other:.0f}) and "
-    "{runs.1.per_iteration_counts.loop_trips:.0f} loop trips (verification "
-    "{runs.1.per_iteration_counts.loop_trips_by_phase.verify:.0f}, width "
-    "{runs.1.per_iteration_counts.loop_trips_by_phase.width:.0f}, draws "
-    "{runs.1.per_iteration_counts.loop_trips_by_phase.random:.0f})")
+    "{runs.1.per_iteration_counts.loop_trips:.1f} trips")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "

@@ -59,7 +59,8 @@ from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import DSBDConfig, check_config
 from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
-from dsbd_jax.decoding.verify import make_randoms, verify_forest
+from dsbd_jax.decoding.verify import (make_randoms, randoms_size, randoms_table, split_randoms,
+                                      verify_forest)
 
 NEG_INF = -jnp.inf
 
@@ -150,17 +151,35 @@ def init_state(config: DSBDConfig, params, prompt_ids, prompt_lengths, key) -> D
         target_calls=jnp.int32(0), draft_calls=jnp.int32(0), feat=feat)
 
 
-def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState):
+def random_table(config: DSBDConfig, keys: jax.Array):
+    """``[B, max_new_tokens, size]``: every iteration's random numbers made before the loop
+    (``verify.randoms_table``; an iteration makes at least one token, so ``max_new_tokens``
+    iterations cover a row), or ``None`` where they stay inside the iteration
+    (``replacement=False``: Gumbel noise over the vocabulary for every layer)."""
+    if not config.replacement:
+        return None
+    G, C, W = config.gamma, config.layer_width, config.beam_width
+    return randoms_table(keys, config.max_new_tokens, randoms_size(G, C, W, 0, True))
+
+
+def draft_forest(config: DSBDConfig, params, prompt_lengths, state: DSBDState, table=None):
     """Step 1 of an iteration: the draft forest grown from the state's input beams.
 
+    ``table``: :func:`random_table`'s numbers, or ``None`` to draw them here.
     Returns ``(forest, draft buffer, layout, randoms, base slots, input-beam fields)``."""
     B, W, N = state.sequences.shape
     G, C, V = config.gamma, config.layer_width, config.target.vocab_size
     Wc = config.cache_rows
     S = state.target_cache.k.shape[2] // Wc
     lay = Layout(Wc=Wc, C=C, G=G, S=S, V=V)
-    rand = jax.vmap(lambda k, i: make_randoms(jax.random.fold_in(k, i), G, C, W, lay.P * V,
-                                              config.replacement))(state.keys, state.row_iter)
+    if table is None:
+        rand = jax.vmap(lambda k, i: make_randoms(jax.random.fold_in(k, i), G, C, W, lay.P * V,
+                                                  config.replacement))(state.keys, state.row_iter)
+    else:
+        with jax.named_scope("random"):
+            at = jnp.minimum(state.row_iter, table.shape[1] - 1)[:, None, None]
+            u = jnp.take_along_axis(table, at, axis=1)[:, 0]
+            rand = jax.vmap(lambda u: split_randoms(u, G, C, W, lay.P * V, True))(u)
     base = prompt_lengths + state.generated - 1                       # slot of pending tokens
     in_idx = (state.anchor[:, None] if config.single_beam
               else jnp.broadcast_to(jnp.arange(W)[None], (B, W)))     # [B, Wc]
@@ -202,8 +221,10 @@ def same_context(seq_in, anc, anc_tok, depth, ok, fin) -> jax.Array:
     return jnp.argmax(same, axis=-1).astype(jnp.int32)
 
 
-def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> DSBDState:
-    """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged."""
+def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState,
+              table=None) -> DSBDState:
+    """One DSBD iteration for every prompt (module doc). Finished prompts are left unchanged.
+    ``table``: the random numbers made before the loop (:func:`random_table`), or ``None``."""
     B, W, N = state.sequences.shape
     G, C, V = config.gamma, config.layer_width, config.target.vocab_size
     pad = config.pad_id
@@ -211,7 +232,7 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState) -> D
     budget = jnp.where(active, N - state.generated, 0)
     # 1. draft forest
     forest, dbuf, lay, rand, base, in_idx, inputs = draft_forest(config, params, prompt_lengths,
-                                                                 state)
+                                                                 state, table)
     Wc, S = lay.Wc, lay.S
     s_in, fin_in, live_in = inputs["scores"], inputs["finished"], inputs["live"]
 
@@ -367,9 +388,10 @@ def _dsbd_core(params, prompt_ids, prompt_lengths, keys, config: DSBDConfig) -> 
         "dsbd_generate", config, params, prompt_ids, prompt_lengths)
     params = inputs.with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
+    table = random_table(config, state.keys)
     state = calls.loop(
         config, lambda s: jnp.any(~s.done), functools.partial(iteration, config, params,
-                                                            prompt_lengths), state,
+                                                            prompt_lengths, table=table), state,
         lambda s: dict(iterations=s.iterations, generated=s.generated, done=s.done,
                        target_calls=s.target_calls, accepted=jnp.sum(s.layer_accepted),
                        verified=jnp.sum(s.layer_verified)))

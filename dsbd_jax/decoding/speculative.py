@@ -59,8 +59,15 @@ def accept_test(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
 
 def safe_residual(p: jax.Array, q: jax.Array) -> jax.Array:
     """``norm(max(p - q, 0))``; if rounding leaves nothing (p == q), keep ``p``. ``[..., V]``."""
+    return safe_residual_and_left(p, q)[0]
+
+
+def safe_residual_and_left(p: jax.Array, q: jax.Array):
+    """:func:`safe_residual` and whether the plain residual left anything (``[..., 1]`` bool;
+    ``False`` where ``p`` was kept)."""
     r = residual(p, q)
-    return jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p)
+    left = jnp.sum(r, axis=-1, keepdims=True) > 0
+    return jnp.where(left, r, p), left
 
 
 @jax.named_scope("verify")

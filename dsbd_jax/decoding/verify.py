@@ -40,8 +40,9 @@ import jax.numpy as jnp
 # the single-candidate rule and the residual are speculative sampling's, shared with the chain
 # and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
 from dsbd_jax.decoding.speculative import accept_test, safe_residual as reject_update  # noqa: F401
+from dsbd_jax.decoding.speculative import safe_residual_and_left
 from dsbd_jax.decoding.warping import draw_from, normalize, warp_logits
-from dsbd_jax.decoding.width import layer_width
+from dsbd_jax.decoding.width import layer_width, rates_from_chain
 
 NEG_INF = -jnp.inf
 
@@ -62,12 +63,16 @@ class Randoms(NamedTuple):
     extra_g: jax.Array   # [N]
 
 
-@jax.named_scope("random")
-def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bool) -> Randoms:
-    """All of one prompt's random numbers for an iteration from ONE ``uniform`` call."""
+def randoms_size(G: int, C: int, W: int, N: int, replacement: bool) -> int:
+    """How many uniforms one prompt's iteration draws (:func:`make_randoms`)."""
+    n_g = 0 if replacement else N
+    return 2 * G * C + 2 * G * n_g + G * (1 + W) + W + n_g
+
+
+def split_randoms(u: jax.Array, G: int, C: int, W: int, N: int, replacement: bool) -> Randoms:
+    """One prompt's ``[randoms_size(...)]`` uniforms as the iteration's :class:`Randoms`."""
     n_g = 0 if replacement else N
     sizes = [G * C, G * n_g, G * C, G * (1 + W), G * n_g, W, n_g]
-    u = jax.random.uniform(key, (sum(sizes),), jnp.float32)
     parts, start = [], 0
     for s in sizes:
         parts.append(u[start:start + s])
@@ -77,6 +82,23 @@ def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bo
                    accept_u=parts[2].reshape(G, C), corr_u=parts[3].reshape(G, 1 + W),
                    corr_g=gumbel(parts[4]).reshape(G, n_g), extra_u=parts[5],
                    extra_g=gumbel(parts[6]))
+
+
+@jax.named_scope("random")
+def make_randoms(key: jax.Array, G: int, C: int, W: int, N: int, replacement: bool) -> Randoms:
+    """All of one prompt's random numbers for an iteration from ONE ``uniform`` call."""
+    u = jax.random.uniform(key, (randoms_size(G, C, W, N, replacement),), jnp.float32)
+    return split_randoms(u, G, C, W, N, replacement)
+
+
+@jax.named_scope("random")
+def randoms_table(keys: jax.Array, iterations: int, size: int) -> jax.Array:
+    """``[B, iterations, size]``: row ``b``'s uniforms of iteration ``i``, the very numbers
+    :func:`make_randoms` draws from ``fold_in(keys[b], i)``, made before the decoding loop so
+    that no random-bits kernel (a loop of its own on XLA:CPU) runs inside an iteration. Only
+    for draws that stay small (``replacement=True``: no Gumbel noise over the vocabulary)."""
+    one = lambda k, i: jax.random.uniform(jax.random.fold_in(k, i), (size,), jnp.float32)  # noqa: E731
+    return jax.vmap(lambda k: jax.vmap(lambda i: one(k, i))(jnp.arange(iterations)))(keys)
 
 
 def draw_gumbel(logp: jax.Array, g: jax.Array, k: int) -> jax.Array:
@@ -149,16 +171,45 @@ class CandidateResult(NamedTuple):
     taken: jax.Array         # [N] bool: outputs taken (replacement=False bookkeeping)
 
 
+def residual_chain(p: jax.Array, q: jax.Array, num: int):
+    """The residuals a layer's rule can reach (``replacement=True``): ``p' = p_j`` after ``j``
+    rejections since the last acceptance, ``p_0 = p`` and ``p_{j+1} = reject_update(p_j, q)``.
+
+    Returns ``(chain, emptied)``: ``chain`` the list ``[p_0, ..., p_num]`` of ``[N]`` arrays,
+    ``emptied [num]`` whether step ``j``'s plain residual was all zero (``reject_update`` kept
+    ``p_j``). Straight-line code: ``num = C`` is static and small. The width's acceptance rates
+    come from the same chain (``width.rates_from_chain``). A list, not a stacked array: XLA:CPU
+    reduces a ``[num + 1, N]`` array over its first axis far slower than it reads the rows.
+    """
+    chain, emptied = [p], []
+    for _ in range(num):
+        r, left = safe_residual_and_left(chain[-1], q)
+        chain.append(r)
+        emptied.append(~left[0])
+    return chain, jnp.stack(emptied)
+
+
 def verify_candidates(u: jax.Array, p_beam: jax.Array, q: jax.Array, cand: jax.Array,
-                      cand_ok: jax.Array, width: jax.Array, replacement: bool) -> CandidateResult:
+                      cand_ok: jax.Array, width: jax.Array, replacement: bool,
+                      chain=None) -> CandidateResult:
     """The multi-candidate rule over one layer's candidates, in order.
 
     Args:
       u: ``[C]`` uniforms. p_beam, q: ``[N]`` (``q`` already restricted, see
       :func:`restrict_draft`). cand: ``[C]`` flat indices. cand_ok: ``[C]`` which nodes are
       candidates (parent accepted, node not dead). width: ``W_L`` (stop when reached).
+      chain: ``replacement=True`` only: :func:`residual_chain` of ``p_beam`` and ``q`` over
+        ``C`` steps, when the caller has it.
+
+    With replacement ``q`` never changes, so ``p'`` is always ``p_j`` of the residual chain,
+    ``j`` the rejections since the last acceptance: every test ``u_c q(x_c) < p_j(x_c)`` is
+    computed at once and only the count of rejections is followed candidate by candidate (a
+    few scalar operations each). Without replacement ``q`` and ``p'`` depend on every earlier
+    outcome; that rule runs candidate by candidate, unrolled (no loop in the program).
     """
     N = p_beam.shape[0]
+    if replacement:
+        return _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain)
 
     def step(carry, xs):
         p_res, q_cur, taken, n_acc = carry
@@ -167,18 +218,35 @@ def verify_candidates(u: jax.Array, p_beam: jax.Array, q: jax.Array, cand: jax.A
         acc = live & accept_test(u_c, pick(p_res, x), pick(q_cur, x))
         rej = live & ~acc
         p_rej = reject_update(p_res, q_cur)
-        if replacement:
-            p_acc, q_next, taken_next = p_beam, q_cur, taken
-        else:
-            taken_next = taken | (one_hot(x, N) & acc)
-            p_acc = normalize(jnp.where(taken_next, 0.0, p_beam))
-            q_next = jnp.where(live, remove(q_cur, x), q_cur)
+        taken_next = taken | (one_hot(x, N) & acc)
+        p_acc = normalize(jnp.where(taken_next, 0.0, p_beam))
+        q_next = jnp.where(live, remove(q_cur, x), q_cur)
         p_next = jnp.where(acc, p_acc, jnp.where(rej, p_rej, p_res))
         return (p_next, q_next, taken_next, n_acc + acc.astype(jnp.int32)), acc
 
     init = (p_beam, q, jnp.zeros((N,), bool), jnp.zeros((), jnp.int32))
-    (p_res, _, taken, n_acc), accepted = jax.lax.scan(step, init, (u, cand, cand_ok))
+    (p_res, _, taken, n_acc), accepted = jax.lax.scan(step, init, (u, cand, cand_ok),
+                                                      unroll=True)
     return CandidateResult(accepted, n_acc, p_res, taken)
+
+
+def _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain):
+    N, C = p_beam.shape[0], cand.shape[0]
+    if chain is None:
+        chain, _ = residual_chain(p_beam, q, C)
+    q_x = pick(q, cand)
+    tests = [accept_test(u, chain[j][cand], q_x) for j in range(C)]   # [j][c]: a gather of C
+    j, n_acc, accepted = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), []
+    for c in range(C):
+        live = cand_ok[c] & (n_acc < width)
+        acc = live & jnp.any(jnp.stack([(j == i) & tests[i][c] for i in range(c + 1)]))
+        j = jnp.where(acc, 0, jnp.where(live, j + 1, j))
+        n_acc = n_acc + acc.astype(jnp.int32)
+        accepted.append(acc)
+    p_res = chain[C]
+    for i in reversed(range(C)):   # p_j, as an elementwise select over the rows
+        p_res = jnp.where(j == i, chain[i], p_res)
+    return CandidateResult(jnp.stack(accepted), n_acc, p_res, jnp.zeros((N,), bool))
 
 
 def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateResult,
@@ -251,6 +319,10 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
                   budget: jax.Array, config) -> Verdict:
     """Verify one prompt's forest layer by layer (``lax.scan`` over layers).
 
+    The scan stays a loop (``gamma`` trips): unrolled, a small model's DSBD program took a
+    quarter to a third longer to compile on XLA:CPU for about one thunk in twenty fewer per
+    iteration; everything inside a layer is straight-line code.
+
     Args:
       rand: this prompt's random numbers for the iteration (:func:`make_randoms`).
       joint: ``[gamma + 1, P, V]`` target joint log-weights of each layer's parents (row ``l``:
@@ -275,8 +347,12 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
         q_a = restrict_draft(q_l, parent_ok)
         is_cand = ok_l & pick(parent_ok, cand_l // V)
         m = jnp.sum(is_cand).astype(jnp.int32)
-        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C)
-        res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep)
+        chain = alphas = None
+        if rep:   # one residual chain for the width and the rule
+            chain, emptied = residual_chain(p_beam, q_a, C)
+            alphas = rates_from_chain(chain[:C], q_a, emptied)
+        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C, alphas)
+        res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep, chain)
         verified = go & (l <= budget)
         passed = res.num_accepted >= w
         c_flat, c_valid = correct_layer(u_corr, g_corr, p_beam, res, cand_l, w, W_out, rep)

@@ -29,19 +29,35 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dsbd_jax.decoding.warping import residual
 
 
 def acceptance_rates(p: jax.Array, q: jax.Array, num: int) -> jax.Array:
     """``alpha_1 .. alpha_num`` of the residual chain: ``p, q [..., N]`` (probabilities) ->
-    ``[..., num]``."""
-    def step(pj, _):
-        alpha = jnp.sum(jnp.minimum(pj, q), axis=-1)
-        return residual(pj, q), alpha
+    ``[..., num]``. Straight-line code (``num`` is static and small): no loop in the program."""
+    alphas, pj = [], p
+    for j in range(num):
+        alphas.append(jnp.sum(jnp.minimum(pj, q), axis=-1))
+        if j + 1 < num:
+            pj = residual(pj, q)
+    return jnp.stack(alphas, axis=-1)
 
-    _, alphas = jax.lax.scan(step, p, None, length=num)
-    return jnp.moveaxis(alphas, 0, -1)
+
+def rates_from_chain(chain, q: jax.Array, emptied: jax.Array) -> jax.Array:
+    """:func:`acceptance_rates` from the verification's residual chain (nothing computed twice).
+
+    ``chain``: the ``num`` arrays ``[N]`` ``p_1 = p``, ``p_{j+1} = safe_residual(p_j, q)``
+    (``verify.residual_chain``); ``emptied [>= num - 1]``: whether step ``j``'s plain residual
+    was all zero. The chain here takes the plain residual, which stays all zero once it empties
+    (then every later ``alpha`` is 0) where the safe one keeps ``p_j``; before that the two are
+    the same arrays, so the alphas are :func:`acceptance_rates`'. Returns ``[num]``.
+    """
+    num = len(chain)
+    alphas = jnp.stack([jnp.sum(jnp.minimum(r, q), axis=-1) for r in chain])
+    before = jnp.concatenate([jnp.zeros((1,), bool), jnp.cumsum(emptied[:num - 1]) > 0])
+    return jnp.where(before, jnp.zeros((), alphas.dtype), alphas)
 
 
 def count_probs(alphas: jax.Array) -> jax.Array:
@@ -53,18 +69,15 @@ def count_probs(alphas: jax.Array) -> jax.Array:
     one_minus = 1.0 - alphas
     survive = jnp.concatenate([jnp.ones((1,), alphas.dtype), jnp.cumprod(one_minus)])  # z_0..z_n
     first = alphas * survive[:-1]                       # c_i: first acceptance at candidate i
-    P = jnp.zeros((n + 1, n + 1), alphas.dtype).at[0, 0].set(1.0)
-    i = jnp.arange(1, n + 1)
-
-    def row(m, P):
-        prev = jnp.take(P, jnp.clip(m - i, 0, n), axis=0)            # [n, n+1]: P[m - i]
-        use = (i <= m)[:, None]
-        shifted = jnp.concatenate([jnp.zeros((n, 1), P.dtype), prev[:, :-1]], axis=1)  # k-1 -> k
+    rows = [jnp.zeros((n + 1,), alphas.dtype).at[0].set(1.0)]
+    i = np.arange(1, n + 1)
+    for m in range(1, n + 1):   # n is static and small: straight-line code, no loop
+        prev = jnp.stack([rows[r] for r in np.clip(m - i, 0, n)])   # P[m - i]: rows made
+        use = jnp.asarray(i <= m)[:, None]
+        shifted = jnp.concatenate([jnp.zeros((n, 1), alphas.dtype), prev[:, :-1]], axis=1)
         new = jnp.sum(jnp.where(use, first[:, None] * shifted, 0.0), axis=0)
-        new = new.at[0].set(survive[m])
-        return P.at[m].set(new)
-
-    return jax.lax.fori_loop(1, n + 1, row, P)
+        rows.append(new.at[0].set(survive[m]))
+    return jnp.stack(rows)
 
 
 def width_from_counts(P: jax.Array, m: jax.Array, threshold: float, min_width: int,
@@ -81,7 +94,7 @@ def width_from_counts(P: jax.Array, m: jax.Array, threshold: float, min_width: i
 
 @jax.named_scope("width")
 def layer_width(p: jax.Array, q: jax.Array, m: jax.Array, threshold: float, min_width: int,
-                max_width: int, num_draft: int) -> jax.Array:
+                max_width: int, num_draft: int, alphas=None) -> jax.Array:
     """Width ``W_L`` of one layer (int32 scalar).
 
     Args:
@@ -89,10 +102,13 @@ def layer_width(p: jax.Array, q: jax.Array, m: jax.Array, threshold: float, min_
       q: ``[N]`` the candidates' drafting distribution restricted to those parents.
       m: scalar int, candidates actually present (``<= num_draft``).
       threshold, min_width, max_width, num_draft: static (``num_draft = W_S``).
+      alphas: ``[num_draft]`` the chain's acceptance rates when the caller has them
+        (:func:`rates_from_chain`); computed from ``p`` and ``q`` otherwise.
     """
     if threshold >= 1.0:  # fixed width (module doc)
         return jnp.asarray(min(min_width, max_width), jnp.int32)
-    alphas = acceptance_rates(p, q, num_draft)
+    if alphas is None:
+        alphas = acceptance_rates(p, q, num_draft)
     return width_from_counts(count_probs(alphas), m, threshold, min_width, max_width)
 
 

@@ -66,9 +66,20 @@ _WRAPPED = re.compile(r"^(?:vmap|jit|pjit|checkpoint|remat)\((.*)\)$")
 _OPNAME = re.compile(r'op_name="([^"]*)"')
 
 
-_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
+
+
+_HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)")
+
+
+def _header(line: str) -> Optional[str]:
+    """The computation a line opens, if it is a header: an unindented line that ends in ``{``
+    (its parameter list may hold ``/*index=5*/`` comments, so it may hold ``=``)."""
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+        h = _HEADER_NAME.match(line)
+        return h.group(1) if h else None
+    return None
 
 
 def instruction_scopes(hlo_text: str):
@@ -83,9 +94,7 @@ def instruction_scopes(hlo_text: str):
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m:
-            c = _COMPUTATION.match(line)
-            if c and "=" not in line.split("{")[0]:
-                current = c.group(1)
+            current = _header(line) or current
             continue
         op = _OPNAME.search(line)
         name = m.group(1)
@@ -144,7 +153,7 @@ def _trace_events(trace_dir: str):
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-_HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)")
+
 _WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
 
@@ -157,9 +166,8 @@ def program_structure(hlo_text: str):
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m:
-            if line and not line[0].isspace() and line.rstrip().endswith("{"):
-                h = _HEADER_NAME.match(line)
-                current = h.group(1) if h else None
+            if _header(line):
+                current = _header(line)
                 if line.startswith("ENTRY"):
                     entry = current
             continue

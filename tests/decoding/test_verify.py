@@ -131,3 +131,43 @@ def test_rule_pieces():
     # CDF draws never pick zero-probability entries, even at u -> 1
     idx = draw_from(jnp.array([0.2, 0.8, 0.0, 0.0]), jnp.array([0.0, 0.5, 0.9999999]))
     assert list(np.asarray(idx)) == [0, 1, 1]
+
+
+def _candidate_by_candidate(u, p_beam, q, cand, cand_ok, width):
+    """The with-replacement rule as it reads: one candidate after another, ``p'`` carried."""
+    def step(carry, xs):
+        p_res, n_acc = carry
+        u_c, x, ok = xs
+        live = ok & (n_acc < width)
+        acc = live & verify.accept_test(u_c, verify.pick(p_res, x), verify.pick(q, x))
+        p_next = jnp.where(acc, p_beam,
+                           jnp.where(live & ~acc, verify.reject_update(p_res, q), p_res))
+        return (p_next, n_acc + acc.astype(jnp.int32)), acc
+
+    (p_res, n_acc), accepted = jax.lax.scan(step, (p_beam, jnp.int32(0)), (u, cand, cand_ok))
+    return accepted, n_acc, p_res
+
+
+@pytest.mark.parametrize("degenerate", [False, True])
+def test_rule_at_once_is_the_rule_candidate_by_candidate(degenerate):
+    """With replacement every test is computed at once from the residual chain: the accepted
+    candidates and their count must be the sequential rule's, and ``p'`` the same up to the
+    roundings of the residuals' sums, which XLA may order differently in straight-line code
+    than in a loop (also where ``p' - q`` empties and ``reject_update`` keeps ``p'``, and under
+    the width's early stop)."""
+    rng = np.random.default_rng(3)
+    both = jax.jit(lambda *a: (verify.verify_candidates(*a, True), _candidate_by_candidate(*a)))
+    for trial in range(40):
+        p, q = _pair(100 + trial)
+        if degenerate:
+            q = p.copy()
+        cand = rng.choice(N_FLAT, size=C_MAX, p=q / q.sum()).astype(np.int32)
+        u = rng.random(C_MAX).astype(np.float32)
+        ok = rng.random(C_MAX) < 0.85
+        width = np.int32(rng.integers(1, C_MAX + 1))
+        got, want = both(jnp.asarray(u), jnp.asarray(p), jnp.asarray(q), jnp.asarray(cand),
+                         jnp.asarray(ok), width)
+        np.testing.assert_array_equal(np.asarray(got.accepted), np.asarray(want[0]))
+        assert int(got.num_accepted) == int(want[1])
+        np.testing.assert_allclose(np.asarray(got.residual), np.asarray(want[2]), rtol=2e-6,
+                                   atol=1e-9)

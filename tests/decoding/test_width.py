@@ -132,3 +132,28 @@ def test_expected_layers_formula():
         assert float(dw.expected_layers(a, g)) == pytest.approx(sum(a ** k for k in range(g + 1)),
                                                                 rel=1e-5)
     assert float(dw.expected_layers(1.0, 3)) == 4.0
+
+
+@pytest.mark.parametrize("case", ["random", "p_equals_q"])
+def test_rates_from_the_verification_chain_are_the_width_rates(case):
+    """The width reads its alphas off the rule's residual chain; they must be
+    ``acceptance_rates``' (up to the roundings of the residuals' sums), also once the plain
+    residual empties, where the rule's safe residual keeps ``p'`` and the width's chain stays
+    zero: every later alpha exactly 0."""
+    from dsbd_jax.decoding import verify
+    p, q = _pair(11)
+    if case == "p_equals_q":
+        q = p
+    p, q = jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32)
+
+    @jax.jit
+    def both(p, q):
+        chain, emptied = verify.residual_chain(p, q, 5)
+        return dw.rates_from_chain(chain[:5], q, emptied), dw.acceptance_rates(p, q, 5), emptied
+
+    got, want, emptied = both(p, q)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(got) == 0, np.asarray(want) == 0)
+    if case != "random":
+        assert bool(np.any(np.asarray(emptied)))
+        assert float(np.asarray(got)[-1]) == 0.0

@@ -489,7 +489,7 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
         assert ph[p] > 0, p
     assert sum(ph.values()) == pytest.approx(r["thunk_sum_s"])
     assert 0 < r["overhead_frac"] < 1 and r["iterations"] >= 1
-    # what ran: DSBD's verification and width run inner loops, trips counted per iteration
+    # what ran: DSBD's verification runs its loop over layers, trips counted per iteration
     c = r["per_iteration_counts"]
     assert c["loop_trips"] > 0 and c["loop_trips_by_phase"].get("verify", 0) > 0, c
     assert all(lp["trips"] >= lp["executions"] >= 1 for lp in r["counts"]["loops"])
@@ -511,6 +511,16 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
         "condition=%c.4, body=%body.1\n}\n")
     assert comp_of == {"a.1": "body.1", "w.3": "main.2"} and bodies == {"w.3": "body.1"}
     assert entry == "main.2"
+    # ... and instruction_scopes attributes a fusion to the computation it calls: the header's
+    # "=" must not leave the fused root under the computation before it
+    scopes = profile.instruction_scopes(
+        "%other.0 (a: f32[2]) -> f32[2] {\n  ROOT %n.0 = f32[2] negate(f32[2] %a), "
+        'metadata={op_name="jit(f)/warp/neg"}\n}\n'
+        "%fused.1 (p: f32[2], /*index=5*/q: f32[2]) -> f32[2] {\n  ROOT %m.1 = f32[2] "
+        'add(f32[2] %p, f32[2] %q), metadata={op_name="jit(f)/verify/add"}\n}\n'
+        "ENTRY %main.2 (x: f32[2]) -> f32[2] {\n  ROOT %f.3 = f32[2] fusion(f32[2] %x, f32[2] %x),"
+        " kind=kLoop, calls=%fused.1\n}\n")
+    assert scopes["f.3"] == ("fusion", "jit(f)/verify/add")
     assert profile.phase_of("jit(f)/while/body/vmap(verify)/closed_call/warp/top_k", "T", "D") \
         == "warp"
     assert profile.phase_of("jit(f)/prefill/T/dot", "T", "D") == "prefill"
