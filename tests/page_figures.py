@@ -466,7 +466,7 @@ add("docs/performance.md", COUNTS_EPYC,
     " | {runs.1.per_iteration_counts.thunks_outside_passes:.0f} | "
     "{runs.2.per_iteration_counts.thunks_outside_passes:.0f} | "
     "{runs.3.per_iteration_counts.thunks_outside_passes:.0f} |",
-    " | {runs.1.per_iteration_counts.loop_trips:.1f} | {runs.2.per_iteration_counts.loop_trips:.0f}"
+    " | {runs.1.per_iteration_counts.loop_trips:.0f} | {runs.2.per_iteration_counts.loop_trips:.0f}"
     " | {runs.3.per_iteration_counts.loop_trips:.0f} |",
     " | {runs.1.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
     "{runs.2.per_iteration_counts.vocab_thunks_outside_passes:.1f} | "
@@ -480,7 +480,7 @@ add("docs/performance.md", COUNTS_EPYC,
     "{runs.1.per_iteration_counts.thunks.random:.0f}, the width "
     "{runs.1.per_iteration_counts.thunks.width:.0f}, other bookkeeping "
     "{runs.1.per_iteration_counts.thunks.other:.0f}) and "
-    "{runs.1.per_iteration_counts.loop_trips:.1f} trips")
+    "{runs.1.per_iteration_counts.loop_trips:.0f} trips")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "

@@ -182,26 +182,70 @@ def program_structure(hlo_text: str):
     return comp_of, bodies, types, entry
 
 
+_CALLED = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+
+
+def computation_calls(hlo_text: str) -> Dict[str, set]:
+    """``{computation: the computations its instructions call}`` (fusions, ``while`` bodies and
+    conditions, ``call``, reductions' ``to_apply``, ``conditional`` branches)."""
+    graph, current = collections.defaultdict(set), None
+    for line in hlo_text.splitlines():
+        head = None if _INSTR.match(line) else _header(line)
+        if head:
+            current = head
+            continue
+        graph[current].update(_CALLED.findall(line))
+        for branches in _BRANCHES.findall(line):
+            graph[current].update(b.strip().lstrip("%") for b in branches.split(","))
+    return graph
+
+
+def _reachable(graph: Dict[str, set], starts) -> set:
+    seen, stack = set(), list(starts)
+    while stack:
+        c = stack.pop()
+        if c not in seen:
+            seen.add(c)
+            stack.extend(graph.get(c, ()))
+    return seen
+
+
 def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optional[str] = None,
                     vocab_size: Optional[int] = None, scopes=None) -> Dict[str, Any]:
     """What one traced call executed (module doc): ``thunks`` and ``vocab_thunks`` per phase, and
     ``loops``: one entry per ``while`` that ran (``executions``, ``trips``, ``phase``,
-    ``in_entry``: whether it sits in the entry computation, as a decode loop does). ``scopes``:
-    :func:`instruction_scopes` of ``hlo_text``, where the caller has it already."""
+    ``in_entry``: whether it sits in the entry computation, as a decode loop does; a loop of the
+    entry computation also has ``thunks`` and ``vocab_thunks``: those executed inside it, its
+    condition and body and what they call; and ``loops_inside``: the loops nested in it).
+    ``scopes``: :func:`instruction_scopes` of ``hlo_text``, where the caller has it already."""
     scopes = instruction_scopes(hlo_text) if scopes is None else scopes
     comp_of, bodies, types, entry = program_structure(hlo_text)
     runs = collections.Counter(e["args"]["hlo_op"] for e in events
                                if e.get("ph") == "X" and e.get("args", {}).get("hlo_op"))
-    thunks, vocab = collections.Counter(), collections.Counter()
     vocab_dim = re.compile(rf"[\[,]{int(vocab_size)}[\],]") if vocab_size else None
-    for name, n in runs.items():
-        opcode, op_name = scopes.get(name, ("", ""))
-        if opcode in _CONTAINERS:
-            continue
-        phase = phase_of(op_name, target_scope, draft_scope)
-        thunks[phase] += n
-        if vocab_dim is not None and vocab_dim.search(types.get(name, "")):
-            vocab[phase] += n
+
+    def count(within=None):
+        thunks, vocab = collections.Counter(), collections.Counter()
+        for name, n in runs.items():
+            opcode, op_name = scopes.get(name, ("", ""))
+            if opcode in _CONTAINERS or (within is not None and comp_of.get(name) not in within):
+                continue
+            phase = phase_of(op_name, target_scope, draft_scope)
+            thunks[phase] += n
+            if vocab_dim is not None and vocab_dim.search(types.get(name, "")):
+                vocab[phase] += n
+        return ({p: thunks.get(p, 0) for p in PHASES}, {p: vocab.get(p, 0) for p in PHASES})
+
+    thunks, vocab = count()
+    graph = computation_calls(hlo_text)
+    conditions = {}
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        c = _CONDITION.search(line) if m and m.group(2) == "while" else None
+        if c:
+            conditions[m.group(1)] = c.group(1)
     members = collections.defaultdict(list)
     for name, comp in comp_of.items():
         members[comp].append(name)
@@ -209,12 +253,16 @@ def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optio
     for name, body in bodies.items():
         trips = max((runs.get(i, 0) for i in members.get(body, ())), default=0)
         if trips:
-            loops.append({"while": name, "executions": runs.get(name, 0), "trips": trips,
-                          "phase": phase_of(scopes.get(name, ("", ""))[1], target_scope,
-                                            draft_scope),
-                          "in_entry": comp_of.get(name) == entry})
-    return {"thunks": {p: thunks.get(p, 0) for p in PHASES},
-            "vocab_thunks": {p: vocab.get(p, 0) for p in PHASES}, "loops": loops}
+            loop = {"while": name, "executions": runs.get(name, 0), "trips": trips,
+                    "phase": phase_of(scopes.get(name, ("", ""))[1], target_scope, draft_scope),
+                    "in_entry": comp_of.get(name) == entry}
+            if loop["in_entry"]:
+                inside = _reachable(graph, [body] + ([conditions[name]] if name in conditions
+                                                     else []))
+                loop["thunks"], loop["vocab_thunks"] = count(inside)
+                loop["loops_inside"] = sorted(w for w in bodies if comp_of.get(w) in inside)
+            loops.append(loop)
+    return {"thunks": thunks, "vocab_thunks": vocab, "loops": loops}
 
 
 def profile_compiled(compiled, args, target_scope: str, draft_scope: Optional[str] = None,
@@ -303,22 +351,33 @@ PASSES = ("prefill", "target forward", "draft forward")
 
 def per_iteration_counts(counts: Dict[str, Any], iterations: int) -> Dict[str, Any]:
     """A decode call's :func:`executed_counts` per loop iteration: thunks and vocabulary-axis
-    thunks per phase (prefill left out) and outside the forward passes, and the inner loops'
-    trips (every loop that ran except the decode loop: the loop of the entry computation that
-    made ``iterations`` trips, and loops of the prefill), in all and per phase."""
+    thunks per phase and outside the forward passes, and the trips of the loops inside the
+    iteration, in all and per phase. The decode loop is the loop of the entry computation that
+    made ``iterations`` trips (of several, the one that ran the most); what ran inside it is
+    counted (``counted``: ``"decode loop"``), so what runs once per call (the prefill, making
+    the random numbers before the loop, the outputs) is left out. Without such a loop, the whole call but the prefill is counted
+    (``"call"``), and the inner loops are every loop but the prefill's."""
     its = max(int(iterations), 1)
-    inner = [lp for lp in counts["loops"]
-             if not (lp["in_entry"] and lp["trips"] == iterations) and lp["phase"] != "prefill"]
+    # of the entry's loops with as many trips, the biggest (a random-bits kernel's loop before
+    # the decode loop can make as many trips as the decode loop)
+    decode = sorted((lp for lp in counts["loops"]
+                     if lp["in_entry"] and lp["trips"] == iterations and "thunks" in lp),
+                    key=lambda lp: -sum(lp["thunks"].values()))
+    if decode:
+        thunks, vocab = decode[0]["thunks"], decode[0]["vocab_thunks"]
+        inner = [lp for lp in counts["loops"] if lp["while"] in decode[0]["loops_inside"]]
+    else:
+        thunks, vocab = counts["thunks"], counts["vocab_thunks"]
+        inner = [lp for lp in counts["loops"] if lp["phase"] != "prefill"]
     by_phase = collections.Counter()
     for lp in inner:
         by_phase[lp["phase"]] += lp["trips"]
     out = {
-        "thunks": {p: n / its for p, n in counts["thunks"].items() if p != "prefill"},
-        "thunks_outside_passes": sum(n for p, n in counts["thunks"].items()
-                                     if p not in PASSES) / its,
-        "vocab_thunks": {p: n / its for p, n in counts["vocab_thunks"].items()
-                         if p != "prefill"},
-        "vocab_thunks_outside_passes": sum(n for p, n in counts["vocab_thunks"].items()
+        "counted": "decode loop" if decode else "call",
+        "thunks": {p: n / its for p, n in thunks.items() if p != "prefill"},
+        "thunks_outside_passes": sum(n for p, n in thunks.items() if p not in PASSES) / its,
+        "vocab_thunks": {p: n / its for p, n in vocab.items() if p != "prefill"},
+        "vocab_thunks_outside_passes": sum(n for p, n in vocab.items()
                                            if p not in PASSES) / its,
         "loop_trips": sum(lp["trips"] for lp in inner) / its,
         "loop_trips_by_phase": {p: n / its for p, n in sorted(by_phase.items())},

@@ -491,6 +491,7 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
     assert 0 < r["overhead_frac"] < 1 and r["iterations"] >= 1
     # what ran: DSBD's verification runs its loop over layers, trips counted per iteration
     c = r["per_iteration_counts"]
+    assert c["counted"] == "decode loop"
     assert c["loop_trips"] > 0 and c["loop_trips_by_phase"].get("verify", 0) > 0, c
     assert all(lp["trips"] >= lp["executions"] >= 1 for lp in r["counts"]["loops"])
     assert c["thunks"]["verify"] > 0 and c["thunks"]["draft forward"] > 0
@@ -521,6 +522,24 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
         "ENTRY %main.2 (x: f32[2]) -> f32[2] {\n  ROOT %f.3 = f32[2] fusion(f32[2] %x, f32[2] %x),"
         " kind=kLoop, calls=%fused.1\n}\n")
     assert scopes["f.3"] == ("fusion", "jit(f)/verify/add")
+    # per iteration, only what ran inside the decode loop counts: not the work before it
+    text = ("%fused.1 (p: f32[2]) -> f32[2] {\n  ROOT %n.1 = f32[2] negate(f32[2] %p)\n}\n"
+            "%cond.2 (c: f32[2]) -> pred[] {\n  ROOT %t.2 = pred[] constant(true)\n}\n"
+            "%body.3 (b: f32[2]) -> f32[2] {\n  ROOT %f.3 = f32[2] fusion(f32[2] %b), kind=kLoop, "
+            'calls=%fused.1, metadata={op_name="jit(f)/while/body/verify/neg"}\n}\n'
+            "ENTRY %main.4 (x: f32[2]) -> f32[2] {\n  %pro.4 = f32[2] add(f32[2] %x, f32[2] %x), "
+            'metadata={op_name="jit(f)/random/add"}\n  ROOT %w.4 = f32[2] while(f32[2] %pro.4), '
+            "condition=%cond.2, body=%body.3\n}\n")
+    events = [{"ph": "X", "args": {"hlo_op": n}}
+              for n in ["pro.4", "w.4"] + ["f.3"] * 3 + ["t.2"] * 4]
+    counts = profile.executed_counts(text, events, "T")
+    assert counts["thunks"]["random"] == 1 and counts["thunks"]["verify"] == 3
+    (w,) = counts["loops"]
+    assert (w["trips"], w["in_entry"], w["thunks"]["random"], w["thunks"]["verify"],
+            w["thunks"]["other"]) == (3, True, 0, 3, 4)
+    per = profile.per_iteration_counts(counts, 3)
+    assert per["counted"] == "decode loop" and per["thunks"]["random"] == 0
+    assert per["thunks_outside_passes"] == pytest.approx(7 / 3) and per["loop_trips"] == 0
     assert profile.phase_of("jit(f)/while/body/vmap(verify)/closed_call/warp/top_k", "T", "D") \
         == "warp"
     assert profile.phase_of("jit(f)/prefill/T/dot", "T", "D") == "prefill"
