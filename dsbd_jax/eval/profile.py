@@ -68,8 +68,6 @@ _OPNAME = re.compile(r'op_name="([^"]*)"')
 
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"(?:calls|to_apply)=%?([\w.\-]+)")
-
-
 _HEADER_NAME = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)")
 
 
@@ -153,7 +151,6 @@ def _trace_events(trace_dir: str):
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-
 _WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
 
@@ -166,8 +163,9 @@ def program_structure(hlo_text: str):
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m:
-            if _header(line):
-                current = _header(line)
+            head = _header(line)
+            if head:
+                current = head
                 if line.startswith("ENTRY"):
                     entry = current
             continue
