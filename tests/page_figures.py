@@ -481,6 +481,20 @@ add("docs/performance.md", COUNTS_EPYC,
     "{runs.1.per_iteration_counts.thunks.width:.0f}, other bookkeeping "
     "{runs.1.per_iteration_counts.thunks.other:.0f}) and "
     "{runs.1.per_iteration_counts.loop_trips:.0f} trips")
+LOWERED = "results/lowered_counts.json"   # the programs lowered for cuda and cpu, no GPU
+add("docs/performance.md", LOWERED,
+    "| operations outside the passes, `cuda` | {runs.0.ops_outside_passes:d} | "
+    "{runs.1.ops_outside_passes:d} (**{runs.1.against_beam4.ops_outside_passes:.2f}x** beam "
+    "sampling's) | {runs.2.ops_outside_passes:d} | {runs.3.ops_outside_passes:d} |",
+    "| the same, `cpu` | {runs.4.ops_outside_passes:d} | {runs.5.ops_outside_passes:d} "
+    "({runs.5.against_beam4.ops_outside_passes:.2f}x) | {runs.6.ops_outside_passes:d} | "
+    "{runs.7.ops_outside_passes:d} |",
+    "verification's layers ({runs.1.loops.1.trips:d}), the forest's draft layers "
+    "({runs.1.loops.0.trips:d})",
+    "the draft passes ({runs.3.loops.0.trips:d}) |",
+    "{runs.1.against_beam4.ops_outside_passes:.2f}x beam sampling's operations outside the\n"
+    "passes in the program for `cuda`, against "
+    "{=w(COUNTS_EPYC, 'counts_against.0.thunks_outside_passes'):.2f}x its executed thunks")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "

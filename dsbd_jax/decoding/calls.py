@@ -70,9 +70,28 @@ class CoreCall(NamedTuple):
         return self.core.lower(*self.args, **self.kwargs)
 
     def compile(self):
-        """The compiled program. jax keeps it in the core's cache, so the public call with the
-        same argument shapes and static config runs it without compiling again."""
+        """The compiled program of this call (``lower().compile()``)."""
         return self.lower().compile()
+
+    def prepared(self):
+        """The program the call runs, made ready where the call looks for it, nothing run: a
+        later call with the same argument shapes and static config compiles nothing. With the
+        program store on, the call runs the store's program (:mod:`.programs`): it is compiled,
+        or read back, and kept there (a jit's own ``lower().compile()`` would not be what the
+        call runs, and the call would compile it a second time). Otherwise :meth:`compile`."""
+        folder = programs.store_folder()
+        if (folder is not None and hasattr(self.core, "run")
+                and not any(isinstance(x, jax.core.Tracer)
+                            for x in jax.tree.leaves((self.args, self.kwargs)))):
+            jitted, options = self.core.for_call(self.args, self.kwargs,
+                                                 named_options(self.kwargs))
+            program, _, _ = programs.program_for(self.decoder, jitted, self.core._fun,
+                                                 self.core._jit_kwargs, options,
+                                                 self.via.programs, self.args, self.kwargs,
+                                                 folder)
+            if program is not None:
+                return program
+        return self.compile()
 
 
 def named_options(kwargs) -> Any:

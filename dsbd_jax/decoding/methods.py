@@ -78,8 +78,9 @@ class Decoder:
         """Compile, ahead of time and without running it, the program a call with these
         arguments runs (``jax.stages.Compiled``; the same method as
         ``parallel.ShardedDecoder.compiled``). A later call with the same argument shapes runs
-        it without compiling: the benchmark harness's ``warmup: 0``."""
-        return self.core_call(params, prompt_ids, key, prompt_lengths).compile()
+        it without compiling (through the program store when it is on:
+        ``calls.CoreCall.prepared``): the benchmark harness's ``warmup: 0``."""
+        return self.core_call(params, prompt_ids, key, prompt_lengths).prepared()
 
 
 def check_settings(method: str, settings: Dict[str, Any]) -> None:

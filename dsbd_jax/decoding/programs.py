@@ -259,10 +259,24 @@ def call(name: str, jitted, fun: Callable, jit_kwargs: Dict[str, Any], options: 
     """Run ``jitted(*args, **kwargs)`` through the store in ``folder``: the program loaded in
     this process, else the stored one, else compiled (and stored). ``fun`` and ``jit_kwargs``
     are what ``jitted`` was made from; ``options`` its compiler options."""
+    program, dyn_args, dyn_kwargs = program_for(name, jitted, fun, jit_kwargs, options, programs,
+                                                args, kwargs, folder)
+    if program is None:
+        return jitted(*args, **kwargs)
+    return program(*dyn_args, **dyn_kwargs)
+
+
+def program_for(name: str, jitted, fun: Callable, jit_kwargs: Dict[str, Any],
+                options: Dict[str, Any], programs: LoadedPrograms, args: tuple, kwargs: dict,
+                folder: Path):
+    """The program :func:`call` would run, made ready and kept in ``programs`` (loaded, read
+    from the store, or compiled and stored), nothing run: ``(program, dynamic args, dynamic
+    kwargs)``; ``(None, ...)`` when the call has no key (then ``jitted`` compiles it). A later
+    :func:`call` with the same arguments runs this program without compiling."""
     static, dyn_args, dyn_kwargs = static_split(fun, jit_kwargs, args, kwargs)
     key = program_key(name, jit_kwargs, options, static, dyn_args, dyn_kwargs)
     if key is None:
-        return jitted(*args, **kwargs)
+        return None, dyn_args, dyn_kwargs
     program = programs.get(key)
     if program is None:
         t0 = time.perf_counter()
@@ -280,5 +294,5 @@ def call(name: str, jitted, fun: Callable, jit_kwargs: Dict[str, Any], options: 
             elif save(folder, key, lowered, program):
                 logger.info("%s: stored its compiled program in %s", name, folder)
         programs.put(key, program)
-    return program(*dyn_args, **dyn_kwargs)
+    return program, dyn_args, dyn_kwargs
 

@@ -41,6 +41,10 @@ cfg = DSBDConfig(target=target.config, draft=draft.config, max_new_tokens=n, gam
                  draft_width=2, threshold=0.5, top_k=10, progress=progress)
 params = {"target": target.params, "draft": draft.params}
 ids = jnp.array([[5, 9, 3, 7], [2, 4, 6, 0]], jnp.int32)
+if sys.argv[5] == "1":   # the program made ahead of time, as `dsbd bench` with warmup: 0 does
+    dsbd_generate.prepare(params, ids, jax.random.key(3), cfg,
+                          prompt_lengths=jnp.array([4, 3])).prepared()
+    events["ahead"] = dict(events)
 outs = [dsbd_generate(params, ids, jax.random.key(3), cfg, prompt_lengths=jnp.array([4, 3]))
         for _ in range(2)]
 folder = programs.store_folder()
@@ -51,7 +55,7 @@ print(json.dumps({**events,
 """
 
 
-def child(cache, pair, n=4, progress=False, **env):
+def child(cache, pair, n=4, progress=False, ahead=False, **env):
     # XLA's backend optimisation level 0: the same optimised programs in less compile time,
     # which is most of each child's (docs/development.md)
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
@@ -61,7 +65,7 @@ def child(cache, pair, n=4, progress=False, **env):
          **env}
     e.pop("JAX_COMPILATION_CACHE_DIR", None)
     out = subprocess.run([sys.executable, "-c", CHILD, str(pair[0]), str(pair[1]), str(n),
-                          "1" if progress else "0"], cwd=ROOT, env=e, capture_output=True,
+                          "1" if progress else "0", "1" if ahead else "0"], cwd=ROOT, env=e, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -103,6 +107,16 @@ def test_a_second_process_runs_the_stored_program_without_tracing(bench_pair, fi
     assert "could not read the stored program" in broken["stderr"]
     assert broken["traced"] == 1 and broken["seqs"] == first["seqs"]
     assert all(e.read_bytes() != b"not a program" and e.stat().st_size > 1000 for e in entries)
+
+
+def test_a_program_made_ahead_is_the_one_the_calls_run(bench_pair, tmp_path):
+    """``CoreCall.prepared`` (``Decoder.compiled``, the bench's ``warmup: 0``) readies the
+    store's program, which the calls then run: traced once in all. A jit's own
+    ``lower().compile()`` is not what a call through the store runs: the calls traced and
+    compiled it again (twice in all), and the bench timed every first batch twice."""
+    res = child(tmp_path, bench_pair[:2], ahead=True)
+    assert res["ahead"]["traced"] == 1 and res["traced"] == 1, res
+    assert len(res["stored"]) == 1 and res["seqs"][0] == res["seqs"][1]
 
 
 def test_a_program_with_host_callbacks_is_not_stored(bench_pair, first, tmp_path):
