@@ -8,6 +8,9 @@ W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
     .venv/bin/python benchmarks/speed.py --prompts 4 --max-new-tokens 64 --dsbd 2,4,0.7,2 \
         3,2,0.9,1,sb --widths 4 --dtypes float32 --out results/speed_float32_host.json
 
+``--draft-weights int8`` loads the draft with eight-bit kernels (speculative sampling and DSBD
+draft with it; every row records ``draft_weights``).
+
 ``--dtypes float32 bfloat16`` runs the whole table once per dtype, ours (``load_model(dtype=)``:
 bfloat16 weights and cache, mixed-precision products) and transformers (the model in that torch
 dtype) alike, one dtype after the other in the same run; every row records its ``dtype`` and the
@@ -50,7 +53,7 @@ def jax_part(args, dtype="float32"):
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
 
     target = load_model(TARGET, dtype)
-    draft = load_model(DRAFT, dtype)
+    draft = load_model(DRAFT, dtype, weights=args.draft_weights)
     texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
     P = common.bucket_length(max(len(p) for p in prompts))
     warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
@@ -85,7 +88,8 @@ def jax_part(args, dtype="float32"):
                      Decoder("dsbd" if fn is dsbd_generate else
                              "spec" if fn is speculative_sample else
                              "beam" if fn is beam_sample else "sample", fn, cfg), P))
-        rows.append({"impl": "dsbd_jax", "method": name, "dtype": dtype, **r})
+        rows.append({"impl": "dsbd_jax", "method": name, "dtype": dtype,
+                     "draft_weights": args.draft_weights if spec else None, **r})
     del target, draft
     return texts, prompts, rows
 
@@ -169,6 +173,9 @@ def main():
     ap.add_argument("--top-p", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--draft-weights", default="float", choices=("float", "int8"),
+                    help="the draft model's kernels (int8: eight-bit products; the outputs keep "
+                         "the target's distributions)")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="run the table in each dtype (ours and transformers alike)")
     ap.add_argument("--out", default="/tmp/dsbd_speed.json")

@@ -42,7 +42,6 @@ from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import SpeculativeConfig, Settings, check_config
-from dsbd_jax.models.llama import forward
 from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
 
 
@@ -354,7 +353,6 @@ def chain_iteration(config: Settings, params, state: DecodeState) -> DecodeState
     gamma = config.gamma
     B = state.length.shape[0]
     active = ~state.done
-    V = config.target.vocab_size
     u_draft, u_accept, u_final = iteration_uniforms(state.keys, state.row_iter,
                                                     (gamma, gamma, 1))
     remaining = config.max_new_tokens - state.generated

@@ -5,6 +5,8 @@ draft forest does (``unrolled_mask``, ``unrolled_steps``; ``tests/training/test_
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
