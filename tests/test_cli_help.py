@@ -54,7 +54,7 @@ def option_help(parser, option: str) -> str:
 
 def test_generate_help_names_the_issue_options_defaults():
     gen = PARSERS["dsbd generate"]
-    for option, default in (("--max-new-tokens", 32), ("--gamma", 2), ("--beams", 2),
+    for option, default in (("--max-new-tokens", 32), ("--gamma", 3), ("--beams", 2),
                             ("--draft", "qwen2.5-coder-0.5b-instruct"), ("--seed", 0),
                             ("--temperature", 1.0), ("--target", DEFAULT_TARGET)):
         assert option_help(gen, option).endswith(f"(default: {default})"), option

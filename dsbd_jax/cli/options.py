@@ -45,7 +45,10 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
                         "beams its extra layer draws, so its output has W beams when the last "
                         "iteration passed every layer, else the width of the layer it ended on "
                         "(--min-width to max(--beams, --draft-width))")
-    p.add_argument("--gamma", type=int, default=2, help="draft look-ahead (layers)")
+    p.add_argument("--gamma", type=int, default=3,
+                   help="draft look-ahead (layers). 3 by default: with the int8 draft (what "
+                        "--draft-weights auto picks where integer products are faster) DSBD "
+                        "W_S 3 ran faster at gamma 3 than at 2 or 4 (docs/results/speed.md)")
     p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
     p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
     p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
