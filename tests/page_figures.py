@@ -481,6 +481,25 @@ add("docs/performance.md", COUNTS_EPYC,
     "{runs.1.per_iteration_counts.thunks.width:.0f}, other bookkeeping "
     "{runs.1.per_iteration_counts.thunks.other:.0f}) and "
     "{runs.1.per_iteration_counts.loop_trips:.0f} trips")
+GAMMA_INT8 = "results/speed_int8_draft_avx512bf16_epyc.json"   # --gamma's default, int8 draft
+add("docs/results/speed.md", GAMMA_INT8,
+    "| beam sampling W=2 | {rows.1.tokens_per_s:.2f} |  | "
+    "{rows.1.target_calls_per_token:.3f} | {rows.1.loglik_per_token:.3f} |",
+    "| beam sampling W=4 | {rows.2.tokens_per_s:.2f} | {=v('rows.2.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
+    "{rows.2.target_calls_per_token:.3f} | {rows.2.loglik_per_token:.3f} |",
+    "| DSBD g2 W_S 3 t 0.9 W_min 1 (the old default) | {rows.4.tokens_per_s:.2f} | {=v('rows.4.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
+    "{rows.4.target_calls_per_token:.3f} | {rows.4.loglik_per_token:.3f} |",
+    "| DSBD g3 W_S 3 t 0.9 W_min 1 (the default) | {rows.5.tokens_per_s:.2f} | **{=v('rows.5.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x** | "
+    "{rows.5.target_calls_per_token:.3f} | {rows.5.loglik_per_token:.3f} |",
+    "| DSBD g4 W_S 3 t 0.9 W_min 1 | {rows.6.tokens_per_s:.2f} | {=v('rows.6.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
+    "{rows.6.target_calls_per_token:.3f} | {rows.6.loglik_per_token:.3f} |",
+    "| DSBD g2 W_S 4 t 0.7 W_min 2 (the beam-W4 point) | {rows.7.tokens_per_s:.2f} | {=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
+    "{rows.7.target_calls_per_token:.3f} | {rows.7.loglik_per_token:.3f} |",
+    "| DSBD g3 W_S 4 t 0.7 W_min 2 | {rows.8.tokens_per_s:.2f} | {=v('rows.8.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
+    "{rows.8.target_calls_per_token:.3f} | {rows.8.loglik_per_token:.3f} |",
+    "| speculative sampling g4 / our sampling | {rows.3.tokens_per_s:.2f} / "
+    "{rows.0.tokens_per_s:.2f} |",
+    "here**, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed of gamma 2")
 LOWERED = "results/lowered_counts.json"   # the programs lowered for cuda and cpu, no GPU
 add("docs/performance.md", LOWERED,
     "| operations outside the passes, `cuda` | {runs.0.ops_outside_passes:d} | "
