@@ -31,13 +31,12 @@ from typing import Any, Dict, Optional
 import jax
 
 from dsbd_jax.eval.profile import (PASSES, PHASES, _CONTAINERS, _INSTR, _OPNAME, _header,
-                                   phase_of, program_structure)
+                                   loop_conditions, members_of, phase_of, program_structure)
 
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 _EDGE = re.compile(r"\b(to_apply|calls|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _CONSTANT = re.compile(r"\bconstant\((-?\d+)\)")
 _COMPARE_LT = re.compile(r"\bcompare\(.*direction=LT")
-_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 
 
 def abstract_params(config, layout: Optional[str] = None):
@@ -103,15 +102,7 @@ def static_counts(hlo_text: str, target_scope: str, draft_scope: Optional[str] =
     ``unknown_trips`` (loops whose trips the program does not fix, each counted once)."""
     scopes = _own_scopes(hlo_text)
     comp_of, bodies, types, entry = program_structure(hlo_text)
-    conditions = {}
-    for line in hlo_text.splitlines():
-        m = _INSTR.match(line)
-        c = _CONDITION.search(line) if m and m.group(2) == "while" else None
-        if c:
-            conditions[m.group(1)] = c.group(1)
-    members = collections.defaultdict(list)
-    for name, comp in comp_of.items():
-        members[comp].append(name)
+    conditions, members = loop_conditions(hlo_text), members_of(comp_of)
     lines = _lines_of(hlo_text)
     callees = collections.defaultdict(list)
     for line in hlo_text.splitlines():

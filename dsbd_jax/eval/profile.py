@@ -210,6 +210,25 @@ def _reachable(graph: Dict[str, set], starts) -> set:
     return seen
 
 
+def loop_conditions(hlo_text: str) -> Dict[str, str]:
+    """``{while instruction: its condition computation}``."""
+    conditions = {}
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        c = _CONDITION.search(line) if m and m.group(2) == "while" else None
+        if c:
+            conditions[m.group(1)] = c.group(1)
+    return conditions
+
+
+def members_of(comp_of: Dict[str, str]) -> Dict[str, list]:
+    """``{computation: its instructions}`` from :func:`program_structure`'s first mapping."""
+    members = collections.defaultdict(list)
+    for name, comp in comp_of.items():
+        members[comp].append(name)
+    return members
+
+
 def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optional[str] = None,
                     vocab_size: Optional[int] = None, scopes=None) -> Dict[str, Any]:
     """What one traced call executed (module doc): ``thunks`` and ``vocab_thunks`` per phase, and
@@ -238,15 +257,7 @@ def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optio
 
     thunks, vocab = count()
     graph = computation_calls(hlo_text)
-    conditions = {}
-    for line in hlo_text.splitlines():
-        m = _INSTR.match(line)
-        c = _CONDITION.search(line) if m and m.group(2) == "while" else None
-        if c:
-            conditions[m.group(1)] = c.group(1)
-    members = collections.defaultdict(list)
-    for name, comp in comp_of.items():
-        members[comp].append(name)
+    conditions, members = loop_conditions(hlo_text), members_of(comp_of)
     loops = []
     for name, body in bodies.items():
         trips = max((runs.get(i, 0) for i in members.get(body, ())), default=0)
