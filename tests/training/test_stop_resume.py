@@ -100,6 +100,46 @@ def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
     assert list((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
 
 
+def test_sigint_stops_train_head_in_its_training_phase(tmp_path, tiny):
+    """Ctrl-C between training steps: the last checkpoint is kept and the rerun resumes there."""
+    p = _recipe(tmp_path, tiny, "head_sigint_train")
+    # long enough that the signal lands while it trains (a tiny step takes milliseconds)
+    p.write_text(p.read_text().replace("steps: 20,", "steps: 5000,"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default")
+    argv = [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)]
+    code, err, took = ctrl_c_after(argv, "step 10/5000", env=env, cwd=ROOT, timeout=60)
+    assert code == 130, err[-2000:]
+    assert took < 5, took
+    assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
+    from flax import serialization
+    step = serialization.msgpack_restore((tmp_path / "run" / "checkpoint.msgpack")
+                                         .read_bytes())["step"]
+    assert 10 <= int(step) < 5000
+
+
+def test_sigint_stops_distill_mid_rollouts_and_keeps_the_finished_batches(tmp_path, tiny):
+    """``dsbd distill``'s progress bars are on stderr: Ctrl-C after its first rollout batch."""
+    (tmp_path / "p.txt").write_text("".join(f"prompt number {i} says\n" for i in range(12)))
+    (tmp_path / "h.txt").write_text("hi\n")
+    cfg = tmp_path / "distill.yaml"
+    cfg.write_text(f"name: tiny_sigint\ntarget: {tiny / 'target'}\ndraft: {tiny / 'draft'}\n"
+                   f"run_dir: {tmp_path / 'run'}\nraw: true\n"
+                   f"train_prompts: [{{file: {tmp_path / 'p.txt'}}}]\n"
+                   f"heldout_prompts: [{{file: {tmp_path / 'h.txt'}}}]\n"
+                   "distill: {steps: 4, batch_size: 2, warmup_steps: 1, max_new_tokens: 24, "
+                   "store_k: 10, eval_every: 2, checkpoint_every: 2}\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default")
+    code, err, took = ctrl_c_after(
+        [sys.executable, "-u", "-m", "dsbd_jax", "distill", str(cfg)],
+        "rollouts (12 prompts):  33%", env=env, cwd=ROOT, timeout=60, stream="stderr")
+    assert code == 130, err[-2000:]
+    assert took < 5, took
+    assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
+    assert list((tmp_path / "run").glob("rollouts-*/*.npz"))
+
+
 # benchmarks/head_training.py's parts: a stand-in run that stops on SIGINT with exit status 130
 # (as train-head and distill do), then a second part that finishes
 _PART = r"""
