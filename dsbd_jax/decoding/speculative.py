@@ -42,7 +42,7 @@ from dsbd_jax.models import cache as kvc
 from dsbd_jax.decoding import calls, common, drafting, inputs
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import SpeculativeConfig, Settings, check_config
-from dsbd_jax.decoding.warping import draw_from, residual, warp_logits
+from dsbd_jax.decoding.warping import draw_from, warp_logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,9 +64,13 @@ def safe_residual(p: jax.Array, q: jax.Array) -> jax.Array:
 def safe_residual_and_left(p: jax.Array, q: jax.Array):
     """:func:`safe_residual` and whether the plain residual left anything (``[..., 1]`` bool;
     ``False`` where ``p`` was kept)."""
-    r = residual(p, q)
-    left = jnp.sum(r, axis=-1, keepdims=True) > 0
-    return jnp.where(left, r, p), left
+    # residual(p, q) with its normaliser kept: the normalised residual sums to more than 0
+    # exactly where the plain one does (its largest entry is at least 1/N), so ``left`` needs
+    # no second sum over the row
+    x = jnp.maximum(p - q, 0.0)
+    s = jnp.sum(x, axis=-1, keepdims=True)
+    left = s > 0
+    return jnp.where(left, x / jnp.where(left, s, 1.0), p), left
 
 
 @jax.named_scope("verify")

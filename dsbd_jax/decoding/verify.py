@@ -234,7 +234,7 @@ def _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain):
     N, C = p_beam.shape[0], cand.shape[0]
     if chain is None:
         chain, _ = residual_chain(p_beam, q, C)
-    q_x = pick(q, cand)
+    q_x = q[cand]   # a gather: one thunk (XLA:CPU sums a long row as a tree of several)
     tests = [accept_test(u, chain[j][cand], q_x) for j in range(C)]   # [j][c]: a gather of C
     j, n_acc, accepted = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), []
     for c in range(C):
@@ -258,14 +258,19 @@ def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateR
     Returns ``(flat [num_out], valid [num_out])``.
     """
     acc_flat, n_acc = compact(cand, res.accepted, num_out)
-    base = p_beam if replacement else jnp.where(res.taken, 0.0, p_beam)
-    p_y = jnp.where(jnp.sum(res.residual) > 0, res.residual, base)
-    y = draw_from(p_y, u[:1])[0]
-    y_ok = pick(p_y, y) > 0
     if replacement:
+        # p' is a row of the residual chain: p_beam, or a residual that kept mass; it is all
+        # zero only where p_beam is (an unused layer), so it is p_y as it stands
+        p_y = res.residual
+        y = draw_from(p_y, u[:1])[0]
         fill = draw_from(p_beam, u[1:])
-        fill_ok = pick(p_beam, fill) > 0
+        y_ok = p_y[y] > 0          # gathers: one thunk each (a one-hot sum over N is several)
+        fill_ok = p_beam[fill] > 0
     else:
+        base = jnp.where(res.taken, 0.0, p_beam)
+        p_y = jnp.where(jnp.sum(res.residual) > 0, res.residual, base)
+        y = draw_from(p_y, u[:1])[0]
+        y_ok = pick(p_y, y) > 0
         avail = jnp.where(res.taken | (one_hot(y, p_beam.shape[0]) & y_ok), 0.0, p_beam)
         fill = draw_gumbel(_log(avail), g, num_out)
         fill_ok = pick(avail, fill) > 0
@@ -287,7 +292,7 @@ def draw_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, width: jax.Array, 
         flat = draw_from(p_beam, u)
     else:
         flat = draw_gumbel(_log(p_beam), g, num_out)
-    return flat, (pick(p_beam, flat) > 0) & (jnp.arange(num_out) < width)
+    return flat, (p_beam[flat] > 0) & (jnp.arange(num_out) < width)
 
 
 # ---------------------------------------------------------------------------------------------
