@@ -10,7 +10,7 @@ training a head: ``results/<recipe>_training.json``).
         --time-log /tmp/train.log --out results/head_qwen_training.json
     .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
     .venv/bin/python benchmarks/head_training.py configs/distill_qwen_fkl.yaml \\
-        --out /tmp/distill_qwen_fkl_training.json      # ~50 min or more on 2 cores
+        --out results/distill_qwen_fkl_training.json   # 50-85 min on 2 cores
 
 Each ``/usr/bin/time`` report in the log is a part of the record (a run stopped and resumed
 has two). Run this way, every part's report is appended to ``<run_dir>/time.log`` as it ends,

@@ -438,6 +438,23 @@ add(PRECISION_MD, DTYPE_RUNS_EPYC,
     "DTYPE_RUNS_EPYC)):.0f} % faster here",
     "--runs 5 --out results/dtype_runs_epyc.json`, {=sum(r['wall_s'] for r in v('runs')) / 60:.0f} "
     "minutes)")
+DISTILL = "results/distill_qwen_fkl_training.json"   # dsbd distill configs/distill_qwen_fkl.yaml
+add(DRAFT_MD, DISTILL,
+    "went from {=heldout(0):.3f} at step 0 to {=heldout(20):.3f} at step\n20, {=heldout(40):.3f} "
+    "at step 40 and {=heldout(60):.3f} at step 60. The run took {wall_s:.0f} minutes".replace(
+        "{wall_s:.0f}", "{=v('wall_s') / 60:.0f}"),
+    "then 60 steps in {=v('log')[-1]['elapsed_s'] / 60:.0f} minutes) with a peak of "
+    "{=v('peak_rss_kb') / 1e6:.1f} GB")
+
+
+def heldout(step: int) -> float:
+    """The distillation run's held-out acceptance at ``step`` (its log's evaluation record)."""
+    log = load(DISTILL)["log"]
+    return [r["heldout_acceptance"] for r in log
+            if r["step"] == step and "heldout_acceptance" in r][-1]
+
+
+HELPERS.update(heldout=heldout)
 COUNTS_AMX = "results/iteration_counts_amx_xeon.json"   # what an iteration executes (counts)
 COUNTS_BEFORE = "results/iteration_counts_avx512bf16_epyc_before.json"
 COUNTS_LOOPS = "results/iteration_counts_avx512bf16_epyc_loops_cut.json"   # loops cut
