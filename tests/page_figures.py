@@ -455,6 +455,15 @@ def heldout(step: int) -> float:
 
 
 HELPERS.update(heldout=heldout)
+VSUMS = "results/verify_sums_avx512bf16_epyc.json"   # the verification's sums, side by side
+add("docs/performance.md", VSUMS,
+    "DSBD took {ratios.dsbd_g2_WS4_t0.7_Wmin2: fewer_sums / former_sums, seconds:.2f}x the\n"
+    "former form's seconds and speculative sampling g4 "
+    "{ratios.speculative_g4: fewer_sums / former_sums, seconds:.2f}x",
+    "(DSBD {=sum(v('runs.1.decoders.dsbd_g2_WS4_t0.7_Wmin2.seconds')):.2f}\nagainst "
+    "{=sum(v('runs.0.decoders.dsbd_g2_WS4_t0.7_Wmin2.seconds')):.2f} s in the first, "
+    "{=sum(v('runs.3.decoders.dsbd_g2_WS4_t0.7_Wmin2.seconds')):.2f} against "
+    "{=sum(v('runs.2.decoders.dsbd_g2_WS4_t0.7_Wmin2.seconds')):.2f} s in the second)")
 COUNTS_AMX = "results/iteration_counts_amx_xeon.json"   # what an iteration executes (counts)
 COUNTS_BEFORE = "results/iteration_counts_avx512bf16_epyc_before.json"
 COUNTS_LOOPS = "results/iteration_counts_avx512bf16_epyc_loops_cut.json"   # loops cut
