@@ -190,7 +190,9 @@ def test_broken_rule_fails(pair, lp, monkeypatch):
     """The same speculative case with the residual replaced by ``p`` (a wrong rule) fails: the
     test above has the power to see a wrong rule on a bfloat16 pair."""
     tc, tp, dc, dp = pair
-    monkeypatch.setattr(spec, "residual", lambda p, q: p)
+    # after a rejection, p itself instead of norm(max(p - q, 0))
+    monkeypatch.setattr(spec, "safe_residual_and_left",
+                        lambda p, q: (p, jnp.ones(p.shape[:-1] + (1,), bool)))
     # another batch size: a new trace (the compiled program of the real rule is not reused)
     out = spec.speculative_sample({"target": tp, "draft": dp}, _ids(ROWS - 8), jax.random.key(3),
                                   _decode(tc, dc, gamma=2))
