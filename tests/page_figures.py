@@ -58,6 +58,11 @@ H100 = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_per_layer.json"
 H100_HEAD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head.json"
 H100_DSBD = "results/gpu/NVIDIA_H100_80GB_HBM3_qwen_head_dsbd.json"
 GPU_RUNS = (H100, H100_HEAD, H100_DSBD)
+H200 = "results/gpu/NVIDIA_H200.json"                   # with XLA's dump: the kernel counts' run
+H200_REPEAT = "results/gpu/NVIDIA_H200_repeat.json"     # default flags, the run before
+H200_CMDBUF = "results/gpu/NVIDIA_H200_cmdbuf_while.json"   # loops in command buffers
+H200_KERNELS = "results/gpu/NVIDIA_H200_kernels.json"
+H200_RUNS = (H200, H200_REPEAT, H200_CMDBUF)
 INT8P = "results/int8_products_avx2_epyc.json"   # the AMD EPYC host with AVX2 only
 TERMS_INT8 = "results/draft_terms_int8_avx2_epyc.json"   # the int8 draft, same host
 INT8P_VNNI = "results/int8_products_avx512bf16_epyc.json"   # the AMD EPYC host with VNNI
@@ -181,6 +186,7 @@ HELPERS = {"span": span, "probe_gap": probe_gap, "heldout_gap": heldout_gap,
            "_recipe120": _recipe120,
            "TRAINING": TRAINING, "TRAINING_EPYC": TRAINING_EPYC, "FOREST_EPYC": FOREST_EPYC, "probe": probe, "forest12": forest12, "faster": faster, "min": min,
            "max": max, "abs": abs, "round": round, "sum": sum, "len": len, "GPU_RUNS": GPU_RUNS,
+           "H200_RUNS": H200_RUNS, "H200_KERNELS": H200_KERNELS,
            "TARGET": TARGET, "DRAFT": DRAFT, "DTYPE_RUNS_EPYC": DTYPE_RUNS_EPYC,
            "floor_ratios": floor_ratios, "floor_row": floor_row, "floor_gap": floor_gap,
            "FLOOR_EPYC": FLOOR_EPYC,
@@ -697,6 +703,80 @@ for label, method in [("beam sampling W=4", "beam_sample_W4"),
         f"{{forward_ms_per_iteration:.2f}} | {bold}{{=100 * v('overhead_share'):.0f}} %{bold} |",
         at=f"runs.0.decoders.1.{method}")
 
+# the H200 runs (docs/results/accelerators.md) ------------------------------------------------
+_K = "programs."
+_DS, _DH, _BW = "dsbd_g2_WS4_t0.7_Wmin2", "dsbd_g2_WS4_t0.7_Wmin2_head", "beam_sample_W4"
+_H200_BW = 4.8e12   # the H200's HBM3e bandwidth by its data sheet (not measured)
+
+
+def kern(method: str, key: str):
+    """A figure of one decoder program in the H200 kernel counts."""
+    return resolve(load(H200_KERNELS), f"programs.{method}.{key}")
+
+
+HELPERS.update(kern=kern, _H200_BW=_H200_BW)
+add(ACCEL_MD, H200,
+    "**GPU (one NVIDIA H200, jax 0.11.2, the same shapes and settings):** DSBD costs "
+    "{runs.0.decoders.1.dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration:.2f} ms per iteration against beam "
+    "sampling W=4's {runs.0.decoders.1.beam_sample_W4.ms_per_iteration:.2f}, and launches "
+    "{=kern(_DS, 'launches_per_iteration'):d} kernels per iteration against "
+    "{=kern(_BW, 'launches_per_iteration'):d}",
+    "the target's one-token pass is {=v(_FWD + 'target 1 token @512.ms') / "
+    "(v('runs.0.param_bytes.target') / _H200_BW * 1e3):.1f}x its bandwidth floor",
+    "one-token pass of the target is {=span(w(f, _FWD + 'target 1 token @512.ms') for f in "
+    "H200_RUNS):.2f} ms in the three runs. Its {=v('runs.0.param_bytes.target') / 1e9:.2f} GB "
+    "stream in {=v('runs.0.param_bytes.target') / _H200_BW * 1e3:.2f} ms at the card's 4.8 TB/s",
+    "{=w(H200_KERNELS, 'programs.beam_sample_W4.by_phase.target forward'):d} kernels a pass "
+    "({=w(H200_KERNELS, 'programs.beam_sample_W4.by_phase.target forward') / 28:.1f} per layer)",
+    "{=v(_DEC + 'beam_sample_W4.ms_per_iteration') / kern(_BW, 'launches_per_iteration') * 1e3"
+    ":.1f} µs per kernel for beam sampling, "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration') / kern(_DS, 'launches_per_iteration') "
+    "* 1e3:.1f} µs for DSBD",
+    "DSBD's two passes of the 0.5B draft launch {=w(H200_KERNELS, 'programs.' + _DS + "
+    "'.by_phase.draft forward'):d} kernels, more than the target's forest pass "
+    "({=w(H200_KERNELS, 'programs.' + _DS + '.by_phase.target forward'):d}), and its one-token pass "
+    "costs {runs.0.head_vs_target.draft:.2f}x the target's",
+    "Outside the passes DSBD launches {=kern(_DS, 'outside_passes'):d} kernels, "
+    "{=kern(_DS, 'outside_vs_beam_sample'):.1f}x beam sampling's "
+    "{=kern(_BW, 'outside_passes'):d}; {=kern(_DS, 'single_block_outside_passes'):d} of them run "
+    "one block of threads",
+    "{=kern(_DS, 'command_buffers_per_iteration'):d} command buffers per DSBD iteration",
+    "the loops in command buffers too (`--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL`) "
+    "DSBD took {=w(H200_RUNS[2], _DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration'):.2f} ms per "
+    "iteration against {=w(H200_RUNS[1], _DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration'):.2f} "
+    "in the run before it with the default flags, beam sampling W=4 "
+    "{=w(H200_RUNS[2], _DEC + 'beam_sample_W4.ms_per_iteration'):.2f} against "
+    "{=w(H200_RUNS[1], _DEC + 'beam_sample_W4.ms_per_iteration'):.2f}",
+    "DSBD with the 0.5B draft would run at {runs.0.projection.batch 1.dsbd_g2_WS4_t0.7_Wmin2."
+    "projected_ratio_to_beam_W4:.2f}x beam sampling W=4 ({runs.0.projection.tokens_per_iteration."
+    "dsbd_g2_WS4_t0.7_Wmin2:.2f} tokens per iteration",
+    "with the head {runs.0.projection.batch 1.dsbd_g2_WS4_t0.7_Wmin2_head."
+    "projected_ratio_to_beam_W4:.2f}x ({runs.0.projection.tokens_per_iteration."
+    "dsbd_g2_WS4_t0.7_Wmin2_head:.2f}), or "
+    "{=w(TERMS2, 'batches.b1.drafts.head.dsbd_beamW4_point.tokens_per_iteration') * "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration') / v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head."
+    "ms_per_iteration'):.2f}x with the current head's "
+    "{=w(TERMS2, 'batches.b1.drafts.head.dsbd_beamW4_point.tokens_per_iteration'):.2f}",
+    "the work outside the passes is {=100 * v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.overhead_share'):.0f} "
+    "% of DSBD's iteration (target at most 15 %)",
+    "the target's one-token pass is {=v(_FWD + 'target 1 token @512.ms') / "
+    "(v('runs.0.param_bytes.target') / _H200_BW * 1e3):.1f}x its bandwidth floor (target",
+    "the projection is {runs.0.projection.batch 1.dsbd_g2_WS4_t0.7_Wmin2."
+    "projected_ratio_to_beam_W4:.2f}x beam sampling W=4 (target",
+    "DSBD breaks even with beam sampling W=4 at "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2.ms_per_iteration') / "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f} tokens per iteration with the 0.5B draft and "
+    "{=v(_DEC + 'dsbd_g2_WS4_t0.7_Wmin2_head.ms_per_iteration') / "
+    "v(_DEC + 'beam_sample_W4.ms_per_iteration'):.2f} with the head")
+for label, method in [("beam sampling W=4", "beam_sample_W4"),
+                      ("DSBD, 0.5B draft", "dsbd_g2_WS4_t0.7_Wmin2"),
+                      ("DSBD, the head as its draft", "dsbd_g2_WS4_t0.7_Wmin2_head")]:
+    add(ACCEL_MD, H200, f"| {label} | {{ms_per_iteration:.2f}} | {{forward_ms_per_iteration:.2f}} "
+        f"| {{=100 * v('overhead_share'):.0f}} % | {{=kern('{method}', 'launches_per_iteration'):d}}"
+        f" | {{=kern('{method}', 'in_passes'):d}} | {{=kern('{method}', 'outside_passes'):d}} | "
+        f"{{=kern('{method}', 'single_block_outside_passes'):d}} |",
+        at=f"runs.0.decoders.1.{method}")
+
 # docs/results/draft.md -----------------------------------------------------------------------
 _B = "batches.b1.drafts.base."
 _H = "batches.b1.drafts.head."
@@ -957,6 +1037,10 @@ ALLOWED = [
     ("docs/dsbd.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/performance.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/performance.md", "at most 3x", "the accelerator issue's target for the counts, a setting"),
+    ("docs/results/accelerators.md", "(target at most 1.6x)",
+     "the accelerator issue's target for the pass, a setting"),
+    ("docs/results/accelerators.md", "(target at least 1.5x)",
+     "the accelerator issue's target for the projection, a setting"),
     ("docs/results/speed.md", "1.3x", "the node budget's rule (forest_budget.FREE), a setting"),
     ("docs/results/accelerators.md", "table:| tests/decoding | 95 |",
      "test counts of one run of the suite under jax 0.11.2 (scripts/jax011_check.sh), not a "

@@ -32,7 +32,8 @@ LEGACY_WITHOUT_HOST = {}  # empty: every committed result records its whole host
 COPIES_MACHINE = {
     "jax_side_by_side.py": '"machine": runs["a"][0]["machine"]',   # the subprocesses' blocks
     "jax_versions.py": '"machine": a',                             # the host environment's
-    "quality_report.py": '"machine": summary["machine"]',          # the records' header's
+    "quality_report.py": '"machine": summary["machine"]',
+    "gpu_kernels.py": '"machine": source["machine"]',                # accelerator.py's, same run          # the records' header's
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import resource
 import time
 from pathlib import Path
@@ -59,7 +60,8 @@ def machine_info() -> Dict[str, Any]:
         "python": platform.python_version(),
         "jax": jax.__version__,
         "jaxlib": _version("jaxlib"),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # where a dump went is no setting of the run, and a path of the measuring machine
+        "xla_flags": re.sub(r"(--xla_dump_to=)\S+", r"\1<dir>", os.environ.get("XLA_FLAGS", "")),
         "cpu_options": cpu_options.choice(),
         "compiler_options": cpu_options.compiler_options(),
         # programs whose projection kernels are transposed run under their own form's choice
