@@ -74,7 +74,7 @@ def write_dump(d, module="module_0042.jit__dsbd_core", trip=3):
     (d / f"{module}.thunk_metadata.txt").write_text(
         'thunk_metadata {\n  thunk_info {\n    profile_annotation: "command_buffer_1"\n  }\n'
         '  thunk_kind: "kCommandBuffer"\n}\n' + meta)
-    lines = [f"HloModule jit__dsbd_core, is_scheduled=true", "",
+    lines = ["HloModule jit__dsbd_core, is_scheduled=true", "",
              "ENTRY %main.1 (p: f32[4]) -> f32[4] {"]
     for name, op in SCOPES.items():
         opcode = {"custom-call.1": "custom-call", "copy.1": "copy"}.get(name, "fusion")
