@@ -256,6 +256,7 @@ add(INDEX_MD, DTYPE_RUNS,
     "forest) {=span(faster(TARGET, True) + faster(DRAFT, True)):.0f} % faster than float32 "
     "(`results/dtype_runs.json`)")
 add(INDEX_MD, H100, "| H100 | one NVIDIA H100 80GB HBM3 ({machine.cpu_count:d} host cores)")
+add(INDEX_MD, H200, "| H200 | one NVIDIA H200 ({machine.cpu_count:d} host cores)")
 
 # docs/results/speed.md -----------------------------------------------------------------------
 add(SPEED_MD, SPEED, *_HEADLINE,
@@ -375,6 +376,34 @@ add("docs/getting_started.md", DEMO_INT8,
     "{=sum(v('runs.1.cache_bytes').values()) / 1e9:.2f} GB ({=v('runs.1.cache_bytes')["
     "'qwen2.5-coder-0.5b-instruct/model.gguf'] / 1e9:.2f} GB of it the draft's GGUF",
     "There DSBD was the slower ({=demo_ratio(0):.2f}x and {=demo_ratio(1):.2f}x)")
+
+DEMO_F32 = "results/demo_memory_float32_avx512bf16_epyc.json"   # the demo, float32 target
+_T32 = "qwen2.5-coder-1.5b-instruct/"
+_D32 = "qwen2.5-coder-0.5b-instruct/"
+
+
+def cache_part(rel: str, prefix: str, run: int = 1) -> float:
+    """GB under ``prefix`` in the cache a demo_memory run left after run ``run``."""
+    return sum(b for k, b in load(rel)["runs"][run]["cache_bytes"].items()
+               if k.startswith(prefix)) / 1e9
+
+
+HELPERS.update(cache_part=cache_part)
+add("docs/getting_started.md", DEMO_F32,
+    "first run took {runs.0.wall_s:.0f} s with a peak of {=v('runs.0.peak_rss_bytes') / 1e9:.2f} "
+    "GB resident, the second {runs.1.wall_s:.0f} s with a peak of "
+    "{=v('runs.1.peak_rss_bytes') / 1e9:.2f} GB, and the cache holds "
+    "{=sum(v('runs.1.cache_bytes').values()) / 1e9:.2f} GB: the target's float32 host form "
+    "{=v('runs.1.cache_bytes')[_T32 + 'params-v1-host-float32-per_layer-transposed'] / 1e9:.2f} GB",
+    "the draft's int8 form "
+    "{=v('runs.1.cache_bytes')[_D32 + 'params-v1-host-float32-per_layer-int8'] / 1e9:.2f} GB and "
+    "its GGUF {=v('runs.1.cache_bytes')[_D32 + 'model.gguf'] / 1e9:.2f} GB")
+add("docs/models.md", DEMO_F32,
+    "| {=sum(v('runs.1.cache_bytes').values()) / 1e9:.2f} GB: target {=cache_part(DEMO_F32, _T32)"
+    ":.2f} GB (host form {=v('runs.1.cache_bytes')[_T32 + "
+    "'params-v1-host-float32-per_layer-transposed'] / 1e9:.2f} GB with the vocabulary head stored "
+    "twice, tokenizer; its GGUF removed), draft {=cache_part(DEMO_F32, _D32):.2f} GB (int8 host "
+    "form and its GGUF) |")
 
 SOAK = "results/soak_avx512bf16_epyc.json"
 add(MEMORY_MD, SOAK, "AVX512-BF16; jax 0.10.2; {seconds:.0f} s, with another job beside it")
