@@ -92,28 +92,21 @@ def parse_sequence(text: str) -> List[Thunk]:
         if not line.strip().endswith(":") or not (section in ("condition", "body")
                                                    or "branch" in section):
             continue
-        if last is not None and last.kind in ("kWhile", "kConditional") and not last.sections:
+        kind = "kWhile" if section in ("condition", "body") else "kConditional"
+        if last is not None and last.kind == kind and not last.sections:
             owner = last
-        else:   # another section of a loop whose section is open: close that section
-            while len(stack) > 1 and stack[-1][0] is not None and section in stack[-1][0].sections:
-                stack.pop()
-            owner = stack[-1][0]
-            if len(stack) > 1 and owner is not None and owner.sections:
-                stack.pop()
+        else:   # the innermost open loop (or conditional) that lacks this section
+            owner = next((o for o, _, _ in reversed(stack)
+                          if o is not None and o.kind == kind and section not in o.sections), None)
         if owner is None:
             raise ValueError(f"a {section!r} section with no loop before it: {line!r}")
-        while len(stack) > 1 and stack[-1][0] is not owner and owner in _open(stack):
-            stack.pop()
-        if stack[-1][0] is owner:
+        # close the owner's open section and every section opened inside it
+        while len(stack) > 1 and any(o is owner for o, _, _ in stack):
             stack.pop()
         owner.sections[section] = []
         stack.append((owner, owner.sections[section], None))
         last = None
     return top
-
-
-def _open(stack) -> List[Thunk]:
-    return [s[0] for s in stack if s[0] is not None]
 
 
 def parse_annotations(text: str) -> Dict[int, str]:
@@ -133,14 +126,19 @@ def parse_annotations(text: str) -> Dict[int, str]:
     return out
 
 
+def _inner(t: Thunk) -> List[Thunk]:
+    return [x for s in t.sections.values() for x in s]
+
+
 def count_thunks(thunks: List[Thunk]) -> int:
-    return sum(count_thunks([x for s in t.sections.values() for x in s]) if t.sections
-               else (t.kind not in _CONTAINERS) for t in thunks)
+    return sum(count_thunks(_inner(t)) if t.sections else (t.kind not in _CONTAINERS)
+               for t in thunks)
 
 
 def iteration_launches(loop: Thunk, names: Dict[int, str], trips: Dict[str, int],
-                       unknown: List[str]):
-    """``[(thunk, times per iteration)]`` for every launching thunk of one trip of ``loop``."""
+                       unknown: List[str], counted=lambda t: t.kind not in _CONTAINERS):
+    """``[(thunk, times per iteration)]`` for every thunk of one trip of ``loop`` that
+    ``counted`` accepts (by default those that launch: no container)."""
     out = []
 
     def walk(thunks, times):
@@ -155,7 +153,7 @@ def iteration_launches(loop: Thunk, names: Dict[int, str], trips: Dict[str, int]
                     walk(s, times * n)
             elif t.sections:   # a conditional: its largest branch (the one that does the work)
                 walk(max(t.sections.values(), key=count_thunks), times)
-            elif t.kind not in _CONTAINERS:
+            elif counted(t):
                 out.append((t, times))
 
     walk(loop.sections.get("body", []), 1)
@@ -177,7 +175,7 @@ def module_counts(base: str) -> Optional[dict]:
     loops = [t for t in seq if t.kind == "kWhile"]
     if not loops:
         return None
-    loop = max(loops, key=lambda t: count_thunks([x for s in t.sections.values() for x in s]))
+    loop = max(loops, key=lambda t: count_thunks(_inner(t)))
     forwards = sorted({m.groups() for m in _FORWARD.finditer(hlo)},
                       key=lambda ld: int(ld[0]) * int(ld[1]) ** 2, reverse=True)
     target = f"forward_L{forwards[0][0]}_d{forwards[0][1]}" if forwards else None
@@ -199,13 +197,11 @@ def module_counts(base: str) -> Optional[dict]:
     after = base + ".thunk_sequence_after_thunk_passes.txt"
     buffers = None
     if os.path.exists(after):
-        # command buffers per iteration: the same walk over the sequence after XLA's passes
-        aseq = parse_sequence(open(after).read())
-        aloops = [t for t in aseq if t.kind == "kWhile"]
-        if aloops:
-            aloop = max(aloops, key=lambda t: count_thunks(
-                [x for s in t.sections.values() for x in s]) + _count_kind(t, "kCommandBuffer"))
-            buffers = _per_iteration_kind(aloop, "kCommandBuffer", names, trips)
+        # command buffers per iteration: the same loop (the same thunk id) after XLA's passes
+        aloop = next((t for t in parse_sequence(open(after).read()) if t.tid == loop.tid), None)
+        if aloop is not None:
+            buffers = sum(n for _, n in iteration_launches(
+                aloop, names, trips, [], counted=lambda t: t.kind == "kCommandBuffer"))
     return {
         "decode_loop": names.get(loop.tid, f"thunk {loop.tid}"),
         "target_scope": target, "draft_scope": draft,
@@ -219,31 +215,6 @@ def module_counts(base: str) -> Optional[dict]:
         "unknown_trips": sorted(set(unknown)),
         "command_buffers_per_iteration": buffers,
     }
-
-
-def _count_kind(t: Thunk, kind: str) -> int:
-    return sum((x.kind == kind) + _count_kind(x, kind) for s in t.sections.values() for x in s)
-
-
-def _per_iteration_kind(loop: Thunk, kind: str, names, trips) -> int:
-    total = 0
-
-    def walk(thunks, times):
-        nonlocal total
-        for t in thunks:
-            if t.kind == kind:
-                total += times
-            if t.kind == "kWhile":
-                n = trips.get(names.get(t.tid, ""), 1)
-                for s in t.sections.values():
-                    walk(s, times * n)
-            else:
-                for s in t.sections.values():
-                    walk(s, times)
-
-    for s in loop.sections.values():
-        walk(s, 1)
-    return total
 
 
 def decoder_modules(dump_dir: str) -> Dict[str, List[str]]:

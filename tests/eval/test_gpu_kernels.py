@@ -150,3 +150,23 @@ def test_no_decoder_programs_is_an_error(tmp_path):
     src.write_text(json.dumps({"machine": {}}))
     with pytest.raises(SystemExit, match="xla_dump_to"):
         gk.main([str(tmp_path), "--machine-from", str(src), "--out", str(tmp_path / "k.json")])
+
+
+def test_a_loop_body_after_a_conditional_in_its_condition_goes_to_the_loop():
+    gk = load_bench("gpu_kernels")
+    text = """\
+001: kWhile          [source | sink]
+condition:
+    002: kConditional  [source | next=005 (1) ]
+      true_branch:
+        003: kCustomKernel [source | sink] fusion_1 grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+      false_branch:
+        004: kCustomKernel [source | sink] fusion_2 grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+    005: kCustomKernel [prev=002 (1) | sink] fusion_3 grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+  body:
+    006: kCustomKernel [source | sink] fusion_4 grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+"""
+    (loop,) = gk.parse_sequence(text)
+    assert [t.tid for t in loop.sections["condition"]] == [2, 5]
+    assert [t.tid for t in loop.sections["body"]] == [6]
+    assert sorted(loop.sections["condition"][0].sections) == ["false_branch", "true_branch"]
