@@ -53,10 +53,9 @@ from dsbd_jax.host.forms import MEASURED, choose_form, choose_weights
 from dsbd_jax.models.kinds import AUTO_WEIGHTS, FLOAT, INT8, TRANSPOSED, check_weights, head_transposed, int8_params_, transpose_params_, transposed_of, transposed_widths
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.loading.load_args import check_plan as _check_plan, removed_blocks as _removed_blocks
-from dsbd_jax.loading.presets import (PRESETS, cache_params_default, cache_root,
-                                     host_layout_dir_name, load_host_layout, load_preset,
-                                     preset_config, preset_dir, preset_tokenizer,
-                                     save_host_layout)
+from dsbd_jax.loading.host_layout import host_layout_dir_name, load_host_layout, save_host_layout
+from dsbd_jax.loading.presets import (PRESETS, cache_params_default, cache_root, load_preset,
+                                     preset_config, preset_dir, preset_tokenizer)
 from dsbd_jax.models.vocab import find_table, load_table, top_rows, truncate_head
 from dsbd_jax.models.vocab import untie_head as untie
 
@@ -238,7 +237,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
       cache_dir: presets (and JAX's compilation cache, ``<cache_dir>/xla``, turned on here unless
         ``$DSBD_JAX_COMPILATION_CACHE=0``: :mod:`dsbd_jax.host.compilation_cache`); default
         ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. A preset is cached once more in the form
-        this load leaves it in (layout, kernel form, dtype; ``presets.save_host_layout``), and a
+        this load leaves it in (layout, kernel form, dtype; ``host_layout.save_host_layout``), and a
         later load with the same form reads that.
       cache_params: presets only; ``False`` does not write the float32 parameter cache (the
         GGUF is dequantised on every load instead); default ``$DSBD_JAX_CACHE_PARAMS`` (``0``
@@ -427,7 +426,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
 def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_head,
                cache_params, cache_dir, revision, weights=FLOAT):
     """``(preset, folder, key)`` of the cache of a preset in the form this load leaves it in
-    (layout, kernel form, head rows, dtype: :func:`presets.save_host_layout`), or ``None``
+    (layout, kernel form, head rows, dtype: :func:`host_layout.save_host_layout`), or ``None``
     where there is none: not a preset, the parameter cache off, or a load that places,
     truncates or unties. The form is part of the key, so a cache made for one form
     never answers for another. An int8 load (``weights="int8"``) is always cached (its own
@@ -443,7 +442,7 @@ def _host_form(source, dtype, layout, kernel_blocks, place, head_rows, untie_hea
     config = preset_config(where, dtype_name, cache_dir)
     if weights == INT8:
         key = {"leaves": "typed kernels", "dtype": dtype_name, "layout": layout,
-               "weights": INT8, "format": 1}
+               "weights": INT8, "format": 2}   # 2: a float32 model's embedding in bfloat16
         return where, host_layout_dir_name(dtype_name, layout, INT8, False), key
     form = (TRANSPOSED if kernel_blocks == TRANSPOSED else
             choose_form(config, dtype) if kernel_blocks == MEASURED else "plain")

@@ -10,8 +10,8 @@ Loading a preset never installs or imports those packages: it finds their files 
   (half the disk; built from the float32 cache when that exists, else from the GGUF), so a
   bfloat16 host keeps only the 16-bit copy (:func:`params_dir_name`);
 * the tokenizer: ``<cache>/<preset>/tokenizer/`` (built from the GGUF once, then
-  ``save_pretrained``); once a host form is written too, the joined GGUF goes
-  (:func:`drop_joined_gguf`).
+  ``save_pretrained``; at the latest when a host form is written); once a host form is
+  written, the joined GGUF goes (:func:`drop_joined_gguf`).
 
 The cache directory is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. Building is guarded by a
 file lock and every result is published by an atomic rename, so concurrent processes are safe.
@@ -39,7 +39,6 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 
 from dsbd_jax.host.cpu_options import cache_root  # noqa: F401  (the cache's folder)
-from dsbd_jax.models import weights
 from dsbd_jax.loading.checkpoint import (LoadedModel, config_from_json, config_to_json,
                                          convert_saved_params, load_saved_params, notice)
 from dsbd_jax.models.config import ModelConfig
@@ -346,12 +345,21 @@ def _keep_config(name: str, directory: Path, config: ModelConfig) -> None:
 
 def drop_joined_gguf(name: str, cache_dir=None) -> bool:
     """Remove the preset's joined GGUF once its config is kept (``gguf_config.json``) and its
-    tokenizer built; called with the lock held after a form of the parameters was written. A
-    load that needs the GGUF (another dtype or form) joins it again. Whether it removed one."""
+    tokenizer built (built here from the GGUF when no load asked for it yet, as for a draft
+    whose target's tokenizer is used: the GGUF is kept if that fails); called with the lock
+    held after a form of the parameters was written. A load that needs the GGUF (another
+    dtype or form) joins it again. Whether it removed one."""
     directory = preset_dir(name, cache_dir)
     gguf = directory / _GGUF_NAME
-    if not gguf.exists() or not (directory / "tokenizer" / "tokenizer_config.json").exists():
+    if not gguf.exists():
         return False
+    if not (directory / "tokenizer" / "tokenizer_config.json").exists():
+        try:
+            _build_tokenizer(name, directory, gguf, progress=False)
+        except Exception as e:  # noqa: BLE001 - the GGUF stays, so nothing is lost
+            logger.warning("kept the joined GGUF %s: its tokenizer could not be built (%s)",
+                           gguf, e)
+            return False
     if not (directory / _GGUF_CONFIG).exists():       # keep the config (the lock is held)
         _keep_config(name, directory, gguf_config(gguf, "float32"))
     size = gguf.stat().st_size / 1e9
@@ -372,16 +380,26 @@ def preset_tokenizer(name: str, cache_dir=None, progress: bool = False):
         gguf_path = ensure_gguf(name, cache_dir, verify=False)
         with _lock(directory):
             if not (tok_dir / "tokenizer_config.json").exists():
-                notice(f"building the tokenizer of {name} from its GGUF (first load)", progress)
-                from transformers import AutoTokenizer
-                tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_path.name)
-                tmp = directory / f"tokenizer.partial-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                tok.save_pretrained(str(tmp))
-                shutil.rmtree(tok_dir, ignore_errors=True)
-                os.replace(tmp, tok_dir)
-                return tok
+                return _build_tokenizer(name, directory, gguf_path, progress)
     return saved_tokenizer(tok_dir)
+
+
+def _build_tokenizer(name: str, directory: Path, gguf_path: Path, progress: bool):
+    """Build the preset's tokenizer from its joined GGUF and publish it in
+    ``<directory>/tokenizer`` (atomically); the caller holds the lock. Returns it."""
+    notice(f"building the tokenizer of {name} from its GGUF (first load)", progress)
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_path.name)
+    tok_dir = directory / "tokenizer"
+    tmp = directory / f"tokenizer.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tok.save_pretrained(str(tmp))
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        os.replace(tmp, tok_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
 
 
 def saved_tokenizer(folder):
@@ -393,101 +411,3 @@ def saved_tokenizer(folder):
         return PreTrainedTokenizerFast.from_pretrained(str(folder))
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(folder))
-
-
-# ---------------------------------------------------------------------------------------------
-# the host's layout: parameters as load_model leaves them (per-layer, transposed kernels)
-
-def host_layout_dir_name(dtype_name: str, layout: str, form: str, head_rows_form: bool) -> str:
-    """The folder of a preset's parameters in the form a host runs them: dtype, layout
-    (``per_layer`` / ``stacked``), kernel form (``plain`` / ``transposed``) and whether the
-    head is stored as ``[V, d]`` rows."""
-    return (f"{_PARAMS_DIR}-host-{jnp.dtype(dtype_name).name}-{layout}-{form}"
-            + ("-rowhead" if head_rows_form else ""))
-
-
-def _flatten(tree, prefix=()):
-    for k, v in tree.items():
-        if not isinstance(k, str) or "." in k or "/" in k:
-            raise ValueError(f"parameter key {k!r} cannot name a file")
-        if isinstance(v, dict):
-            yield from _flatten(v, prefix + (k,))
-        else:
-            yield prefix + (k,), v
-
-
-def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype, key: dict,
-                     cache_dir=None) -> Path:
-    """Write ``params`` (any nesting of dicts, e.g. per-layer with transposed kernels) to
-    ``<cache>/<preset>/<folder>/`` (one ``.npy`` per leaf, :func:`save_host`, and
-    ``config.json`` with ``key``: what the form was made from), published by an atomic rename.
-    A folder made from another file or ``key`` (an older format) is replaced: renamed aside
-    first, so a process that mapped its files keeps reading them. Returns the folder."""
-    from dsbd_jax.loading.checkpoint import save_host
-    directory = preset_dir(name, cache_dir)
-    final = directory / folder
-    with _lock(directory):
-        if (final / "config.json").exists():
-            try:
-                old = json.loads((final / "config.json").read_text())
-            except (OSError, ValueError):
-                old = {}
-            if old.get("sha256") == get_preset(name).sha256 and old.get("key") == key:
-                return final
-            stale = directory / f"{folder}.stale-{os.getpid()}"
-            shutil.rmtree(stale, ignore_errors=True)
-            os.replace(final, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = directory / f"{folder}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            leaves, kinds = [], {}
-            for path, leaf in _flatten(params):
-                if weights.is_kernel(leaf):  # a typed kernel: one file per array, its kind named
-                    kinds[".".join(path)] = type(leaf).__name__
-                    for field in leaf.fields:
-                        value = getattr(leaf, field)
-                        save_host(tmp / (".".join(path + (field,)) + ".npy"), value,
-                                  value.dtype if leaf.stored else dtype)
-                else:
-                    save_host(tmp / (".".join(path) + ".npy"), leaf, dtype)
-                leaves.append(list(path))
-            meta = {"preset": name, "sha256": get_preset(name).sha256, "key": key,
-                    "config": config_to_json(config), "leaves": leaves, "kinds": kinds}
-            (tmp / "config.json").write_text(json.dumps(meta, indent=1))
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        drop_joined_gguf(name, cache_dir)
-    return final
-
-
-def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
-    """``(config, params)`` written by :func:`save_host_layout` when its folder exists and was
-    made from the same preset file and ``key``; else ``None``. A read: each leaf memory-mapped
-    and copied to the device as it is."""
-    from dsbd_jax.loading.checkpoint import _to_device, load_host
-    final = preset_dir(name, cache_dir) / folder
-    if not (final / "config.json").exists():
-        return None
-    meta = json.loads((final / "config.json").read_text())
-    if meta.get("sha256") != get_preset(name).sha256 or meta.get("key") != key:
-        return None
-    dtype = jnp.dtype(dtype)
-
-    def read(path, own=False):
-        host = load_host(final / (".".join(path) + ".npy"))
-        return _to_device(tuple(path), host, host.dtype if own else dtype)
-    params: dict = {}
-    for path in meta["leaves"]:
-        tree = params
-        for k in path[:-1]:
-            tree = tree.setdefault(k, {})
-        kind = meta.get("kinds", {}).get(".".join(path))
-        if kind is None:
-            tree[path[-1]] = read(path)
-        else:  # a typed kernel: one file per array
-            cls = weights.kind(kind)
-            tree[path[-1]] = cls(*(read(path + [f], cls.stored) for f in cls.fields))
-    return config_from_json(meta["config"], dtype.name), params

@@ -201,14 +201,29 @@ def int8_params_(params: dict, config) -> tuple:
     float embedding stays for the token lookups, and ``config.tie_word_embeddings`` becomes
     ``False``. A truncated head's ``N`` rows are quantised as they are (its ``"full_kernel"``,
     read only for a call's prompt rows, stays float; a truncated tied head's ``"embedding"``
-    rows become the head's kernel). Embeddings, norms and biases keep their float dtype.
-    :func:`unblock_params` gives back float kernels (the quantised values, not the original
-    ones)."""
+    rows become the head's kernel). Norms and biases keep their float dtype; a float32
+    embedding table is stored in bfloat16 (:func:`sixteen_bit_embedding_`: a lookup reads one
+    row and casts it to the activations' dtype, so the table needs no more bits than the
+    products that follow it; half its memory: 0.27 GB of the 0.5B draft). In a 16-bit model
+    it stays as it is. :func:`unblock_params` gives back float kernels (the quantised values,
+    not the original ones)."""
     if not isinstance(params, dict):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
     if config.tie_word_embeddings and VOCAB_HEAD not in params:
         params, config = untie_head(params, config)
-    return int8_kernels_(params), int8_config(config)
+    return sixteen_bit_embedding_(int8_kernels_(params)), int8_config(config)
+
+
+def sixteen_bit_embedding_(params: dict) -> dict:
+    """IN PLACE: a float32 embedding table (``params["embed"]["embedding"]``) as bfloat16, the
+    float32 one dropped; a 16-bit one (or none) is left as it is. Returns ``params``."""
+    embed = params.get("embed")
+    table = embed.get("embedding") if isinstance(embed, Mapping) else None
+    if table is not None and jnp.dtype(table.dtype) == jnp.float32:
+        params["embed"] = {**embed, "embedding": jax.block_until_ready(
+            jnp.asarray(table).astype(jnp.bfloat16))}
+        del table
+    return params
 
 
 def int8_kernels_(params: dict, extra=()) -> dict:

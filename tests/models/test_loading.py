@@ -727,7 +727,8 @@ def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
     first = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
                        layout="per_layer", kernel_blocks="transposed")
     folders = sorted(p.name for p in (cache / "fake-tiny").iterdir() if p.is_dir())
-    assert folders == ["params-v1-host-float32-per_layer-transposed"], folders
+    assert folders == ["params-v1-host-float32-per_layer-transposed", "tokenizer"], folders
+    assert not (cache / "fake-tiny" / "model.gguf").exists()
     q = load_model("fake-tiny", jnp.float32, tokenizer=False, progress=False,
                    layout="per_layer", weights="int8")
     assert q.info["weights"] == "int8" and kinds.is_int8(q.params)
@@ -743,7 +744,7 @@ def test_a_host_form_load_stores_one_copy(fake_preset, tmp_path, capsys):
             np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
     folders = sorted(p.name for p in (cache / "fake-tiny").iterdir() if p.is_dir())
     assert folders == ["params-v1-host-float32-per_layer-int8",
-                       "params-v1-host-float32-per_layer-transposed"], folders
+                       "params-v1-host-float32-per_layer-transposed", "tokenizer"], folders
     capsys.readouterr()
     assert cli_main(["cache"]) == 0
     listed = capsys.readouterr().out
@@ -783,3 +784,31 @@ def test_a_host_form_with_its_tokenizer_drops_the_joined_gguf(fake_preset, monke
                          layout="stacked")                      # another form: joined again
     check_layout(stacked.params, t, False)
     assert (d / "model.gguf").exists()
+
+
+def test_a_draft_load_without_its_tokenizer_drops_the_joined_gguf(fake_preset, monkeypatch):
+    """A load that never asks for the tokenizer (a draft, whose target's tokenizer is used)
+    builds it when its host form is written, so the joined GGUF goes as well; where the
+    tokenizer cannot be built, the GGUF stays and the load still succeeds."""
+    preset, t, cache = fake_preset
+    d = cache / "fake-tiny"
+    form = dict(tokenizer=False, progress=False, layout="per_layer", kernel_blocks="transposed")
+    with monkeypatch.context() as m:                      # the build fails: the GGUF is kept
+        from transformers import AutoTokenizer
+
+        def broken(*a, **k):
+            raise OSError("no tokenizer in this file")
+        m.setattr(AutoTokenizer, "from_pretrained", broken)
+        kept = load_model("fake-tiny", jnp.float32, **form)
+    assert (d / "model.gguf").exists() and not (d / "tokenizer").exists()
+    assert not list(d.glob("tokenizer.partial-*"))
+    shutil.rmtree(kept.info["host_form_cache"])
+    first = load_model("fake-tiny", jnp.float32, **form)
+    assert first.tokenizer is None and (d / "tokenizer" / "tokenizer_config.json").exists()
+    assert not (d / "model.gguf").exists() and (d / "gguf_config.json").exists()
+
+    def fail(*a, **k):
+        raise AssertionError("joined again")
+    monkeypatch.setattr(presets, "part_files", fail)
+    tok = loading.load_tokenizer("fake-tiny")              # from the built one, nothing joined
+    assert tok("hello")["input_ids"] == tok.convert_tokens_to_ids(["he", "ll", "o"])
