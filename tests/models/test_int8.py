@@ -128,6 +128,15 @@ def test_int8_params_quantise_every_projection_and_the_head(tied):
         name = jax.tree_util.keystr(path)
         assert isinstance(leaf, weights.Int8) == name.endswith("['kernel']"), name
     assert kinds.is_int8(q) and not kinds.is_int8(params)
+    # a float32 model's embedding table is stored in bfloat16 (the rows, rounded), the input's
+    # kept float32; a 16-bit model's is left as it is
+    table = q["embed"]["embedding"]
+    assert params["embed"]["embedding"].dtype == jnp.float32 and table.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(table),
+                                  np.asarray(params["embed"]["embedding"].astype(jnp.bfloat16)))
+    half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    hq, _ = kinds.int8_params(half, config)
+    assert hq["embed"]["embedding"] is half["embed"]["embedding"]
     check_params("draft", qc, q)
     ids = jnp.asarray([[1, 2, 3, 4, 5]])
     assert _rel(logits(qc, q, ids), logits(config, params, ids)) < 0.05
