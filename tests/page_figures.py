@@ -342,7 +342,8 @@ for i, label in enumerate(["sampling", "beam sampling W=4", "speculative g4",
                            "single-beam DSBD g3 / W_S 2 / t 0.9 / W_min 1"]):
     add(MEMORY_MD, SPEED, f"| {label} | {{=v('kv_cache_bytes') / 1e6:.1f}} MB |", at=f"rows.{i}")
 
-INT8_DISTANCE = "results/int8_distance_avx512bf16_epyc.json"
+INT8_DISTANCE = "results/int8_distance_amx_xeon.json"
+INT8_DISTANCE_EPYC = "results/int8_distance_avx512bf16_epyc.json"   # before the 16-bit embedding
 for _role, _label in (("target", "1.5B target"), ("draft", "0.5B draft")):
     add(PRECISION_MD, INT8_DISTANCE,
         f"| {_label} | {{positions:,d}} ({{row.kl_float_int8.texts:d}}) | "
@@ -359,6 +360,12 @@ add(PRECISION_MD, INT8_DISTANCE,
     "{row.acceptance_change.ci95.1:.4f}] per token", at="models.draft")
 add(PRECISION_MD, INT8_DISTANCE,
     "different model by a KL of about {models.target.row.kl_float_int8.mean:.3f} nats per token")
+add(PRECISION_MD, INT8_DISTANCE_EPYC,
+    "gave KLs of {models.target.row.kl_float_int8.mean:.4f} [{models.target.row.kl_float_int8.ci95.0:.4f},\n"
+    "{models.target.row.kl_float_int8.ci95.1:.4f}] (target) and {models.draft.row.kl_float_int8.mean:.4f} "
+    "[{models.draft.row.kl_float_int8.ci95.0:.4f}, {models.draft.row.kl_float_int8.ci95.1:.4f}] "
+    "(draft), and an acceptance change of {models.draft.row.acceptance_change.mean:.4f}\n"
+    "[{models.draft.row.acceptance_change.ci95.0:.4f}, {models.draft.row.acceptance_change.ci95.1:.4f}]")
 
 DEMO_INT8 = "results/demo_memory_int8_avx512bf16_epyc.json"   # the demo, both models int8
 
@@ -616,6 +623,26 @@ add("README.md", SPEED_AMX,
     "v('rows.2.tokens_per_s'):.2f}x** our beam sampling W=4 and at the\nbeam-W4 point at "
     "{=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x; speculative sampling at "
     "{=v('rows.3.tokens_per_s') / v('rows.0.tokens_per_s'):.2f}x our sampling")
+FUSED = "results/fused_projections_amx_xeon.json"   # q|k|v and gate|up fused, side by side
+
+
+def fused_row(kind: str, rows: int) -> dict:
+    """The fused-projections probe's row of ``kind`` at ``rows`` rows."""
+    return next(r for r in load(FUSED)["rows"] if r["kind"] == kind and r["rows"] == rows)
+
+
+def fused_span(key: str = "fused_over_separate", rows=(2, 12)) -> list:
+    """``key`` over every kind at the rows the page's table leaves out."""
+    return [r[key] for r in load(FUSED)["rows"] if r["rows"] in rows]
+
+
+HELPERS.update(fused_row=fused_row, fused_span=fused_span)
+add("docs/performance.md", FUSED,
+    *[f"| {k} | {m} | {{=fused_row('{k}', {m})['separate_ms']:.2f}} | "
+      f"{{=fused_row('{k}', {m})['fused_ms']:.2f}} | "
+      f"{{=fused_row('{k}', {m})['fused_over_separate']:.2f}}x |"
+      for k in ("float32", "bfloat16", "int8") for m in (1, 4, 16)],
+    "(The JSON holds 2 and 12 rows too: {=min(fused_span()):.2f}x to {=max(fused_span()):.2f}x.)")
 LOWERED = "results/lowered_counts.json"   # the programs lowered for cuda and cpu, no GPU
 add("docs/performance.md", LOWERED,
     "| operations outside the passes, `cuda` | {runs.0.ops_outside_passes:d} | "

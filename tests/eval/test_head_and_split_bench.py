@@ -43,3 +43,30 @@ def test_split_products_small(tmp_path):
         forms = {k.split(" | ")[0] for k in data["ms"][rows]}
         assert {"plain", "split2", "split_in", "blocks2", "transposed"} <= forms, forms
         assert all(v > 0 for v in data["ms"][rows].values())
+
+
+def test_fused_projections_small(tmp_path):
+    """benchmarks/probes/fused_projections.py: in every kind the fused q|k|v and gate|up
+    kernels give the separate products' outputs (checked inside) in fewer operations."""
+    bench = load_bench("fused_projections")
+    out = tmp_path / "fp.json"
+    bench.main(["--small", "--rows", "1", "4", "--repeats", "1", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["machine"]["cpu_model"] and data["shape"] == bench.SMALL
+    assert {(r["kind"], r["rows"]) for r in data["rows"]} == {
+        (k, m) for k in ("float32", "bfloat16", "int8") for m in (1, 4)}
+    for r in data["rows"]:
+        assert r["separate_ms"] > 0 and r["fused_ms"] > 0
+        assert r["fused_ops"] < r["separate_ops"], r
+    # a fused kernel cut in the wrong place is caught by the probe's own check
+    real = bench.run_layers
+
+    def wrong(x, kernels, shape, fused):
+        return real(x, kernels, {**shape, "kv": shape["kv"] + 1} if fused else shape, fused)
+    bench.run_layers = wrong
+    try:
+        with pytest.raises(AssertionError):
+            bench.main(["--small", "--rows", "2", "--repeats", "1", "--kinds", "float32",
+                        "--out", str(tmp_path / "bad.json")])
+    finally:
+        bench.run_layers = real
