@@ -6,7 +6,8 @@ folder (``--cache``; default a new, empty folder, so the first run converts and 
 models and compiles, and the later runs read both back). Arguments after ``--`` go to the demo
 (e.g. ``-- --weights int8 --draft-weights int8``). Each run reports its exit status, wall
 seconds and peak RSS (``VmHWM``, the process's own high-water mark), and after each run the
-cache's entries with their bytes, as ``dsbd cache`` lists them (``cli.commands.cache_entries``).
+cache's entries with their bytes, as ``dsbd cache`` lists them (``cli.commands.cache_entries``),
+and before each run the bytes of the cache held in the OS page cache (:func:`page_cache_bytes`).
 JSON to ``--out`` with the host.
 
     .venv/bin/python benchmarks/demo_memory.py --out results/demo_memory_int8_<host>.json \\
@@ -39,6 +40,21 @@ print("DEMO_MEMORY " + json.dumps({"rc": rc, "peak_rss_bytes": hwm[0] if hwm els
 """
 
 
+def page_cache_bytes(folder: Path):
+    """Bytes of ``folder``'s files held in the OS page cache (util-linux ``fincore``), or
+    ``None`` where it cannot tell (no ``fincore``, no files). A second demo whose cached
+    models are not resident reads them back from disk during its first round."""
+    import shutil
+    files = [str(p) for p in Path(folder).rglob("*") if p.is_file() and p.stat().st_size]
+    if not files or shutil.which("fincore") is None:
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES",
+                          *files], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    return sum(int(x) for x in out.stdout.split())
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     demo_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -63,6 +79,7 @@ def main(argv=None):
     env = dict(os.environ, DSBD_JAX_CACHE=str(cache))
     runs = []
     for i in range(args.runs):
+        resident = page_cache_bytes(cache)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", CHILD, "demo", *demo_args], env=env,
                               cwd=_ROOT, capture_output=True, text=True)
@@ -74,7 +91,8 @@ def main(argv=None):
         verdict = [l for l in proc.stdout.splitlines() if l.startswith("DSBD ")]
         runs.append({"run": i + 1, "rc": rec["rc"], "wall_s": wall,
                      "peak_rss_bytes": rec["peak_rss_bytes"], "verdict": verdict[-1:],
-                     "cache_bytes": dict(cache_entries(cache))})
+                     "cache_bytes": dict(cache_entries(cache)),
+                     "cache_resident_before_bytes": resident})
         print(f"run {i + 1}: {wall:.1f} s, peak RSS {rec['peak_rss_bytes'] / 1e9:.2f} GB, "
               f"cache {sum(runs[-1]['cache_bytes'].values()) / 1e9:.2f} GB", flush=True)
     settings = portable_settings({**vars(args), "demo_args": demo_args}, _ROOT)

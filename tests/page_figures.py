@@ -411,6 +411,13 @@ add("docs/getting_started.md", DEMO_F32_AMX,
     "{=v('runs.1.cache_bytes')[_T32 + 'params-v1-host-float32-per_layer-transposed'] / 1e9:.2f} GB",
     "the draft's int8 form {=v('runs.1.cache_bytes')[_D32 + "
     "'params-v1-host-float32-per_layer-int8'] / 1e9:.2f} GB (its embedding in bfloat16)")
+DEMO_F32_RES = "results/demo_memory_float32_amx_xeon_resident.json"   # with page-cache bytes
+add("docs/getting_started.md", DEMO_F32_RES,
+    "first run {runs.0.wall_s:.0f} s, second **{runs.1.wall_s:.0f} s**,\n  with "
+    "{=v('runs.1.cache_resident_before_bytes') / 1e9:.2f} of the cache's "
+    "{=sum(v('runs.0.cache_bytes').values()) / 1e9:.2f} GB in the page cache before it",
+    "the second run took {runs.1.wall_s:.0f} to\n  {=w(DEMO_F32_AMX, 'runs.1.wall_s'):.0f} s in "
+    "two measurements")
 add("docs/getting_started.md", DEMO_F32,
     "found {=sum(v('runs.1.cache_bytes').values()) / 1e9:.2f} GB, with the draft's int8\n  form "
     "at {=v('runs.1.cache_bytes')[_D32 + 'params-v1-host-float32-per_layer-int8'] / 1e9:.2f} GB "
