@@ -582,21 +582,27 @@ add("docs/performance.md", COUNTS_EPYC,
     "passes in the program for `cuda`, against {counts_against.0.thunks_outside_passes:.2f}x its "
     "executed thunks")
 GAMMA_INT8 = "results/speed_int8_draft_avx512bf16_epyc.json"   # --gamma's default, int8 draft
+def grid_rows(labels: dict, bold: int = 5) -> list:
+    """The speed page's templates of an int8-draft grid run (``benchmarks/speed.py`` with
+    ``--dsbd 2,3,0.9,1 3,3,0.9,1 4,3,0.9,1 2,4,0.7,2 3,4,0.7,2``): one table row per DSBD
+    setting, labelled ``labels[i]`` (``i``: its index in the JSON's rows), the ratio over beam
+    sampling W=4 (row 2) in bold for row ``bold``."""
+    out = ["| beam sampling W=2 | {rows.1.tokens_per_s:.2f} |  | "
+           "{rows.1.target_calls_per_token:.3f} | {rows.1.loglik_per_token:.3f} |"]
+    for i in (2, 4, 5, 6, 7, 8):
+        ratio = f"{{=v('rows.{i}.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}}x"
+        out.append(f"| {labels[i]} | {{rows.{i}.tokens_per_s:.2f}} | "
+                   + (f"**{ratio}**" if i == bold else ratio)
+                   + f" | {{rows.{i}.target_calls_per_token:.3f}} | "
+                   f"{{rows.{i}.loglik_per_token:.3f}} |")
+    return out
+
+
+_GRID = {2: "beam sampling W=4", 4: "DSBD g2 W_S 3 t 0.9 W_min 1", 5: "DSBD g3 W_S 3 t 0.9 "
+         "W_min 1 (the default)", 6: "DSBD g4 W_S 3 t 0.9 W_min 1", 7: "DSBD g2 W_S 4 t 0.7 "
+         "W_min 2 (the beam-W4 point)", 8: "DSBD g3 W_S 4 t 0.7 W_min 2"}
 add("docs/results/speed.md", GAMMA_INT8,
-    "| beam sampling W=2 | {rows.1.tokens_per_s:.2f} |  | "
-    "{rows.1.target_calls_per_token:.3f} | {rows.1.loglik_per_token:.3f} |",
-    "| beam sampling W=4 | {rows.2.tokens_per_s:.2f} | {=v('rows.2.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.2.target_calls_per_token:.3f} | {rows.2.loglik_per_token:.3f} |",
-    "| DSBD g2 W_S 3 t 0.9 W_min 1 (the old default) | {rows.4.tokens_per_s:.2f} | {=v('rows.4.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.4.target_calls_per_token:.3f} | {rows.4.loglik_per_token:.3f} |",
-    "| DSBD g3 W_S 3 t 0.9 W_min 1 (the default) | {rows.5.tokens_per_s:.2f} | **{=v('rows.5.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x** | "
-    "{rows.5.target_calls_per_token:.3f} | {rows.5.loglik_per_token:.3f} |",
-    "| DSBD g4 W_S 3 t 0.9 W_min 1 | {rows.6.tokens_per_s:.2f} | {=v('rows.6.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.6.target_calls_per_token:.3f} | {rows.6.loglik_per_token:.3f} |",
-    "| DSBD g2 W_S 4 t 0.7 W_min 2 (the beam-W4 point) | {rows.7.tokens_per_s:.2f} | {=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.7.target_calls_per_token:.3f} | {rows.7.loglik_per_token:.3f} |",
-    "| DSBD g3 W_S 4 t 0.7 W_min 2 | {rows.8.tokens_per_s:.2f} | {=v('rows.8.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.8.target_calls_per_token:.3f} | {rows.8.loglik_per_token:.3f} |",
+    *grid_rows({**_GRID, 4: _GRID[4] + " (the old default)"}),
     "| speculative sampling g4 / our sampling | {rows.3.tokens_per_s:.2f} / "
     "{rows.0.tokens_per_s:.2f} |",
     "here**, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed of gamma 2")
@@ -604,20 +610,7 @@ SPEED_AMX = "results/speed_int8_draft_amx_xeon.json"   # the same grid on an AMX
 add("docs/results/speed.md", SPEED_AMX,
     "`results/speed_int8_draft_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes with the models' "
     "first conversion)",
-    "| beam sampling W=2 | {rows.1.tokens_per_s:.2f} |  | "
-    "{rows.1.target_calls_per_token:.3f} | {rows.1.loglik_per_token:.3f} |",
-    "| beam sampling W=4 | {rows.2.tokens_per_s:.2f} | {=v('rows.2.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.2.target_calls_per_token:.3f} | {rows.2.loglik_per_token:.3f} |",
-    "| DSBD g2 W_S 3 t 0.9 W_min 1 | {rows.4.tokens_per_s:.2f} | {=v('rows.4.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.4.target_calls_per_token:.3f} | {rows.4.loglik_per_token:.3f} |",
-    "| DSBD g3 W_S 3 t 0.9 W_min 1 (the default) | {rows.5.tokens_per_s:.2f} | **{=v('rows.5.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x** | "
-    "{rows.5.target_calls_per_token:.3f} | {rows.5.loglik_per_token:.3f} |",
-    "| DSBD g4 W_S 3 t 0.9 W_min 1 | {rows.6.tokens_per_s:.2f} | {=v('rows.6.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.6.target_calls_per_token:.3f} | {rows.6.loglik_per_token:.3f} |",
-    "| DSBD g2 W_S 4 t 0.7 W_min 2 (the beam-W4 point) | {rows.7.tokens_per_s:.2f} | {=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.7.target_calls_per_token:.3f} | {rows.7.loglik_per_token:.3f} |",
-    "| DSBD g3 W_S 4 t 0.7 W_min 2 | {rows.8.tokens_per_s:.2f} | {=v('rows.8.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x | "
-    "{rows.8.target_calls_per_token:.3f} | {rows.8.loglik_per_token:.3f} |",
+    *grid_rows(_GRID),
     "| speculative sampling g4 / our sampling | {rows.3.tokens_per_s:.2f} / "
     "{rows.0.tokens_per_s:.2f} | {=v('rows.3.tokens_per_s') / v('rows.0.tokens_per_s'):.2f}x |",
     "look-ahead at W_S 3, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed "
