@@ -62,7 +62,7 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            leaves, kinds, narrow = [], {}, {}
+            leaves, kinds = [], {}
             for path, leaf in _flatten(params):
                 if weights.is_kernel(leaf):  # a typed kernel: one file per array, its kind named
                     kinds[".".join(path)] = type(leaf).__name__
@@ -71,14 +71,11 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
                         save_host(tmp / (".".join(path + (field,)) + ".npy"), value,
                                   value.dtype if leaf.stored else dtype)
                 else:                    # a leaf narrower than the model's dtype keeps its own
-                    own = _narrower(leaf, dtype)
-                    save_host(tmp / (".".join(path) + ".npy"), leaf, own or dtype)
-                    if own is not None:
-                        narrow[".".join(path)] = own.name
+                    save_host(tmp / (".".join(path) + ".npy"), leaf,
+                              _narrower(getattr(leaf, "dtype", dtype), dtype) or dtype)
                 leaves.append(list(path))
             meta = {"preset": name, "sha256": get_preset(name).sha256, "key": key,
-                    "config": config_to_json(config), "leaves": leaves, "kinds": kinds,
-                    "narrow": narrow}
+                    "config": config_to_json(config), "leaves": leaves, "kinds": kinds}
             (tmp / "config.json").write_text(json.dumps(meta, indent=1))
             os.replace(tmp, final)
         finally:
@@ -87,10 +84,11 @@ def save_host_layout(name: str, folder: str, params, config: ModelConfig, dtype,
     return final
 
 
-def _narrower(leaf, dtype):
-    """``leaf``'s own floating dtype where it is narrower than ``dtype`` (an int8 model's
-    bfloat16 embedding in a float32 model), else ``None``."""
-    own = jnp.dtype(getattr(leaf, "dtype", dtype))
+def _narrower(own, dtype):
+    """``own`` (a leaf's or a cache file's dtype) where it is a floating dtype narrower than
+    ``dtype`` (an int8 model's bfloat16 embedding in a float32 model), else ``None``: such a
+    leaf is written and read back in its own dtype."""
+    own = jnp.dtype(own)
     if (jnp.issubdtype(own, jnp.floating) and jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
             and own.itemsize < jnp.dtype(dtype).itemsize):
         return own
@@ -110,9 +108,10 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
         return None
     dtype = jnp.dtype(dtype)
 
-    def read(path, own=False):
+    def read(path, own=False):   # own: the file's dtype, else the model's unless narrower
         host = load_host(final / (".".join(path) + ".npy"))
-        return _to_device(tuple(path), host, host.dtype if own else dtype)
+        keep = own or _narrower(host.dtype, dtype) is not None
+        return _to_device(tuple(path), host, host.dtype if keep else dtype)
     params: dict = {}
     for path in meta["leaves"]:
         tree = params
@@ -120,7 +119,7 @@ def load_host_layout(name: str, folder: str, dtype, key: dict, cache_dir=None):
             tree = tree.setdefault(k, {})
         kind = meta.get("kinds", {}).get(".".join(path))
         if kind is None:
-            tree[path[-1]] = read(path, ".".join(path) in meta.get("narrow", {}))
+            tree[path[-1]] = read(path)
         else:  # a typed kernel: one file per array
             cls = weights.kind(kind)
             tree[path[-1]] = cls(*(read(path + [f], cls.stored) for f in cls.fields))
