@@ -97,16 +97,17 @@ def run_layers(x, kernels, shape: dict, fused: bool):
     return x
 
 
+# what the entry computation holds but does not run (pass_floor.hlo_ops counts every opcode)
+_NOT_RUN = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
+
+
 def entry_ops(fn, *args) -> int:
-    """The operations of the compiled program's entry computation (its instructions other
-    than parameters, constants, tuples and bitcasts)."""
-    text = fn.lower(*args).compile().as_text()
-    entry = text[text.index("ENTRY"):]
-    body = entry[entry.index("{") + 1:entry.index("\n}")]
-    return sum(1 for line in body.splitlines()
-               if "=" in line and not any(op in line for op in (" parameter(", " constant(",
-                                                                 " get-tuple-element(", " tuple(",
-                                                                 " bitcast(")))
+    """The operations of the compiled program's entry computation
+    (:func:`benchmarks.pass_floor.hlo_ops`) other than parameters, constants, tuples and
+    bitcasts."""
+    from benchmarks.pass_floor import hlo_ops
+    ops = hlo_ops(fn.lower(*args).compile().as_text())
+    return sum(n for op, n in ops.items() if op.split()[0] not in _NOT_RUN)
 
 
 def main(argv=None):
