@@ -29,6 +29,11 @@ weights:
    iteration that ``benchmarks/draft_terms.py --head`` measured on the CPU with the trained
    head (``--head-tokens-per-iteration``, default ``results/draft_terms_head.json``).
 
+6. **variants** of the same weights, each recorded in its run: ``--projections separate fused``
+   runs the first layout once more with q/k/v and gate/up fused (:mod:`dsbd_jax.models.fused`;
+   the target's and the draft model's, its passes and decoders), and ``--draft-weights int8``
+   gives the draft model int8 projections and head (as ``load_model(weights="int8")``).
+
 Accelerator hygiene: decoders run with ``progress=False`` (no host callback in the loop), the
 whole decode is one ``lax.while_loop`` (no host round trip per iteration), float64 is off
 (checked), random keys and prompts are made on the device once. Work is done in order of value
@@ -37,6 +42,7 @@ and stops at ``--budget-s`` (default 420 s; the rest is listed under ``skipped``
 Usage: python benchmarks/accelerator.py [--out results/gpu/DEVICE.json] [--budget-s 420]
        [--pairs qwen llama] [--dtypes bfloat16 float32] [--layouts per_layer stacked]
        [--methods ...] [--batches 1 8] [--slots 512 4096] [--max-new-tokens 32]
+       [--projections separate fused] [--draft-weights int8]
        python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, 32 new
        tokens, bfloat16 per_layer + float32 stacked: a check of every code path; --methods to
        run fewer)
@@ -63,6 +69,7 @@ from dsbd_jax.decoding import common, methods  # noqa: E402
 from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.host import forest_budget
+from dsbd_jax.models import fused, kinds  # noqa: E402
 from dsbd_jax.models import head as mhead  # noqa: E402
 from dsbd_jax.models import llama  # noqa: E402
 from dsbd_jax.models.cache import KVCache  # noqa: E402
@@ -319,6 +326,13 @@ def main(argv=None):
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"],
                     choices=["bfloat16", "float32"],
                     help="bfloat16 runs every pair, float32 the first pair only")
+    ap.add_argument("--projections", nargs="+", default=["separate"],
+                    choices=["separate", "fused"],
+                    help="q/k/v and gate/up as separate kernels or fused into one each "
+                         "(dsbd_jax.models.fused), one run of the first layout per choice")
+    ap.add_argument("--draft-weights", default="float", choices=["float", "int8"],
+                    help="the draft model's projections and head: the dtype's, or int8 codes "
+                         "(dsbd_jax.models.weights.Int8, as load_model(weights='int8'))")
     ap.add_argument("--slots", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -351,23 +365,35 @@ def main(argv=None):
              if "float32" in args.dtypes]
     if args.small:  # every code path once: both dtypes, both layouts, decoders in the first
         plan = list(dict.fromkeys([plan[0], plan[-1]]))
-    for i, (pname, dtype, layout) in enumerate(plan):
-        label = f"{pname} {dtype} {layout}"
+    # each projections choice after the first: the first layout again (its decoders too)
+    plan = [(p, d, lay, proj) for p, d, lay in plan for proj in args.projections
+            if proj == args.projections[0] or lay == args.layouts[0]]
+    for i, (pname, dtype, layout, proj) in enumerate(plan):
+        label = (f"{pname} {dtype} {layout}" + (" fused" if proj == "fused" else "")
+                 + (" int8 draft" if args.draft_weights == "int8" else ""))
         if not budget.ok(label):
             continue
         shapes = SMALL_PAIRS[pname] if args.small else PAIRS[pname]
         pair = {m: ModelConfig(**s, dtype=dtype) for m, s in zip(("target", "draft"), shapes)}
         params = {m: llama.init_params(c, jax.random.PRNGKey(j), layout)
                   for j, (m, c) in enumerate(pair.items())}
-        timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items()}
         names = list(args.methods)
         if args.head_rows:  # the head as a third model: its passes, and the decoders with it
             pair["head"], params["head"] = random_head(
                 pair["target"], params["target"], min(args.head_rows, pair["target"].vocab_size),
                 jax.random.PRNGKey(7))
+        if args.draft_weights == "int8":   # the draft's products in s8 x s8 -> s32
+            params["draft"], pair["draft"] = kinds.int8_params(params["draft"], pair["draft"])
+        if proj == "fused":   # the same weights, q/k/v and gate/up as one kernel each (the
+            # target and the draft model; a head's one block stays as load_head gives it)
+            params = {m: fused.fuse_projections(p) if m != "head" else p
+                      for m, p in params.items()}
+        timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items() if m != "head"}
+        if args.head_rows:
             timers["head"] = HeadTimer(pair["head"], params["head"], params["target"], repeats)
             names += [h for h, m in HEAD_METHODS.items() if m in args.methods]
-        run = {"pair": pname, "dtype": dtype, "layout": layout,
+        run = {"pair": pname, "dtype": dtype, "layout": layout, "projections": proj,
+               "draft_weights": args.draft_weights,
                "param_bytes": {m: tree_bytes(p) for m, p in params.items()}, "forward": {}}
         if args.head_rows:
             run["head_rows"] = min(args.head_rows, pair["target"].vocab_size)

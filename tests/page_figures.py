@@ -630,9 +630,12 @@ add("README.md", SPEED_AMX,
 FUSED = "results/fused_projections_amx_xeon.json"   # q|k|v and gate|up fused, side by side
 
 
-def fused_row(kind: str, rows: int) -> dict:
-    """The fused-projections probe's row of ``kind`` at ``rows`` rows."""
-    return next(r for r in load(FUSED)["rows"] if r["kind"] == kind and r["rows"] == rows)
+FUSED_H200 = "results/gpu/NVIDIA_H200_fused_projections.json"   # the same probe on one H200
+
+
+def fused_row(kind: str, rows: int, path: str = FUSED) -> dict:
+    """The fused-projections probe's row of ``kind`` at ``rows`` rows (of the run ``path``)."""
+    return next(r for r in load(path)["rows"] if r["kind"] == kind and r["rows"] == rows)
 
 
 def fused_span(key: str = "fused_over_separate", rows=(2, 12)) -> list:
@@ -640,13 +643,21 @@ def fused_span(key: str = "fused_over_separate", rows=(2, 12)) -> list:
     return [r[key] for r in load(FUSED)["rows"] if r["rows"] in rows]
 
 
-HELPERS.update(fused_row=fused_row, fused_span=fused_span)
+HELPERS.update(fused_row=fused_row, fused_span=fused_span, FUSED_H200=FUSED_H200)
 add("docs/performance.md", FUSED,
     *[f"| {k} | {m} | {{=fused_row('{k}', {m})['separate_ms']:.2f}} | "
       f"{{=fused_row('{k}', {m})['fused_ms']:.2f}} | "
       f"{{=fused_row('{k}', {m})['fused_over_separate']:.2f}}x |"
       for k in ("float32", "bfloat16", "int8") for m in (1, 4, 16)],
     "(The JSON holds 2 and 12 rows too: {=min(fused_span()):.2f}x to {=max(fused_span()):.2f}x.)")
+add("docs/performance.md", FUSED_H200,
+    *[f"| {k} | {m} | {{=fused_row('{k}', {m}, FUSED_H200)['separate_ms']:.2f}} | "
+      f"{{=fused_row('{k}', {m}, FUSED_H200)['fused_ms']:.2f}} | "
+      f"{{=fused_row('{k}', {m}, FUSED_H200)['fused_over_separate']:.2f}}x |"
+      for k in ("float32", "bfloat16", "int8") for m in (1, 16)],
+    "There fused was faster at every row count and kind ({=min(r['fused_over_separate'] for r in "
+    "v('rows')):.2f}x to {=max(r['fused_over_separate'] for r in v('rows')):.2f}x; 4 rows in the "
+    "JSON)")
 LOWERED = "results/lowered_counts.json"   # the programs lowered for cuda and cpu, no GPU
 add("docs/performance.md", LOWERED,
     "| operations outside the passes, `cuda` | {runs.0.ops_outside_passes:d} | "
@@ -878,6 +889,27 @@ for label, method in [("beam sampling W=4", "beam_sample_W4"),
         f" | {{=kern('{method}', 'in_passes'):d}} | {{=kern('{method}', 'outside_passes'):d}} | "
         f"{{=kern('{method}', 'single_block_outside_passes'):d}} |",
         at=f"runs.0.decoders.1.{method}")
+
+H200_AGAIN = "results/gpu/NVIDIA_H200_again.json"   # the benchmark again, the fused change's code
+H200_AGAIN_KERNELS = "results/gpu/NVIDIA_H200_again_kernels.json"
+for label, method, prog in [("beam sampling W=4", _BW, "beam_sample"),
+                            ("DSBD, 0.5B draft", _DS, "dsbd (forward_L24_d896)"),
+                            ("DSBD, the head as its draft", _DH, "dsbd (draft_head_d1536)")]:
+    add(ACCEL_MD, H200_AGAIN, f"| {label} | {{ms_per_iteration:.2f}} | "
+        f"{{forward_ms_per_iteration:.2f}} | {{=100 * v('overhead_share'):.0f}} % | "
+        f"{{=w(H200_AGAIN_KERNELS, 'programs.{prog}.launches_per_iteration'):d}} |",
+        at=f"runs.0.decoders.1.{method}")
+add(ACCEL_MD, H200_AGAIN,
+    "the times moved by {=100 * min(abs(v(_DEC + m + '.ms_per_iteration') / w(H200, _DEC + m + "
+    "'.ms_per_iteration') - 1) for m in (_BW, _DS, _DH)):.0f}-{=100 * max(abs(v(_DEC + m + "
+    "'.ms_per_iteration') / w(H200, _DEC + m + '.ms_per_iteration') - 1) for m in (_BW, _DS, _DH))"
+    ":.0f} % (the target's one-token pass {=v(_FWD + 'target 1 token @512.ms'):.2f} ms)",
+    "The projection with the CPU's {runs.0.projection.tokens_per_iteration.dsbd_g2_WS4_t0.7_Wmin2"
+    ":.2f} tokens per iteration is {runs.0.projection.batch 1.dsbd_g2_WS4_t0.7_Wmin2."
+    "projected_ratio_to_beam_W4:.2f}x beam sampling W=4",
+    "ran {=min(r['fused_over_separate'] for r in w(FUSED_H200, 'rows')):.2f}x to "
+    "{=max(r['fused_over_separate'] for r in w(FUSED_H200, 'rows')):.2f}x the separate products'")
+HELPERS.update(H200=H200, H200_AGAIN_KERNELS=H200_AGAIN_KERNELS)
 
 # docs/results/draft.md -----------------------------------------------------------------------
 _B = "batches.b1.drafts.base."

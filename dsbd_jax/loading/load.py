@@ -52,7 +52,7 @@ from dsbd_jax.loading.hub import is_hub_id, snapshot
 from dsbd_jax.host.forms import MEASURED, choose_form, choose_weights
 from dsbd_jax.models.kinds import AUTO_WEIGHTS, FLOAT, INT8, TRANSPOSED, check_weights, head_transposed, int8_params_, transpose_params_, transposed_of, transposed_widths
 from dsbd_jax.models.llama import check_layout, unstack_layers_
-from dsbd_jax.loading.load_args import check_plan as _check_plan, removed_blocks as _removed_blocks
+from dsbd_jax.loading.load_args import check_fused, check_plan as _check_plan, fuse_loaded_, removed_blocks as _removed_blocks
 from dsbd_jax.loading.host_layout import host_layout_dir_name, load_host_layout, save_host_layout
 from dsbd_jax.loading.presets import (PRESETS, cache_params_default, cache_root, load_preset,
                                      preset_config, preset_dir, preset_tokenizer)
@@ -209,7 +209,8 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                prompt_rows: bool = False,
                kernel_blocks: Optional[str] = "measured",
                untie_head: bool = False, place=None,
-               plan: Optional[HostPlan] = None, weights: str = FLOAT) -> LoadedModel:
+               plan: Optional[HostPlan] = None, weights: str = FLOAT,
+               fused_projections: Union[bool, str] = "auto") -> LoadedModel:
     """Load a model from a HF checkpoint directory, a GGUF file, a preset name or a hub id.
 
     Args:
@@ -310,6 +311,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         raise ValueError("load_model(weights='int8') cannot place onto a mesh (place=...): "
                          "sharded programs take float kernels; load with weights='float'")
     kernel_blocks = _removed_blocks(kernel_blocks)
+    check_fused(fused_projections, place, plan)
     enable_compilation_cache(cache_dir)
     if plan is not None:
         _check_plan(plan, dtype, kernel_blocks)
@@ -341,8 +343,8 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
         if time.perf_counter() - t0 > 1.0:
             notice(f"measured the draft's weight kind for this host in "
                    f"{time.perf_counter() - t0:.0f} s: {weights} (cached)", progress)
-    if weights == INT8:
-        kernel_blocks = None      # int8 codes have one form: [out, in] rows
+    if weights == INT8 or fused_projections is True:
+        kernel_blocks = None      # int8 codes have one form, fused kernels plain ones
     if prompt_rows and head_rows is None:
         raise ValueError("prompt_rows extends a truncated head: give head_rows too")
     if vocab_table is not None and head_rows is None:
@@ -360,11 +362,10 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
             model.info["dtype"], model.info["dtype_why"] = jnp.dtype(dtype).name, dtype_why
             model.info["plan"] = plan_info
             model.info["weights"], model.info["weights_why"] = weights, weights_why
+            fuse_loaded_(model, fused_projections, place)
             release_freed_memory()
             return model
-    # a load that ends in a host form caches that form alone: the float parameters it starts
-    # from are not written beside it (one stored copy per model and form; a later load in
-    # another form dequantises the source file again, once)
+    # a load that ends in a host form caches that form alone (one stored copy per model and form)
     model = _load_model(source, dtype, tokenizer=tokenizer, cache_dir=cache_dir,
                         progress=progress,
                         cache_params=False if host_form is not None else cache_params,
@@ -419,6 +420,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
                         f"it)", progress):
             model.info["host_form_cache"] = str(save_host_layout(
                 name, folder, model.params, model.config, dtype, key, cache_dir))
+    fuse_loaded_(model, fused_projections, place)
     release_freed_memory()
     return model
 

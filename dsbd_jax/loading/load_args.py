@@ -51,3 +51,38 @@ def check_plan(plan, dtype, kernel_blocks) -> None:
     if not (isinstance(kernel_blocks, str) and kernel_blocks == MEASURED):
         raise ValueError(f"the plan decides the kernel form ({plan.form}); leave kernel_blocks "
                          f"at 'measured' when passing a plan, got {kernel_blocks!r}")
+
+
+
+def check_fused(fused_projections, place, plan) -> None:
+    """``load_model``'s ``fused_projections`` checked before any weight is read: ``True``,
+    ``False`` or ``"auto"``; ``True`` (which loads plain kernels: fused kernels have no
+    transposed form) neither with ``place`` nor with a plan of transposed kernels."""
+    if not (fused_projections is True or fused_projections is False
+            or (isinstance(fused_projections, str) and fused_projections == "auto")):
+        raise ValueError(f"fused_projections must be True, False or 'auto', "
+                         f"got {fused_projections!r}")
+    if fused_projections is True and place is not None:
+        raise ValueError("load_model(fused_projections=True) cannot place onto a mesh "
+                         "(place=...): the sharding rules name the separate projections")
+    if fused_projections is True and plan is not None and plan.form == TRANSPOSED:
+        raise ValueError("load_model(fused_projections=True) takes plain kernels; the plan "
+                         "given asks for transposed ones")
+
+
+def fuse_loaded_(model, fused_projections, place) -> None:
+    """IN PLACE: a loaded model's projections fused (:mod:`dsbd_jax.models.fused`) as
+    ``load_model(fused_projections=...)`` asks (checked by :func:`check_fused`), recorded in
+    ``info["fused_projections"]``. ``"auto"``: fused off the CPU (fewer kernels per layer on a
+    GPU: ``docs/performance.md``, *Fused projections*) unless the model is placed onto a mesh
+    or its kernels are transposed rows; separate on the CPU, where fusing measured no faster."""
+    import jax
+
+    from dsbd_jax.models.fused import fuse_projections_
+
+    fuse = fused_projections is True or (
+        isinstance(fused_projections, str) and not model.info.get("kernel_transposed")
+        and place is None and jax.default_backend() != "cpu")
+    if fuse:
+        fuse_projections_(model.params)
+    model.info["fused_projections"] = bool(fuse)

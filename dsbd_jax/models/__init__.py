@@ -9,6 +9,7 @@
 - ``weights``, ``products``, ``kinds``: the kinds of projection kernel a parameter tree may
   hold (plain ``[in, out]``, transposed row blocks, int8 codes), their products, and the
   conversions between them. A new kind of kernel goes here.
+- ``fused``: q/k/v and gate/up stored as one kernel each (the same model, fewer products).
 - ``vocab``: tied, untied and truncated vocabulary heads.
 - ``param_check``: a parameter tree checked against its config (what every decoder runs
   first).

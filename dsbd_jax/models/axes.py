@@ -144,6 +144,9 @@ def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
         if path[-n:] in LOGICAL_AXES:
             axes = LOGICAL_AXES[path[-n:]]
             break
+    if axes is None and any(k in ("qkv_proj", "gate_up_proj") for k in path):
+        raise ValueError(f"{'/'.join(path)}: fused projections are not sharded; load with "
+                         f"fused_projections=False or dsbd_jax.models.fused.unfuse_projections")
     if axes is None:
         raise ValueError(f"no sharding rule for parameter {'/'.join(path)} (shape rank {ndim}); "
                          f"add its path suffix to dsbd_jax.models.axes.LOGICAL_AXES")

@@ -49,6 +49,7 @@ from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
 from dsbd_jax.models import weights
+from dsbd_jax.models.fused import unfuse_projections
 from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.vocab import VOCAB_HEAD, split_head
 
@@ -247,6 +248,7 @@ def init_params(config: HeadConfig, key: jax.Array, target_params=None, scale: f
         params = jax.tree.map(lambda x: x * scale if x.ndim >= 2 else x, params)
     if target_params is not None:
         t, _ = split_head(target_params)
+        t = unfuse_projections(t, config.target)   # a fused target's block: separate kernels
         t = llama.convert_layout(t, "per_layer") if "layers" in t else t
         L = llama.num_layers_of(t)
         last = t[f"layers_{L - 1}"]

@@ -183,9 +183,14 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         store = dt  # the cache's dtype: new keys/values are returned in it
         H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q = _dense(H * D, cfg.attention_bias, dt, "q_proj")(x).reshape(B, T, H, D)
-        k = _dense(K * D, cfg.attention_bias, dt, "k_proj")(x).reshape(B, T, K, D)
-        v = _dense(K * D, cfg.attention_bias, dt, "v_proj")(x).reshape(B, T, K, D)
+        if self.has_variable("params", "qkv_proj"):  # fused (dsbd_jax.models.fused)
+            qkv = _dense((H + 2 * K) * D, cfg.attention_bias, dt, "qkv_proj")(x)
+            q, k, v = jnp.split(qkv, [H * D, (H + K) * D], axis=-1)
+        else:
+            q = _dense(H * D, cfg.attention_bias, dt, "q_proj")(x)
+            k = _dense(K * D, cfg.attention_bias, dt, "k_proj")(x)
+            v = _dense(K * D, cfg.attention_bias, dt, "v_proj")(x)
+        q, k, v = q.reshape(B, T, H, D), k.reshape(B, T, K, D), v.reshape(B, T, K, D)
         if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
             q = _norm(cfg, "q_norm")(q)
             k = _norm(cfg, "k_norm")(k)
@@ -239,8 +244,12 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         dt = cfg.jnp_dtype
-        gate = _dense(cfg.intermediate_size, False, dt, "gate_proj")(x)
-        up = _dense(cfg.intermediate_size, False, dt, "up_proj")(x)
+        F = cfg.intermediate_size
+        if self.has_variable("params", "gate_up_proj"):  # fused (dsbd_jax.models.fused)
+            gate, up = jnp.split(_dense(2 * F, False, dt, "gate_up_proj")(x), [F], axis=-1)
+        else:
+            gate = _dense(F, False, dt, "gate_proj")(x)
+            up = _dense(F, False, dt, "up_proj")(x)
         act = nn.silu(gate) if cfg.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
         return _dense(cfg.hidden_size, False, dt, "down_proj")(act * up)
 

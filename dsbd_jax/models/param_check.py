@@ -1,7 +1,8 @@
 """A model's parameters checked against its config at trace time (shapes are static): every
 leaf a Llama-family tree of that config needs, its kernels of any kind (each typed kernel leaf
 answers with its plain shape: :func:`dsbd_jax.models.weights.shape_of`), with a truncated
-vocabulary head (:mod:`dsbd_jax.models.vocab`) in place of ``lm_head``. The decoders call :func:`check_params`
+vocabulary head (:mod:`dsbd_jax.models.vocab`) in place of ``lm_head``, separate or fused projections
+(:mod:`dsbd_jax.models.fused`). The decoders call :func:`check_params`
 on every input tree; the forms stay this layer's business."""
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import numpy as np
 
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import weights
+from dsbd_jax.models.fused import fuse_projections, is_fused
 from dsbd_jax.models.kinds import PROJECTIONS
 from dsbd_jax.models.llama import init_params, params_layout
 from dsbd_jax.models.vocab import split_head
 
 
 @functools.lru_cache(maxsize=64)
-def _expected_shapes(config: ModelConfig, layout: str):
-    tree = jax.eval_shape(lambda: init_params(config, jax.random.key(0), layout))
+def _expected_shapes(config: ModelConfig, layout: str, fused: bool = False):
+    make = lambda: init_params(config, jax.random.key(0), layout)  # noqa: E731
+    tree = jax.eval_shape((lambda: fuse_projections(make())) if fused else make)
     return {jax.tree_util.keystr(p): tuple(x.shape)
             for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
@@ -36,7 +39,7 @@ def check_params(name: str, config: ModelConfig, params) -> None:
         raise ValueError(f"{name} parameters are not a Llama parameter tree (no 'layers' or "
                          f"'layers_0')") from None
     params, head = split_head(params)
-    want = dict(_expected_shapes(config, layout))
+    want = dict(_expected_shapes(config, layout, is_fused(params)))
     if head is not None:  # a truncated vocabulary head (dsbd_jax.models.vocab) replaces lm_head
         want.pop("['lm_head']['kernel']", None)
         n = int(np.shape(head["rows"])[0]) if "rows" in head else 0

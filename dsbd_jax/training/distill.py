@@ -51,6 +51,7 @@ import optax
 
 from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.fused import is_fused
 from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.param_check import plain_projection
 from dsbd_jax.models.llama import causal_mask, forward
@@ -181,7 +182,11 @@ def _path(path) -> str:
 
 def init_lora(params, rank: int, key) -> Dict[str, Dict[str, jax.Array]]:
     """``{path of a projection kernel: {"a": [.., in, r] normal(1/in), "b": [.., r, out] 0}}``
-    (B = 0: the adapted model starts as the draft). Both weight layouts."""
+    (B = 0: the adapted model starts as the draft). Both weight layouts; separate projections
+    (``ValueError`` for fused ones: :func:`dsbd_jax.models.fused.unfuse_projections`)."""
+    if is_fused(params):
+        raise ValueError("init_lora adapts the separate projections; this draft's are fused: "
+                         "load it with fused_projections=False or unfuse_projections(params, config)")
     out = {}
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     for n, (path, x) in enumerate(leaves):

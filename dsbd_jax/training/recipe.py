@@ -109,7 +109,8 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     r = load_recipe(path)
     dtype = jnp.dtype(r["dtype"])
     target = load_model(r["target"], dtype, progress=progress)
-    draft = load_model(r["draft"], dtype, progress=progress)
+    draft = load_model(r["draft"], dtype, progress=progress,
+                       fused_projections=False)   # LoRA adapts the separate projections
     tok = draft.tokenizer or target.tokenizer
     if tok is None:
         raise ValueError("neither model has a tokenizer; cannot encode the prompts")

@@ -88,6 +88,21 @@ def test_dsbd_with_an_int8_draft_is_exact_beam_sampling(pair, lp):
     assert res.pvalue > P_MIN, res
 
 
+def test_dsbd_with_fused_projections_is_exact_beam_sampling(pair):
+    """Fused projections (``dsbd_jax.models.fused``) in both models, the draft in int8: DSBD
+    is the fused target's beam sampling, and its draft accepts as the separate one does (the
+    same model: bit-identical int8 products)."""
+    from dsbd_jax.models.fused import fuse_projections
+    tc, tp, dc, dp = pair
+    params = {"target": fuse_projections(tp), "draft": fuse_projections(dp)}
+    out = dsbd_generate(params, _ids(), jax.random.key(4), _dsbd(tc, dc))
+    sep = dsbd_generate({"target": tp, "draft": dp}, _ids(), jax.random.key(4), _dsbd(tc, dc))
+    rate = float(np.asarray(out.stats["layer_acceptance_rate"])[0])
+    assert abs(rate - float(np.asarray(sep.stats["layer_acceptance_rate"])[0])) < 0.02, rate
+    res = _beam_check(out, ref.make_lp_fn(tc, params["target"]), 2)
+    assert res.pvalue > P_MIN, res
+
+
 @pytest.mark.extended   # single-beam DSBD with other drafts: test_bfloat16, test_head_exact
 def test_single_beam_dsbd_with_an_int8_draft_is_exact_sampling(pair, lp):
     tc, tp, dc, dp = pair

@@ -69,6 +69,26 @@ def test_small_run_writes_every_section(tmp_path, monkeypatch):
     assert "decoders" not in runs[1]  # decoders once per pair, in the first layout
 
 
+@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
+def test_small_run_of_the_variants(tmp_path, monkeypatch):
+    """``--projections separate fused --draft-weights int8``: the first layout once per
+    projections choice, each with its decoders, the draft's kernels int8 in both."""
+    monkeypatch.setenv("DSBD_JAX_CPU_OPTIONS", "default")
+    from dsbd_jax.host import cpu_options
+    cpu_options.choice.cache_clear()
+    out = tmp_path / "acc.json"
+    load_script().main(["--small", "--dtypes", "bfloat16", "--layouts", "per_layer",
+                        "--methods", "dsbd_g2_WS4_t0.7_Wmin2", "--head-rows", "0",
+                        "--projections", "separate", "fused", "--draft-weights", "int8",
+                        "--out", str(out)])
+    cpu_options.choice.cache_clear()
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["projections"], r["draft_weights"]) for r in runs] == [("separate", "int8"),
+                                                                      ("fused", "int8")]
+    for r in runs:
+        assert r["decoders"]["1"]["dsbd_g2_WS4_t0.7_Wmin2"]["iterations"] >= 1
+
+
 def test_no_host_callback_in_the_loop_unless_progress():
     """The benchmark's decoders (``progress=False``) trace no host callback; with ``progress``
     one is there, so this check can fail."""
