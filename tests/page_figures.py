@@ -1539,35 +1539,35 @@ add(INDEX_MD, INT8P_AMX, "| Intel Xeon (AMX) | \"Intel(R) Xeon(R) Processor\", A
 # the same host: the drafted decoders end to end, two runs of one command (they disagree)
 TERMS_AMX = "results/draft_terms_int8_amx_xeon.json"
 TERMS_AMX_EARLIER = "results/draft_terms_int8_amx_xeon_earlier.json"
-_B1 = "batches.b1."
-_DR = _B1 + "drafts.{d}."
 HELPERS.update(TERMS_AMX_EARLIER=TERMS_AMX_EARLIER)
+
+
+def terms_row(label: str, batch: str, pass_ms: bool) -> str:
+    """A precision-page row of a draft_terms run of the base and int8 drafts at ``batch``
+    (``"b1"``): sampling, beam sampling, speculative and DSBD with each draft, DSBD's ratio,
+    (the target's one-token pass,) the drafts' passes against the target's."""
+    b, dr = f"batches.{batch}.", f"batches.{batch}.drafts.{{d}}."
+    return ("| " + label + " | {" + b + "references.sample.tokens_per_s:.2f} | {" + b
+            + "references.beam_sample_W4.tokens_per_s:.2f} | "
+            + " | ".join(" / ".join("{" + dr.format(d=d) + m + ".tokens_per_s:.2f}"
+                                    for d in ("base", "int8"))
+                         for m in ("speculative_g4", "dsbd_beamW4_point"))
+            + " | " + " / ".join("{" + dr.format(d=d) + "targets.dsbd_w4_vs_beam_w4."
+                                 "dsbd_beamW4_point.end_to_end:.2f}x" for d in ("base", "int8"))
+            + (" | {" + b + "one_token_pass_ms.target:.1f} ms" if pass_ms else "")
+            + " | {" + b + "draft_pass_vs_target.base:.2f}x / {" + b
+            + "draft_pass_vs_target.int8:.2f}x |")
+
+
 for _label, _rel in (("earlier", TERMS_AMX_EARLIER), ("later", TERMS_AMX)):
-    add(PRECISION_MD, _rel,
-        "| " + _label + " | {" + _B1 + "references.sample.tokens_per_s:.2f} | {" + _B1
-        + "references.beam_sample_W4.tokens_per_s:.2f} | "
-        + " | ".join(" / ".join("{" + _DR.format(d=d) + m + ".tokens_per_s:.2f}"
-                                for d in ("base", "int8"))
-                     for m in ("speculative_g4", "dsbd_beamW4_point"))
-        + " | " + " / ".join("{" + _DR.format(d=d) + "targets.dsbd_w4_vs_beam_w4."
-                             "dsbd_beamW4_point.end_to_end:.2f}x" for d in ("base", "int8"))
-        + " | {" + _B1 + "one_token_pass_ms.target:.1f} ms | {" + _B1
-        + "draft_pass_vs_target.base:.2f}x / {" + _B1 + "draft_pass_vs_target.int8:.2f}x |")
+    add(PRECISION_MD, _rel, terms_row(_label, "b1", True))
 TERMS_AMX_B4 = "results/draft_terms_int8_batch4_amx_xeon.json"   # the same host, batch 4
 _B4 = "batches.b4."
 _D4 = _B4 + "drafts.{d}."
 add(PRECISION_MD, TERMS_AMX_B4,
     "with the target's one-token pass of the 4 rows ({" + _B4 + "one_token_pass_ms.target:.1f} "
     "ms) timed alone in the run",
-    "| 4 | {" + _B4 + "references.sample.tokens_per_s:.2f} | {" + _B4
-    + "references.beam_sample_W4.tokens_per_s:.2f} | "
-    + " | ".join(" / ".join("{" + _D4.format(d=d) + m + ".tokens_per_s:.2f}"
-                            for d in ("base", "int8"))
-                 for m in ("speculative_g4", "dsbd_beamW4_point"))
-    + " | " + " / ".join("{" + _D4.format(d=d) + "targets.dsbd_w4_vs_beam_w4."
-                         "dsbd_beamW4_point.end_to_end:.2f}x" for d in ("base", "int8"))
-    + " | {" + _B4 + "draft_pass_vs_target.base:.2f}x / {" + _B4
-    + "draft_pass_vs_target.int8:.2f}x |",
+    terms_row("4", "b4", False),
     "With the int8 draft speculative sampling ran at {" + _D4.format(d="int8")
     + "targets.speculative_vs_sample.speculative_g4.end_to_end:.2f}x sampling there, and DSBD at "
     "the beam-W4\n  point at {" + _D4.format(d="int8") + "targets.dsbd_w4_vs_beam_w4."
