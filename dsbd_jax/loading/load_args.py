@@ -1,6 +1,7 @@
 """Checks of :func:`dsbd_jax.loading.load.load_model`'s arguments that need no model: the
-``kernel_blocks`` value (the removed blocked kernels' values warned about) and a
-:class:`~dsbd_jax.host.plan.HostPlan` against the call's other arguments."""
+``kernel_blocks`` value (the removed blocked kernels' values warned about), a
+:class:`~dsbd_jax.host.plan.HostPlan` against the call's other arguments and
+``fused_projections``; and the fusing of a loaded model's projections (:func:`fuse_loaded_`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import os
 import warnings
 from typing import Mapping
 
+import jax
 import jax.numpy as jnp
 
 from dsbd_jax.host.plan import AUTO, HostPlan
 from dsbd_jax.host.forms import MEASURED
+from dsbd_jax.models.fused import fuse_projections_
 from dsbd_jax.models.kinds import TRANSPOSED
 
 
@@ -53,7 +56,6 @@ def check_plan(plan, dtype, kernel_blocks) -> None:
                          f"at 'measured' when passing a plan, got {kernel_blocks!r}")
 
 
-
 def check_fused(fused_projections, place, plan) -> None:
     """``load_model``'s ``fused_projections`` checked before any weight is read: ``True``,
     ``False`` or ``"auto"``; ``True`` (which loads plain kernels: fused kernels have no
@@ -76,10 +78,6 @@ def fuse_loaded_(model, fused_projections, place) -> None:
     ``info["fused_projections"]``. ``"auto"``: fused off the CPU (fewer kernels per layer on a
     GPU: ``docs/performance.md``, *Fused projections*) unless the model is placed onto a mesh
     or its kernels are transposed rows; separate on the CPU, where fusing measured no faster."""
-    import jax
-
-    from dsbd_jax.models.fused import fuse_projections_
-
     fuse = fused_projections is True or (
         isinstance(fused_projections, str) and not model.info.get("kernel_transposed")
         and place is None and jax.default_backend() != "cpu")

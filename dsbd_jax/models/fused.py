@@ -157,6 +157,8 @@ def unfuse_projections(params, config) -> dict:
     """``params`` with every fused projection split back into its parts (the input tree is
     unchanged; a tree without fused projections comes back as a copy of its dicts)."""
     tree = _copy_dicts(params)
+    if not is_fused(tree):
+        return tree
     widths = fused_widths(config)
     for block in _blocks(tree):
         for fused, (module, parts) in FUSED.items():

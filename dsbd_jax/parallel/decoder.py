@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 
 from dsbd_jax.decoding import calls, common, inputs, programs
 from dsbd_jax.models.config import ModelConfig
+from dsbd_jax.models.fused import unfuse_projections
 from dsbd_jax.models.kinds import unblock_params
 from dsbd_jax.models.weights import Int8
 from dsbd_jax.parallel import distributed
@@ -124,10 +125,12 @@ class ShardedDecoder:
         rows: :mod:`dsbd_jax.models.kinds`, single-CPU forms) are put back to ``[in, out]``,
         the form the sharding rules split; int8 kernels (:class:`dsbd_jax.models.weights.Int8`)
         stay int8, their codes and scales split along the plain kernel's axes
-        (:func:`dsbd_jax.models.axes.logical_axes`)."""
+        (:func:`dsbd_jax.models.axes.logical_axes`); fused projections (a GPU load's default,
+        :mod:`dsbd_jax.models.fused`) are split back into the separate ones the rules name."""
         configs = model_configs(self.source_config)
         pair, trees = split_params(params, configs)
-        trees = {k: unblock_params(t, keep=(Int8,)) for k, t in trees.items()}
+        trees = {k: unfuse_projections(unblock_params(t, keep=(Int8,)), configs[k])
+                 for k, t in trees.items()}
         trees = {k: expand_kv_heads(t, configs[k], self.kv_repeat[k]) for k, t in trees.items()}
         return shard_params(trees if pair else trees["target"], self.config, self.rules)
 

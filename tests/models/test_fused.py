@@ -164,3 +164,23 @@ def test_a_head_started_from_a_fused_target_has_separate_kernels():
     assert not fused.is_fused(b) and _same_arrays(a, b)
     mh.check_params(hc, b)
 
+
+
+def test_a_sharded_decoder_places_a_fused_tree_as_separate_kernels():
+    """``ShardedDecoder.place`` splits fused projections back (the rules name the separate
+    ones): a fused target decodes on a (1, 1) mesh as the separate one does on one device; an
+    unplaced fused tree handed to the sharding rules is refused by name."""
+    from dsbd_jax import SampleConfig, sample
+    from dsbd_jax.parallel import ShardedDecoder, make_mesh
+    from dsbd_jax.parallel.rules import param_shardings
+    c, p = _model("bfloat16")
+    cfg = SampleConfig(target=c, max_new_tokens=4, eos_token_id=())
+    ids = np.array([[1, 2, 3], [3, 2, 1]], np.int32)
+    dec = ShardedDecoder(sample, cfg, make_mesh(1, 1))
+    placed = dec.place(fused.fuse_projections(p))
+    assert not fused.is_fused(placed)
+    out = dec(placed, ids, jax.random.key(3))
+    ref = sample(p, ids, jax.random.key(3), cfg)
+    np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
+    with pytest.raises(ValueError, match="fused projections are not sharded"):
+        param_shardings(fused.fuse_projections(p), cfg, dec.rules)
