@@ -367,6 +367,7 @@ def cmd_host(args) -> int:
     from dsbd_jax.host.forest_budget import node_budget
     from dsbd_jax.host.cpu_options import cache_file, host_entries, host_key
     from dsbd_jax.loading.load import read_config
+    from dsbd_jax.loading.load_args import fuses_by_default
     print(f"host: {host_key()}, backend {jax.default_backend()}")
     for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
         config = read_config(source)
@@ -374,7 +375,8 @@ def cmd_host(args) -> int:
         print(f"{source} ({config.hidden_size}x{config.intermediate_size}): dtype {plan.dtype} "
               f"({plan.why}); kernels {plan.form}"
               f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
-              f"compiler options {plan.options}")
+              f"compiler options {plan.options}; projections "
+              f"{'fused' if fuses_by_default(plan.form == 'transposed') else 'separate'}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype), "int8")

@@ -72,6 +72,12 @@ def check_fused(fused_projections, place, plan) -> None:
                          "given asks for transposed ones")
 
 
+def fuses_by_default(transposed: bool) -> bool:
+    """What ``fused_projections="auto"`` does for a model on one device: fuse off the CPU,
+    unless its kernels are transposed rows (which have no fused form)."""
+    return not transposed and jax.default_backend() != "cpu"
+
+
 def fuse_loaded_(model, fused_projections, place) -> None:
     """IN PLACE: a loaded model's projections fused (:mod:`dsbd_jax.models.fused`) as
     ``load_model(fused_projections=...)`` asks (checked by :func:`check_fused`), recorded in
@@ -79,8 +85,8 @@ def fuse_loaded_(model, fused_projections, place) -> None:
     GPU: ``docs/performance.md``, *Fused projections*) unless the model is placed onto a mesh
     or its kernels are transposed rows; separate on the CPU, where fusing measured no faster."""
     fuse = fused_projections is True or (
-        isinstance(fused_projections, str) and not model.info.get("kernel_transposed")
-        and place is None and jax.default_backend() != "cpu")
+        isinstance(fused_projections, str) and place is None
+        and fuses_by_default(bool(model.info.get("kernel_transposed"))))
     if fuse:
         fuse_projections_(model.params)
     model.info["fused_projections"] = bool(fuse)

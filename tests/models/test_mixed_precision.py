@@ -235,6 +235,7 @@ def test_cli_host_prints_the_plan(tmp_path, capsys):
     assert cli.main(["host", "--model", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "host: " in out and "dtype float32 (a small model" in out and "kernels plain" in out
+    assert "; projections separate" in out   # a load fuses off the CPU only
     assert "as a DSBD target: a small model: not measured" in out
     assert "as a DSBD target in int8 (--weights int8): a small model: not measured" in out
     # then every choice cached for this host, from the one plan file
