@@ -938,6 +938,12 @@ add(ACCEL_MD, H200_AGAIN,
     "projected_ratio_to_beam_W4:.2f}x beam sampling W=4",
     "ran {=min(r['fused_over_separate'] for r in w(FUSED_H200, 'rows')):.2f}x to "
     "{=max(r['fused_over_separate'] for r in w(FUSED_H200, 'rows')):.2f}x the separate products'")
+add(ACCEL_MD, FUSED_H200,
+    "fused q/k/v and gate/up products ran\n  {=min(r['fused_over_separate'] for r in v('rows')):.2f}-"
+    "{=max(r['fused_over_separate'] for r in v('rows')):.2f}x the separate ones' time there")
+add(ACCEL_MD, H200_AGAIN, "the same kernel counts and times within "
+    "{=100 * max(abs(v(_DEC + m + '.ms_per_iteration') / w(H200, _DEC + m + "
+    "'.ms_per_iteration') - 1) for m in (_BW, _DS, _DH)):.0f} %")
 HELPERS.update(H200=H200, H200_AGAIN_KERNELS=H200_AGAIN_KERNELS)
 
 # docs/results/draft.md -----------------------------------------------------------------------
