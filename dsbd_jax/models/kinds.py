@@ -43,6 +43,7 @@ from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, project,  # noqa:
                                       project_t, transpose_block, transposed_width,
                                       untranspose)
 from dsbd_jax.models.weights import RowBlocks, Rows, form_of  # noqa: F401
+from dsbd_jax.models.fused import FUSED
 from dsbd_jax.models.vocab import untie_head
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -56,14 +57,16 @@ def transposed_widths(config) -> Dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 # parameter trees: each kernel a plain [in, out] array or a typed leaf (dsbd_jax.models.weights)
 def _projections(params):
-    """``[path tuple]`` of every projection kernel of a tree (either layout; any kind)."""
+    """``[path tuple]`` of every projection kernel of a tree (either layout; any kind; fused
+    ones too, :mod:`dsbd_jax.models.fused`: an int8 tree quantises them as they are)."""
     out = []
+    names = set(PROJECTIONS) | set(FUSED)
 
     def walk(tree, path):
         for k, v in tree.items():
             if isinstance(v, Mapping):
                 walk(v, path + (k,))
-            elif k == "kernel" and path and path[-1] in PROJECTIONS:
+            elif k == "kernel" and path and path[-1] in names:
                 out.append(path + (k,))
     walk(params, ())
     return out

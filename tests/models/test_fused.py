@@ -184,3 +184,13 @@ def test_a_sharded_decoder_places_a_fused_tree_as_separate_kernels():
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(ref.sequences))
     with pytest.raises(ValueError, match="fused projections are not sharded"):
         param_shardings(fused.fuse_projections(p), cfg, dec.rules)
+
+
+def test_quantising_a_fused_tree_gives_the_fused_int8_tree():
+    """``int8_params`` of a fused tree quantises the fused kernels too (per output channel: the
+    same codes as fusing the int8 parts), nothing left in float."""
+    c, p = _model()
+    a, _ = kinds.int8_params(fused.fuse_projections(p), c)
+    b = fused.fuse_projections(kinds.int8_params(p, c)[0])
+    assert isinstance(a["layers_0"]["attn"]["qkv_proj"]["kernel"], weights.Int8)
+    assert _same_arrays(a, b)
