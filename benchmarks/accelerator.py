@@ -377,19 +377,17 @@ def main(argv=None):
         pair = {m: ModelConfig(**s, dtype=dtype) for m, s in zip(("target", "draft"), shapes)}
         params = {m: llama.init_params(c, jax.random.PRNGKey(j), layout)
                   for j, (m, c) in enumerate(pair.items())}
+        if args.draft_weights == "int8":   # the draft's products in s8 x s8 -> s32
+            params["draft"], pair["draft"] = kinds.int8_params(params["draft"], pair["draft"])
+        if proj == "fused":   # the same weights, q/k/v and gate/up as one kernel each
+            params = {m: fused.fuse_projections(p) for m, p in params.items()}
+        timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items()}
         names = list(args.methods)
         if args.head_rows:  # the head as a third model: its passes, and the decoders with it
+            # (its one block stays separate, as load_head gives it)
             pair["head"], params["head"] = random_head(
                 pair["target"], params["target"], min(args.head_rows, pair["target"].vocab_size),
                 jax.random.PRNGKey(7))
-        if args.draft_weights == "int8":   # the draft's products in s8 x s8 -> s32
-            params["draft"], pair["draft"] = kinds.int8_params(params["draft"], pair["draft"])
-        if proj == "fused":   # the same weights, q/k/v and gate/up as one kernel each (the
-            # target and the draft model; a head's one block stays as load_head gives it)
-            params = {m: fused.fuse_projections(p) if m != "head" else p
-                      for m, p in params.items()}
-        timers = {m: ForwardTimer(c, params[m], repeats) for m, c in pair.items() if m != "head"}
-        if args.head_rows:
             timers["head"] = HeadTimer(pair["head"], params["head"], params["target"], repeats)
             names += [h for h, m in HEAD_METHODS.items() if m in args.methods]
         run = {"pair": pname, "dtype": dtype, "layout": layout, "projections": proj,

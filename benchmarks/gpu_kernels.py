@@ -250,8 +250,10 @@ def main(argv=None):
                 f"{method} ({c['draft_scope']})" if c["draft_scope"] else method)
             c["module"] = os.path.basename(base)
             # the same decoder again (accelerator.py --projections separate fused): "[2]", ...
-            name = next(f"{name} [{k}]" if k > 1 else name for k in range(1, len(bases) + 2)
-                        if (f"{name} [{k}]" if k > 1 else name) not in programs)
+            first, k = name, 1
+            while name in programs:
+                k += 1
+                name = f"{first} [{k}]"
             programs[name] = c
             print(f"{name:40s} {c['launches_per_iteration']:5d} launches per iteration, "
                   f"{c['outside_passes']:5d} outside the passes "

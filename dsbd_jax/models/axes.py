@@ -28,6 +28,8 @@ import flax.linen as nn
 import jax
 from jax.sharding import PartitionSpec as P
 
+from dsbd_jax.models.fused import FUSED
+
 #: axes of a KV cache ``[layers, batch, slots, kv_heads, head_dim]``
 CACHE: Tuple[str, ...] = ("layers", "batch", "slots", "kv_heads", "head_dim")
 
@@ -144,7 +146,7 @@ def logical_axes(path: Sequence[str], ndim: int) -> Tuple[Optional[str], ...]:
         if path[-n:] in LOGICAL_AXES:
             axes = LOGICAL_AXES[path[-n:]]
             break
-    if axes is None and any(k in ("qkv_proj", "gate_up_proj") for k in path):
+    if axes is None and any(k in FUSED for k in path):
         raise ValueError(f"{'/'.join(path)}: fused projections are not sharded; load with "
                          f"fused_projections=False or dsbd_jax.models.fused.unfuse_projections")
     if axes is None:

@@ -37,17 +37,8 @@ FUSED = {"qkv_proj": ("attn", ("q_proj", "k_proj", "v_proj")),
 
 def is_fused(params) -> bool:
     """Whether any block of ``params`` holds a fused projection (``qkv_proj``/``gate_up_proj``)."""
-    found = []
-
-    def walk(tree):
-        for k, v in tree.items():
-            if k in FUSED and isinstance(v, Mapping):
-                found.append(k)
-            elif isinstance(v, Mapping):
-                walk(v)
-    if isinstance(params, Mapping):
-        walk(params)
-    return bool(found)
+    return isinstance(params, Mapping) and any(
+        isinstance(v, Mapping) and (k in FUSED or is_fused(v)) for k, v in params.items())
 
 
 def fused_widths(config) -> dict:
@@ -83,15 +74,15 @@ def _split(leaf, widths, what: str):
     return jnp.split(leaf, cuts, axis=-1)
 
 
-def _fuse_module_(module: dict, fused: str, parts: tuple, wait: bool) -> bool:
+def _fuse_module_(module: dict, fused: str, parts: tuple, wait: bool) -> None:
     """IN PLACE: ``module`` (a block's ``attn`` or ``mlp`` dict) with ``parts`` replaced by
-    ``fused``; False where it has no (or not all of the) parts."""
+    ``fused``; left as it is where it has none of the parts (or is fused already)."""
     if not all(isinstance(module.get(p), Mapping) for p in parts):
         if any(p in module for p in parts) and fused not in module:
             missing = [p for p in parts if p not in module]
             raise ValueError(f"fuse_projections: a module has {[p for p in parts if p in module]}"
                              f" but not {missing}")
-        return False
+        return
     leaves = {}
     for key in ("kernel", "bias"):
         have = [key in module[p] for p in parts]
@@ -104,7 +95,6 @@ def _fuse_module_(module: dict, fused: str, parts: tuple, wait: bool) -> bool:
     for p in parts:
         del module[p]
     module[fused] = leaves
-    return True
 
 
 def _blocks(params):
@@ -122,8 +112,18 @@ def _blocks(params):
     return out
 
 
-def _copy_dicts(tree):
-    return {k: _copy_dicts(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+def copy_dicts(tree):
+    """``tree`` with every mapping copied into a new dict and the arrays shared."""
+    return {k: copy_dicts(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+
+
+def _fuse_all_(params: dict, wait: bool) -> dict:
+    for block in _blocks(params):
+        for fused, (module, parts) in FUSED.items():
+            if isinstance(block.get(module), Mapping):
+                block[module] = dict(block[module])   # the caller's module dicts stay as they were
+                _fuse_module_(block[module], fused, parts, wait)
+    return params
 
 
 def fuse_projections_(params: dict) -> dict:
@@ -134,29 +134,19 @@ def fuse_projections_(params: dict) -> dict:
     it is. ``ValueError`` for kernels of a kind that has no fused form (transposed rows)."""
     if not isinstance(params, dict):
         raise TypeError(f"params must be a parameter dict, got {type(params).__name__}")
-    for block in _blocks(params):
-        for fused, (module, parts) in FUSED.items():
-            if isinstance(block.get(module), Mapping):
-                block[module] = dict(block[module])
-                _fuse_module_(block[module], fused, parts, wait=True)
-    return params
+    return _fuse_all_(params, wait=True)
 
 
 def fuse_projections(params) -> dict:
     """``params`` with fused projections (:func:`fuse_projections_` on a copy of the dicts; the
     input tree is unchanged). Traceable: under ``jit`` or ``jax.eval_shape`` too."""
-    tree = _copy_dicts(params)
-    for block in _blocks(tree):
-        for fused, (module, parts) in FUSED.items():
-            if isinstance(block.get(module), Mapping):
-                _fuse_module_(block[module], fused, parts, wait=False)
-    return tree
+    return _fuse_all_(copy_dicts(params), wait=False)
 
 
 def unfuse_projections(params, config) -> dict:
     """``params`` with every fused projection split back into its parts (the input tree is
     unchanged; a tree without fused projections comes back as a copy of its dicts)."""
-    tree = _copy_dicts(params)
+    tree = copy_dicts(params)
     if not is_fused(tree):
         return tree
     widths = fused_widths(config)

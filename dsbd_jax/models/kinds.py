@@ -43,7 +43,7 @@ from dsbd_jax.models.products import (T_MAX_WIDTH, TRANSPOSED, project,  # noqa:
                                       project_t, transpose_block, transposed_width,
                                       untranspose)
 from dsbd_jax.models.weights import RowBlocks, Rows, form_of  # noqa: F401
-from dsbd_jax.models.fused import FUSED
+from dsbd_jax.models.fused import FUSED, copy_dicts as _copy_dicts
 from dsbd_jax.models.vocab import untie_head
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -88,11 +88,6 @@ def _check_projections(names, fn: str) -> None:
     bad = sorted(set(names) - set(PROJECTIONS))
     if bad:
         raise ValueError(f"unknown projections {bad}; {fn} knows {list(PROJECTIONS)}")
-
-
-def _copy_dicts(tree):
-    """``tree`` with every mapping copied into a new dict and the arrays shared."""
-    return {k: _copy_dicts(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
 
 
 def unblock_params(params, keep: tuple = ()):

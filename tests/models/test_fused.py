@@ -74,7 +74,7 @@ def test_the_parts_order_matters():
     f = fused.fuse_projections(p)
     orders = {"qkv_proj": ("attn", ("v_proj", "k_proj", "q_proj")),
               "gate_up_proj": ("mlp", ("up_proj", "gate_proj"))}
-    wrong = fused._copy_dicts(p)
+    wrong = fused.copy_dicts(p)
     for block in fused._blocks(wrong):
         for name, (module, parts) in orders.items():
             fused._fuse_module_(block[module], name, parts, wait=False)
@@ -95,7 +95,7 @@ def test_int8_fused_codes_are_the_fused_kernels_codes():
 
 def test_in_place_fusing_and_its_refusals():
     c, p = _model()
-    tree = fused._copy_dicts(p)
+    tree = fused.copy_dicts(p)
     kept = tree["layers_0"]["attn"]
     out = fused.fuse_projections_(tree)
     assert out is tree and fused.is_fused(tree) and "q_proj" in kept   # module dicts replaced
@@ -108,7 +108,7 @@ def test_in_place_fusing_and_its_refusals():
     with pytest.raises(ValueError, match="RowBlocks.*only plain"):
         fused.fuse_projections(t)
     # a module with some of the parts only
-    broken = fused._copy_dicts(p)
+    broken = fused.copy_dicts(p)
     del broken["layers_0"]["attn"]["v_proj"]
     with pytest.raises(ValueError, match="not \\['v_proj'\\]"):
         fused.fuse_projections(broken)
