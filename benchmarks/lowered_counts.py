@@ -7,7 +7,9 @@ batch 1, one prompt bucket, top-k 10 / top-p 0.8, EOS off. Per iteration of the 
 the operations of XLA's input program per phase (before its passes: not the kernels a GPU
 launches, which fuse many operations, but what XLA starts from), those over the vocabulary, and
 the loops inside the iteration with their trips; and each decoder's figures over beam sampling
-W=4's (``beam4``) on the same platform.
+W=4's (``beam4``) on the same platform. A ``conditional`` counts all its branches; beside it,
+``ops_outside_passes_first_branches`` counts its first only (DSBD's verification on the tops,
+the branch that runs unless equal entries reach past them).
 
     .venv/bin/python benchmarks/lowered_counts.py --out results/lowered_counts.json
         [--methods beam4,dsbd_w4,sample,spec4] [--platforms cuda,cpu] [--dtype bfloat16]
@@ -44,6 +46,9 @@ def against(run, base):
     """A run's per-iteration figures over the baseline's (``None`` where the baseline's is 0)."""
     ratio = lambda a, b: a / b if b else None  # noqa: E731
     return {"ops_outside_passes": ratio(run["ops_outside_passes"], base["ops_outside_passes"]),
+            "ops_outside_passes_first_branches": ratio(
+                run["ops_outside_passes_first_branches"],
+                base["ops_outside_passes_first_branches"]),
             "vocab_ops_outside_passes": ratio(run["vocab_ops_outside_passes"],
                                               base["vocab_ops_outside_passes"]),
             "loop_trips": run["loop_trips"] - base["loop_trips"]}
@@ -81,10 +86,15 @@ def main(argv=None):
             counts = static_counts(text, forward_scope(target),
                                    forward_scope(draft) if dec.needs_draft else None,
                                    target.vocab_size)
+            first = static_counts(text, forward_scope(target),
+                                  forward_scope(draft) if dec.needs_draft else None,
+                                  target.vocab_size, branches="first")
             run = {"platform": platform, "name": name, "method": method, "settings": s,
-                   "lower_s": lower_s, **counts}
+                   "lower_s": lower_s, **counts,
+                   "ops_outside_passes_first_branches": first["ops_outside_passes"]}
             runs.append(run)
             print(f"{platform:5s} {name:8s} ops outside the passes {counts['ops_outside_passes']:6d}"
+                  f" (first branches {first['ops_outside_passes']:6d})"
                   f"  vocabulary ops {counts['vocab_ops_outside_passes']:4d}"
                   f"  inner loops {[(lp['phase'], lp['trips']) for lp in counts['loops']]}",
                   flush=True)

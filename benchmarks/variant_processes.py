@@ -76,8 +76,8 @@ def decoder_runs(tc, dc, new_tokens: int, names: Sequence[str]):
 
 def child(patch: Optional[Callable[[], None]], small: bool, new_tokens: int,
           decoders: Sequence[str], inspect: Callable[[str, object], object]) -> dict:
-    """One variant in this process: ``patch()`` (if any), then per decoder compile, record
-    ``inspect(program text, target config)`` and time each prompt."""
+    """One variant in this process: ``patch()`` (if any), then per decoder compile (timed:
+    ``compile_s``), record ``inspect(program text, target config)`` and time each prompt."""
     import jax
     if patch is not None:
         patch()
@@ -90,15 +90,18 @@ def child(patch: Optional[Callable[[], None]], small: bool, new_tokens: int,
     for name, fn, cfg, drafted in decoder_runs(tc, dc, new_tokens, decoders):
         params = {"target": tp, "draft": dp} if drafted else tp
         ids, lens = pad_prompts([prompts[0]], length=P)
-        hlo = fn.prepare(params, ids, jax.random.PRNGKey(0), cfg,
-                         prompt_lengths=lens).compile().as_text()
+        t0 = time.perf_counter()
+        compiled = fn.prepare(params, ids, jax.random.PRNGKey(0), cfg,
+                              prompt_lengths=lens).compile()
+        compile_s = time.perf_counter() - t0
+        hlo = compiled.as_text()
         r = run_over_prompts(fn, params, cfg, prompts, P, label=name,
                              log=lambda m: print(m, file=sys.stderr, flush=True))
         out["decoders"][name] = {
             "seconds": [p["seconds"] for p in r["prompts"]],
             "tokens": [p["tokens"] for p in r["prompts"]],
             "iterations": [p["iterations"] for p in r["prompts"]],
-            **inspect(hlo, tc)}
+            "compile_s": compile_s, **inspect(hlo, tc)}
     return out
 
 

@@ -611,9 +611,59 @@ add("docs/performance.md", COUNTS_EPYC,
     "DSBD's iteration now executes {runs.1.per_iteration_counts.thunks_outside_passes:.0f} "
     "thunks outside the passes, {counts_against.0.thunks_outside_passes:.2f}x beam\nsampling's "
     "(verification {runs.1.per_iteration_counts.thunks.verify:.0f}, from "
-    "{=w(COUNTS_LOOPS, 'runs.1.per_iteration_counts.thunks.verify'):.0f})",
-    "passes in the program for `cuda`, against {counts_against.0.thunks_outside_passes:.2f}x its "
-    "executed thunks")
+    "{=w(COUNTS_LOOPS, 'runs.1.per_iteration_counts.thunks.verify'):.0f})")
+COUNTS_ROWS = "results/iteration_counts_amx_xeon_rows.json"   # the code before the tops
+COUNTS_TOPS = "results/iteration_counts_amx_xeon_tops.json"   # DSBD on the tops of each row
+
+
+def outside_rest(path: str, run: int) -> float:
+    """A profile run's thunks outside the passes but the warp, verification, draws and width."""
+    c = load(path)["runs"][run]["per_iteration_counts"]
+    return c["thunks_outside_passes"] - sum(c["thunks"][p] for p in ("warp", "verify", "random",
+                                                                      "width"))
+
+
+HELPERS.update(COUNTS_ROWS=COUNTS_ROWS, outside_rest=outside_rest)
+_PI = "per_iteration_counts"
+add("docs/performance.md", COUNTS_TOPS,
+    f"| thunks outside the forward passes | {{runs.0.{_PI}.thunks_outside_passes:.0f}} | "
+    f"{{=w(COUNTS_ROWS, 'runs.1.{_PI}.thunks_outside_passes'):.0f}} "
+    f"({{=w(COUNTS_ROWS, 'counts_against.0.thunks_outside_passes'):.2f}}x) | "
+    f"**{{runs.1.{_PI}.thunks_outside_passes:.0f}} "
+    f"({{counts_against.0.thunks_outside_passes:.2f}}x)** |",
+    *[f"| {label} | {{runs.0.{_PI}.thunks.{ph}:.0f}} | "
+      f"{{=w(COUNTS_ROWS, 'runs.1.{_PI}.thunks.{ph}'):.0f}} | {{runs.1.{_PI}.thunks.{ph}:.0f}} |"
+      for label, ph in (("of them: warp", "warp"), ("verification", "verify"),
+                        ("draws", "random"), ("width", "width"))],
+    "| everything else | {=outside_rest(COUNTS_TOPS, 0):.0f} | "
+    "{=outside_rest(COUNTS_ROWS, 1):.0f} | {=outside_rest(COUNTS_TOPS, 1):.0f} |",
+    f"| trips of loops inside the iteration | {{runs.0.{_PI}.loop_trips:.0f}} | "
+    f"{{=w(COUNTS_ROWS, 'runs.1.{_PI}.loop_trips'):.0f}} | {{runs.1.{_PI}.loop_trips:.0f}} |",
+    f"| vocabulary-axis thunks outside the passes | "
+    f"{{runs.0.{_PI}.vocab_thunks_outside_passes:.0f}} | "
+    f"{{=w(COUNTS_ROWS, 'runs.1.{_PI}.vocab_thunks_outside_passes'):.0f}} | "
+    f"{{runs.1.{_PI}.vocab_thunks_outside_passes:.0f}} |",
+    "is met\n({counts_against.0.thunks_outside_passes:.2f}x; both runs made the same "
+    "{=v('runs.1.iterations') if v('runs.1.iterations') == w(COUNTS_ROWS, 'runs.1.iterations') "
+    "else -1:d} iterations for the prompt's {runs.1.generated_tokens:d} tokens)")
+HELPERS.update(COUNTS_TOPS=COUNTS_TOPS)
+add("docs/results/accelerators.md", COUNTS_TOPS,
+    "on the CPU {counts_against.0.thunks_outside_passes:.2f}x beam sampling's\nthunks outside "
+    "the passes per iteration, from "
+    "{=w(COUNTS_ROWS, 'counts_against.0.thunks_outside_passes'):.2f}x")
+VTOPS = "results/verify_tops_amx_xeon.json"   # the tops against whole rows, side by side
+_DS = "decoders.dsbd_g2_WS4_t0.7_Wmin2"
+add("docs/performance.md", VTOPS,
+    "DSBD took {ratios.dsbd_g2_WS4_t0.7_Wmin2: tops / full_rows, seconds:.2f}x the whole-rows "
+    "form's seconds ({=sum(v('runs.1." + _DS + ".seconds')):.2f} against "
+    "{=sum(v('runs.0." + _DS + ".seconds')):.2f} s in the first\nround, "
+    "{=sum(v('runs.3." + _DS + ".seconds')):.2f} against "
+    "{=sum(v('runs.2." + _DS + ".seconds')):.2f} s in the second; the draws differ, and one "
+    "prompt took {=max(v('runs.1." + _DS + ".iterations')):d} iterations\ninstead of "
+    "{=max(v('runs.0." + _DS + ".iterations')):d}), beam sampling W=4, the same program in "
+    "both, {ratios.beam_sample_W4: tops / full_rows, seconds:.2f}x. Compiling DSBD took "
+    "{runs.1." + _DS + ".compile_s:.1f} and\n{runs.3." + _DS + ".compile_s:.1f} s against "
+    "{runs.0." + _DS + ".compile_s:.1f} and {runs.2." + _DS + ".compile_s:.1f} s")
 GAMMA_INT8 = "results/speed_int8_draft_avx512bf16_epyc.json"   # --gamma's default, int8 draft
 def grid_rows(labels: dict, bold: int = 5) -> list:
     """The speed page's templates of an int8-draft grid run (``benchmarks/speed.py`` with
@@ -688,18 +738,27 @@ add("docs/performance.md", FUSED_H200,
     "v('rows')):.2f}x to {=max(r['fused_over_separate'] for r in v('rows')):.2f}x; 4 rows in the "
     "JSON)")
 LOWERED = "results/lowered_counts.json"   # the programs lowered for cuda and cpu, no GPU
+LOWERED_ROWS = "results/lowered_counts_rows.json"   # the same before the tops of each row
+HELPERS.update(LOWERED_ROWS=LOWERED_ROWS)
 add("docs/performance.md", LOWERED,
     "| operations outside the passes, `cuda` | {runs.0.ops_outside_passes:d} | "
-    "{runs.1.ops_outside_passes:d} (**{runs.1.against_beam4.ops_outside_passes:.2f}x** beam "
+    "{runs.1.ops_outside_passes:d} ({runs.1.against_beam4.ops_outside_passes:.2f}x beam "
     "sampling's) | {runs.2.ops_outside_passes:d} | {runs.3.ops_outside_passes:d} |",
-    "| the same, `cpu` | {runs.4.ops_outside_passes:d} | {runs.5.ops_outside_passes:d} "
-    "({runs.5.against_beam4.ops_outside_passes:.2f}x) | {runs.6.ops_outside_passes:d} | "
-    "{runs.7.ops_outside_passes:d} |",
-    "verification's layers ({runs.1.loops.1.trips:d}), the forest's draft layers "
-    "({runs.1.loops.0.trips:d})",
+    "| the same, each conditional's first branch only, `cuda` | "
+    "{runs.0.ops_outside_passes_first_branches:d} | {runs.1.ops_outside_passes_first_branches:d}"
+    " (**{runs.1.against_beam4.ops_outside_passes_first_branches:.2f}x**) | "
+    "{runs.2.ops_outside_passes_first_branches:d} | {runs.3.ops_outside_passes_first_branches:d} |",
+    "| the same, `cpu` (all branches) | {runs.4.ops_outside_passes:d} | "
+    "{runs.5.ops_outside_passes:d} ({runs.5.against_beam4.ops_outside_passes:.2f}x) | "
+    "{runs.6.ops_outside_passes:d} | {runs.7.ops_outside_passes:d} |",
+    "verification's layers ({runs.1.loops.1.trips:d}; once in each branch), the forest's draft "
+    "layers ({runs.1.loops.0.trips:d})",
     "the draft passes ({runs.3.loops.0.trips:d}) |",
-    "{runs.1.against_beam4.ops_outside_passes:.2f}x beam sampling's operations outside the\n"
-    "passes in the program for `cuda`")
+    "DSBD's program holds {runs.1.against_beam4.ops_outside_passes_first_branches:.2f}x beam "
+    "sampling's operations outside the passes ({=w(LOWERED_ROWS, 'runs.1.ops_outside_passes'):d}, "
+    "{=w(LOWERED_ROWS, 'runs.1.against_beam4.ops_outside_passes'):.2f}x, before\nthe tops), "
+    "against {=w(COUNTS_TOPS, 'counts_against.0.thunks_outside_passes'):.2f}x its executed "
+    "thunks on the CPU")
 add("docs/performance.md", FLOOR_EPYC,
     "the target's passes take {=span(floor_ratios('target', 'float32')):.2f}x their floor in "
     "float32 and {=span(floor_ratios('target', 'bfloat16')):.2f}x in bfloat16, the 0.5B draft's "

@@ -59,6 +59,7 @@ from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import DSBDConfig, check_config
 from dsbd_jax.decoding.forest import Layout, build_forest, commit_rows, row_positions, target_mask
+from dsbd_jax.decoding.tops import row_tops
 from dsbd_jax.decoding.verify import (make_randoms, randoms_size, randoms_table, split_randoms,
                                       verify_forest)
 
@@ -269,8 +270,26 @@ def iteration(config: DSBDConfig, params, prompt_lengths, state: DSBDState,
     input_ok = jnp.zeros((B, Pp), bool).at[:, :Wc].set(live_in)
 
     # 3. verification
-    verdict = jax.vmap(functools.partial(verify_forest, config=config))(
-        rand, joint, input_ok, forest.q, forest.flat, forest.valid, forest.finished, budget)
+    rest = (forest.flat, forest.valid, forest.finished, budget)
+    dense = jax.vmap(functools.partial(verify_forest, config=config))
+    if forest.q_index is None:
+        verdict = dense(rand, joint, input_ok, forest.q, *rest)
+    else:
+        # on each row's largest entries (module tops); where equal entries could reach past
+        # them in any row of the batch, on the [P * V] vectors (the draft's q spread out
+        # there). One branch runs: the condition is the batch's.
+        tops = jax.vmap(functools.partial(row_tops, config=config))(joint)
+
+        def on_rows():
+            q = jax.vmap(lambda qv, qi: jnp.zeros((G, lay.P * V), qv.dtype).at[
+                jnp.arange(G)[:, None], qi].set(qv, mode="drop"))(forest.q, forest.q_index)
+            return dense(rand, joint, input_ok, q, *rest)
+
+        on_tops = jax.vmap(lambda *a: verify_forest(*a[:-2], config=config, tops=a[-2],
+                                                    q_index=a[-1]))
+        verdict = jax.lax.cond(jnp.any(tops.risk), on_rows,
+                               lambda: on_tops(rand, joint, input_ok, forest.q, *rest,
+                                               tops._replace(risk=None), forest.q_index))
     d = verdict.depth                                                  # [B]
     slot, tok = verdict.flat // V, (verdict.flat % V).astype(jnp.int32)
     par = jnp.minimum(lay.layer_start(jnp.maximum(d - 1, 0))[:, None] + slot, T - 1)  # [B, W]
@@ -467,7 +486,8 @@ def first_forest(params, prompt_ids, key, config: DSBDConfig, prompt_lengths=Non
     """The draft forest of the first iteration, for inspection: a ``forest.Forest`` whose
     ``tokens [B, gamma, W_S]`` are the drafted tokens of each layer, ``parent [B, gamma, W_S]``
     the slot of each node's parent in the layer before (layer 0: the input beam), ``valid`` the
-    nodes drawn with positive probability and ``q`` the joint each layer was drawn from. Same
-    arguments as :func:`dsbd_generate` (and the same draws as its first iteration)."""
+    nodes drawn with positive probability and ``q`` the joint each layer was drawn from (with
+    a top-k and i.i.d. draws, its values at ``q_index``: module ``tops``). Same arguments as
+    :func:`dsbd_generate` (and the same draws as its first iteration)."""
     return _first_forest_core(*_prepare(params, prompt_ids, key, config, prompt_lengths),
                               config=config)

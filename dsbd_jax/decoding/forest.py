@@ -32,6 +32,7 @@ id ``Wc + t``.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import flax.struct
 import jax
@@ -41,8 +42,9 @@ from dsbd_jax.decoding import common
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding import drafting
 from dsbd_jax.decoding.verify import draw_gumbel
-from dsbd_jax.decoding.warping import draw_from
-from dsbd_jax.decoding.warping import warp_logits
+from dsbd_jax.decoding.tops import row_size, sparse_applies
+from dsbd_jax.decoding.warping import (draw_from, draw_short, top_k_isolated, warp_logits,
+                                       warp_sorted)
 
 NEG_INF = -jnp.inf
 
@@ -88,9 +90,13 @@ class Forest:
     flat: jax.Array      # [B, G, C] parent * V + token
     valid: jax.Array     # [B, G, C] bool: drawn with positive probability (not dead)
     finished: jax.Array  # [B, G, C] bool: EOS on the path
-    q: jax.Array         # [B, G, P * V] the distribution each layer was drawn from (probs)
+    q: jax.Array         # [B, G, P * V] the distribution each layer was drawn from (probs);
+                         # with q_index, [B, G, K]: its values at q_index, 0 elsewhere
     anc: jax.Array       # [B, T, G + 1] ancestors (target ids) by depth
     node_tokens: jax.Array  # [B, T] token of every node (pending tokens first)
+    # [B, G, K] the flat indices of q's entries (tops.sparse_applies: the draft drew from its
+    # parents' K largest entries, module tops), or None: q is [P * V]
+    q_index: Optional[jax.Array] = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,20 +150,36 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
     # the step log-probs), a full pass over all B x n x V entries each
     # (benchmarks/phase_profile.py)
     joint = jax.lax.optimization_barrier(joint)
-    lw = _sanitize(warp_logits(joint, config.temperature, config.top_k, config.top_p))
-    if config.replacement:
-        flat = jax.vmap(draw_from)(jnp.exp(lw), u)
+    out = {}
+    if sparse_applies(config):
+        # the warp on each parent's largest entries (module tops): the draft's q is whatever it
+        # draws from, so no check of equal entries past them is needed here
+        K = row_size(config.top_k, V)
+        x = joint.reshape(B, n, V)
+        v, i = top_k_isolated(x / config.temperature if config.temperature != 1.0 else x, K)
+        lw, order = warp_sorted(v.reshape(B, n * K), config.top_k, config.top_p, keep=K)
+        index = jnp.take_along_axis((jnp.arange(n)[:, None] * V + i).reshape(B, n * K), order,
+                                    axis=1).astype(jnp.int32)
+        q = jnp.exp(lw)                   # [B, K]: not normalised where the warp kept more
+        at = draw_short(q, u)
+        flat = jnp.take_along_axis(index, at, axis=1)
+        valid = jnp.take_along_axis(lw, at, axis=1) > NEG_INF
+        out["q_index"] = index
     else:
-        flat = jax.vmap(lambda x, gg: draw_gumbel(x, gg[:n * V], C))(lw, g)
-    valid = jnp.take_along_axis(lw, flat, axis=1) > NEG_INF
+        lw = _sanitize(warp_logits(joint, config.temperature, config.top_k, config.top_p))
+        if config.replacement:
+            flat = jax.vmap(draw_from)(jnp.exp(lw), u)
+        else:
+            flat = jax.vmap(lambda x, gg: draw_gumbel(x, gg[:n * V], C))(lw, g)
+        valid = jnp.take_along_axis(lw, flat, axis=1) > NEG_INF
+        q = jnp.pad(jnp.exp(lw), ((0, 0), (0, (P - n) * V)))
     parent, token = flat // V, (flat % V).astype(jnp.int32)
     step_lp = jnp.take_along_axis(logq.reshape(B, n * V), flat, axis=1)
-    q = jnp.pad(jnp.exp(lw), ((0, 0), (0, (P - n) * V)))
     return dict(parent=parent, token=token, flat=flat, valid=valid,
                 dscore=jnp.take_along_axis(dscore, parent, axis=1) + step_lp,
                 finished=(jnp.take_along_axis(finished, parent, axis=1)
                           | common.is_eos(token, config.eos_ids)),
-                q=q)
+                q=q, **out)
 
 
 def _draft_forward(config, params, buffer: KVCache, tokens, feats, positions, mask, offset,
@@ -297,7 +319,8 @@ def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
     tokens = layers["token"]
     forest = Forest(tokens=tokens, parent=layers["parent"], flat=layers["flat"],
                     valid=layers["valid"], finished=layers["finished"], q=layers["q"], anc=anc,
-                    node_tokens=jnp.concatenate([pending, tokens.reshape(B, G * C)], axis=1))
+                    node_tokens=jnp.concatenate([pending, tokens.reshape(B, G * C)], axis=1),
+                    q_index=layers.get("q_index"))
     return forest, buffer
 
 

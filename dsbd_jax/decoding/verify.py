@@ -41,7 +41,8 @@ import jax.numpy as jnp
 # and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
 from dsbd_jax.decoding.speculative import accept_test, safe_residual as reject_update  # noqa: F401
 from dsbd_jax.decoding.speculative import safe_residual_and_left
-from dsbd_jax.decoding.warping import draw_from, normalize, warp_logits
+from dsbd_jax.decoding.tops import layer_on_tops
+from dsbd_jax.decoding.warping import draw_from, draw_short, normalize, warp_logits, warp_sorted
 from dsbd_jax.decoding.width import layer_width, rates_from_chain
 
 NEG_INF = -jnp.inf
@@ -230,12 +231,23 @@ def verify_candidates(u: jax.Array, p_beam: jax.Array, q: jax.Array, cand: jax.A
     return CandidateResult(accepted, n_acc, p_res, taken)
 
 
-def _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain):
+def _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain, q_x=None, found=None):
+    """``cand``: the candidates' positions in the vectors; ``q_x``: their ``q`` (read at ``cand``
+    when ``None``); ``found``: which candidates the vectors hold (the others have ``p' = 0``;
+    ``None``: all, the dense vectors)."""
     N, C = p_beam.shape[0], cand.shape[0]
     if chain is None:
         chain, _ = residual_chain(p_beam, q, C)
-    q_x = q[cand]   # a gather: one thunk (XLA:CPU sums a long row as a tree of several)
-    tests = [accept_test(u, chain[j][cand], q_x) for j in range(C)]   # [j][c]: a gather of C
+    if q_x is None:
+        q_x = q[cand]   # a gather: one thunk (XLA:CPU sums a long row as a tree of several)
+
+    if isinstance(chain, list):
+        reads = [chain[j][cand] for j in range(C)]     # [j][c]: a gather of C each
+    else:
+        reads = chain[:C][:, cand]                      # one stacked array: one gather
+    if found is not None:
+        reads = [jnp.where(found, r, jnp.zeros((), r.dtype)) for r in reads]
+    tests = [accept_test(u, reads[j], q_x) for j in range(C)]   # [j][c]
     j, n_acc, accepted = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), []
     for c in range(C):
         live = cand_ok[c] & (n_acc < width)
@@ -243,18 +255,24 @@ def _verify_with_replacement(u, p_beam, q, cand, cand_ok, width, chain):
         j = jnp.where(acc, 0, jnp.where(live, j + 1, j))
         n_acc = n_acc + acc.astype(jnp.int32)
         accepted.append(acc)
-    p_res = chain[C]
-    for i in reversed(range(C)):   # p_j, as an elementwise select over the rows
-        p_res = jnp.where(j == i, chain[i], p_res)
+    if isinstance(chain, list):
+        p_res = chain[C]
+        for i in reversed(range(C)):   # p_j, as an elementwise select over the rows
+            p_res = jnp.where(j == i, chain[i], p_res)
+    else:
+        p_res = chain[j]
     return CandidateResult(jnp.stack(accepted), n_acc, p_res, jnp.zeros((N,), bool))
 
 
 def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateResult,
-                  cand: jax.Array, width: jax.Array, num_out: int, replacement: bool):
+                  cand: jax.Array, width: jax.Array, num_out: int, replacement: bool,
+                  index=None):
     """Output of a layer that accepted fewer than ``width``: the accepted candidates, one draw
     from ``p'``, then draws from ``p_beam`` up to ``width`` beams (slots ``>= width`` invalid).
 
     ``u``: ``[1 + num_out]`` uniforms; ``g``: ``[N]`` Gumbel noise (``replacement=False`` only).
+    ``index``: ``replacement=True`` only: the flat index of each entry of ``p_beam`` and ``p'``
+    when they hold a layer's largest entries (``tops.LayerTops``; ``None``: ``[P * V]``).
     Returns ``(flat [num_out], valid [num_out])``.
     """
     acc_flat, n_acc = compact(cand, res.accepted, num_out)
@@ -262,10 +280,17 @@ def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateR
         # p' is a row of the residual chain: p_beam, or a residual that kept mass; it is all
         # zero only where p_beam is (an unused layer), so it is p_y as it stands
         p_y = res.residual
-        y = draw_from(p_y, u[:1])[0]
-        fill = draw_from(p_beam, u[1:])
+        if index is None:
+            y = draw_from(p_y, u[:1])[0]
+            fill = draw_from(p_beam, u[1:])
+        else:   # short vectors: both rows' draws at once
+            both = draw_short(jnp.stack([p_y, p_beam]),
+                              jnp.stack([jnp.broadcast_to(u[0], (num_out,)), u[1:]]))
+            y, fill = both[0, 0], both[1]
         y_ok = p_y[y] > 0          # gathers: one thunk each (a one-hot sum over N is several)
         fill_ok = p_beam[fill] > 0
+        if index is not None:
+            y, fill = index[y], index[fill]
     else:
         base = jnp.where(res.taken, 0.0, p_beam)
         p_y = jnp.where(jnp.sum(res.residual) > 0, res.residual, base)
@@ -282,17 +307,19 @@ def correct_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, res: CandidateR
 
 
 def draw_layer(u: jax.Array, g: jax.Array, p_beam: jax.Array, width: jax.Array, num_out: int,
-               replacement: bool):
+               replacement: bool, index=None):
     """``width`` beams drawn from ``p_beam`` (i.i.d. or without replacement): the extra layer.
 
-    ``u``: ``[num_out]`` uniforms; ``g``: ``[N]`` Gumbel noise (``replacement=False`` only).
+    ``u``: ``[num_out]`` uniforms; ``g``: ``[N]`` Gumbel noise (``replacement=False`` only);
+    ``index``: as in :func:`correct_layer`.
     Returns ``(flat [num_out], valid [num_out])``; slots ``>= width`` and dead draws are invalid.
     """
     if replacement:
-        flat = draw_from(p_beam, u)
+        flat = draw_from(p_beam, u) if index is None else draw_short(p_beam, u)
     else:
         flat = draw_gumbel(_log(p_beam), g, num_out)
-    return flat, (p_beam[flat] > 0) & (jnp.arange(num_out) < width)
+    valid = (p_beam[flat] > 0) & (jnp.arange(num_out) < width)
+    return (flat if index is None else index[flat]), valid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +348,7 @@ class Verdict(NamedTuple):
 @jax.named_scope("verify")
 def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
                   cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
-                  budget: jax.Array, config) -> Verdict:
+                  budget: jax.Array, config, tops=None, q_index=None) -> Verdict:
     """Verify one prompt's forest layer by layer (``lax.scan`` over layers).
 
     The scan stays a loop (``gamma`` trips): unrolled, a small model's DSBD program took a
@@ -338,6 +365,12 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
         not dead; cand_finished: ``[gamma, C]`` nodes that are finished (EOS).
       budget: int32, tokens left for this prompt (layers deeper than it are not verified).
       config: a ``DSBDConfig`` (static): warping, replacement, widths, threshold.
+      tops: this prompt's ``tops.row_tops`` of ``joint`` without ``risk``
+        (``tops.sparse_applies`` only): then ``p_beam``, ``q`` and the residuals are vectors
+        over the rows' ``K`` largest entries, ``[P * K]``, instead of ``[P * V]`` (``joint``
+        is not read); the rule, the widths and the draws are the same (module ``tops``).
+        Then ``q [gamma, m]`` holds each layer's draft joint at ``q_index [gamma, m]``
+        (``forest.Forest``).
     """
     G, C = cand.shape
     P, V = joint.shape[1], joint.shape[2]
@@ -345,22 +378,39 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
     rep = config.replacement
     warp = (config.temperature, config.top_k, config.top_p)
 
+    sparse = tops is not None
+
     def layer(carry, xs):
         parent_ok, go, depth, out_flat, out_valid, last_w = carry
-        l, u_acc, u_corr, g_corr, joint_l, q_l, cand_l, ok_l, fin_l = xs          # l = 1..G
-        p_beam = beam_distribution(joint_l, parent_ok, *warp)
-        q_a = restrict_draft(q_l, parent_ok)
-        is_cand = ok_l & pick(parent_ok, cand_l // V)
+        l, u_acc, u_corr, g_corr, joint_l, q_l, cand_l, ok_l, fin_l = xs[:9]      # l = 1..G
+        par_ok = pick(parent_ok, cand_l // V)
+        is_cand = ok_l & par_ok
         m = jnp.sum(is_cand).astype(jnp.int32)
-        chain = alphas = None
-        if rep:   # one residual chain for the width and the rule
+        chain = alphas = index = None
+        if sparse:   # on the parents' largest entries (module tops)
+            v_l, f_l, qi_l = xs[9:]
+            lt = layer_on_tops(v_l, f_l, parent_ok, q_l, qi_l, cand_l, par_ok, V, config)
+            p_beam, q_a, index = lt.p_beam, lt.q, lt.index
             chain, emptied = residual_chain(p_beam, q_a, C)
+            chain = jnp.stack(chain)       # short rows: one array, read at once
             alphas = rates_from_chain(chain[:C], q_a, emptied)
-        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C, alphas)
-        res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep, chain)
+            w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C,
+                            alphas)
+            res = _verify_with_replacement(u_acc, p_beam, q_a, lt.at, is_cand, w, chain,
+                                           lt.q_x, lt.found)
+        else:
+            p_beam = beam_distribution(joint_l, parent_ok, *warp)
+            q_a = restrict_draft(q_l, parent_ok)
+            if rep:   # one residual chain for the width and the rule
+                chain, emptied = residual_chain(p_beam, q_a, C)
+                alphas = rates_from_chain(chain[:C], q_a, emptied)
+            w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C,
+                            alphas)
+            res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep, chain)
         verified = go & (l <= budget)
         passed = res.num_accepted >= w
-        c_flat, c_valid = correct_layer(u_corr, g_corr, p_beam, res, cand_l, w, W_out, rep)
+        c_flat, c_valid = correct_layer(u_corr, g_corr, p_beam, res, cand_l, w, W_out, rep,
+                                        index)
         a_flat, _ = compact(cand_l, res.accepted, W_out)
         a_valid = jnp.arange(W_out) < res.num_accepted
         all_fin = jnp.all(jnp.where(res.accepted, fin_l, True))
@@ -380,16 +430,27 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
 
     init = (input_ok, budget >= 1, jnp.zeros((), jnp.int32), jnp.zeros((W_out,), jnp.int32),
             jnp.zeros((W_out,), bool), jnp.zeros((), jnp.int32))
-    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g, joint[:G], q, cand,
-          cand_ok, cand_finished)
+    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g,
+          joint[:G] if not sparse else jnp.zeros((G,), joint.dtype), q, cand, cand_ok,
+          cand_finished)
+    if sparse:
+        xs = xs + (tops.values[:G], tops.flat[:G], q_index)
     (parent_ok, go, depth, flat, valid, last_w), (widths, verified, passed, m, n_acc) = \
         jax.lax.scan(layer, init, xs)
 
     # extra layer: every layer passed and a token is left for it.
     extra = go & (budget >= G + 1)
     w_extra = last_w if config.num_beams is None else jnp.int32(config.num_beams)
-    p_beam = beam_distribution(joint[G], parent_ok, *warp)
-    e_flat, e_valid = draw_layer(rand.extra_u, rand.extra_g, p_beam, w_extra, W_out, rep)
+    if sparse:
+        K = tops.values.shape[-1]
+        ok = jnp.repeat(parent_ok, K)
+        lp, order = warp_sorted(jnp.where(ok, tops.values[G].reshape(-1), NEG_INF),
+                                config.top_k, config.top_p, keep=K)
+        p_beam, e_index = jnp.exp(lp), tops.flat[G].reshape(-1)[order]
+    else:
+        p_beam, e_index = beam_distribution(joint[G], parent_ok, *warp), None
+    e_flat, e_valid = draw_layer(rand.extra_u, rand.extra_g, p_beam, w_extra, W_out, rep,
+                                 e_index)
     depth = jnp.where(extra, G + 1, depth)
     flat = jnp.where(extra, e_flat, flat)
     valid = jnp.where(extra, e_valid, valid)

@@ -244,3 +244,69 @@ def residual(p: jax.Array, q: jax.Array) -> jax.Array:
     which has probability zero in that case.
     """
     return normalize(jnp.maximum(p - q, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# short rows: the few entries a warp can keep (``tops.row_tops``)
+def cumsum_short(x: jax.Array) -> jax.Array:
+    """Running sums over the last axis of a SHORT row as one masked sum (``[..., n, n]``):
+    XLA:CPU runs ``jnp.cumsum`` as a tree of several reduce-window steps."""
+    n = x.shape[-1]
+    tri = jnp.arange(n)[None, :] <= jnp.arange(n)[:, None]             # [i, j]: j <= i
+    return jnp.sum(jnp.where(tri, x[..., None, :], jnp.zeros((), x.dtype)), axis=-1)
+
+
+@jax.named_scope("warp")
+def warp_sorted(x: jax.Array, top_k: Optional[int], top_p: float, keep: Optional[int] = None):
+    """:func:`warp_logits`' top-k and top-p (temperature 1: ``x`` is already scaled) by one
+    sort, for SHORT rows: ``x [..., n]`` -> ``(logprobs, order)``, both ``[..., m]`` in
+    ascending order of ``(value, index)``: ``logprobs[..., i]`` belongs to entry
+    ``order[..., i]``. ``keep``: only the ``m = keep`` largest entries are warped and
+    returned (``top_k <= keep``; the caller makes sure that top-k keeps no more than these, or
+    takes what they give: ``tops.row_tops``); ``None``: all, ``m = n``.
+
+    The same rule: top-k keeps the entries ``>= c``, ``c`` the ``top_k``-th largest; top-p
+    walks the kept ones in ascending ``(value, index)`` order and drops every entry whose
+    cumulative probability is ``<= 1 - top_p``, never the last (the largest, of the highest
+    index among equals); the rest get ``-inf``. On a row of a vocabulary's length the sort
+    would be slow on XLA:CPU: :func:`warp_logits` finds the same set without sorting. Here the
+    sort makes the whole warp a handful of operations.
+    """
+    n = x.shape[-1]
+    iota = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), x.shape)
+    xs, order = jax.lax.sort((x.astype(jnp.float32), iota), dimension=x.ndim - 1, num_keys=1,
+                             is_stable=True)
+    if keep is not None and keep < n:
+        # the rest is a handful of sums: XLA:CPU splits a sum over more than 32 entries into
+        # several steps, so short rows stay short
+        xs, order, n = xs[..., n - keep:], order[..., n - keep:], keep
+    mx = xs[..., -1:]
+    finite = mx > NEG_INF
+    kept = xs > NEG_INF
+    if top_k is not None and 0 < top_k < n:
+        kept = kept & (xs >= xs[..., n - top_k:n - top_k + 1])
+    e = jnp.where(kept & finite, jnp.exp(xs - jnp.where(finite, mx, 0.0)), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    if top_p < 1.0:
+        cum = cumsum_short(e) / jnp.where(total > 0, total, 1.0)
+        last = jnp.arange(n) == n - 1
+        kept = kept & ((cum > 1.0 - top_p) | last)
+        e = jnp.where(kept, e, 0.0)
+        total = jnp.sum(e, axis=-1, keepdims=True)
+    lp = jnp.where(kept & finite, xs - mx - jnp.log(jnp.where(total > 0, total, 1.0)), NEG_INF)
+    return lp, order
+
+
+@jax.named_scope("random")
+def draw_short(p: jax.Array, u: jax.Array) -> jax.Array:
+    """:func:`draw_from` for SHORT rows (one cumulative sum, no blocks): ``p [..., n]``
+    (need not sum to 1), ``u [..., k]`` -> ``[..., k]`` int32, the first position whose
+    cumulative mass exceeds ``u * total``; zero entries are never drawn (rounding up to the
+    total falls back to the last positive one); an all-zero ``p`` gives ``n - 1`` (callers
+    check ``p`` at what they drew)."""
+    n = p.shape[-1]
+    cum = cumsum_short(p)
+    target = u * cum[..., -1:]
+    pos = jnp.sum(cum[..., None, :] <= target[..., :, None], axis=-1)
+    last = n - 1 - jnp.argmax((p > 0)[..., ::-1], axis=-1)
+    return jnp.minimum(pos, last[..., None]).astype(jnp.int32)

@@ -48,14 +48,17 @@ def acceptance_rates(p: jax.Array, q: jax.Array, num: int) -> jax.Array:
 def rates_from_chain(chain, q: jax.Array, emptied: jax.Array) -> jax.Array:
     """:func:`acceptance_rates` from the verification's residual chain (nothing computed twice).
 
-    ``chain``: the ``num`` arrays ``[N]`` ``p_1 = p``, ``p_{j+1} = safe_residual(p_j, q)``
+    ``chain``: the ``num`` arrays ``[N]`` (a list, or stacked ``[num, N]``) ``p_1 = p``, ``p_{j+1} = safe_residual(p_j, q)``
     (``verify.residual_chain``); ``emptied [>= num - 1]``: whether step ``j``'s plain residual
     was all zero. The chain here takes the plain residual, which stays all zero once it empties
     (then every later ``alpha`` is 0) where the safe one keeps ``p_j``; before that the two are
     the same arrays, so the alphas are :func:`acceptance_rates`'. Returns ``[num]``.
     """
     num = len(chain)
-    alphas = jnp.stack([jnp.sum(jnp.minimum(r, q), axis=-1) for r in chain])
+    if isinstance(chain, (list, tuple)):
+        alphas = jnp.stack([jnp.sum(jnp.minimum(r, q), axis=-1) for r in chain])
+    else:   # one stacked [num, N] array (short rows)
+        alphas = jnp.sum(jnp.minimum(chain, q), axis=-1)
     before = jnp.concatenate([jnp.zeros((1,), bool), jnp.cumsum(emptied[:num - 1]) > 0])
     return jnp.where(before, jnp.zeros((), alphas.dtype), alphas)
 

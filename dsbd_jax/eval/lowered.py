@@ -93,13 +93,18 @@ def _own_scopes(hlo_text: str) -> Dict[str, Any]:
 
 
 def static_counts(hlo_text: str, target_scope: str, draft_scope: Optional[str] = None,
-                  vocab_size: Optional[int] = None) -> Dict[str, Any]:
+                  vocab_size: Optional[int] = None, branches: str = "all") -> Dict[str, Any]:
     """Operations per iteration of the decode loop of a lowered program (module doc):
     ``ops`` and ``vocab_ops`` per phase, ``ops_outside_passes``, ``loops`` (the loops inside the
     iteration: ``while``, ``phase``, ``trips`` or ``None``, ``runs_per_iteration``: trips times
     the runs of the loop around it), ``loop_trips`` (the fixed trips per iteration, summed, of
     the loops with more than one: XLA's passes replace a one-trip loop by its body) and
-    ``unknown_trips`` (loops whose trips the program does not fix, each counted once)."""
+    ``unknown_trips`` (loops whose trips the program does not fix, each counted once).
+    ``branches``: a ``conditional``'s branches all count (``"all"``), or its first only
+    (``"first"``: ``lax.cond``'s false branch, e.g. DSBD's verification on the tops when no
+    equal entries reach past them, ``dsbd.iteration``)."""
+    if branches not in ("all", "first"):
+        raise ValueError(f"branches must be 'all' or 'first', got {branches!r}")
     scopes = _own_scopes(hlo_text)
     comp_of, bodies, types, entry = program_structure(hlo_text)
     conditions, members = loop_conditions(hlo_text), members_of(comp_of)
@@ -111,6 +116,8 @@ def static_counts(hlo_text: str, target_scope: str, draft_scope: Optional[str] =
             for what, target in _EDGE.findall(line):
                 callees[m.group(1)].extend(t.strip().lstrip("%") for t in
                                            target.strip("{}").split(",") if t.strip())
+            if m.group(2) == "conditional" and branches == "first":
+                callees[m.group(1)] = callees[m.group(1)][:1]
     vocab_dim = re.compile(rf"[\[,]{int(vocab_size)}[\],]") if vocab_size else None
 
     def visit(comp: str, times: int, prefix: str, tally, loops: list, seen=()):

@@ -55,6 +55,26 @@ def test_counts_follow_the_trips_and_the_calls(platform):
     assert c3["ops_outside_passes"] == sum(c3["ops"].values())
 
 
+def test_a_conditional_counts_every_branch_or_its_first():
+    """``lax.cond(p, dense, short)``: ``branches="first"`` counts the short (false) branch only,
+    ``"all"`` both; a bad value is refused."""
+    def f(x):
+        def iteration(c):
+            i, x = c
+            with jax.named_scope("verify"):
+                x = jax.lax.cond(x[0, 0] > 1e3,
+                                 lambda: jnp.tanh(jnp.exp(jnp.sin(x)) + jnp.cos(x)),   # dense
+                                 lambda: x + 1.0)                                    # short
+            return i + 1, x
+        return jax.lax.while_loop(lambda c: c[0] < 3, iteration, (0, x))[1]
+    text = _lowered(f, jnp.zeros((5, 11), jnp.float32))
+    every, first = (static_counts(text, "no_target", branches=b) for b in ("all", "first"))
+    assert first["ops"]["verify"] >= 1
+    assert every["ops"]["verify"] >= first["ops"]["verify"] + 4     # exp, sin, cos, tanh
+    with pytest.raises(ValueError, match="branches"):
+        static_counts(text, "no_target", branches="last")
+
+
 def _tiny(**kw):
     base = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                 num_kv_heads=2, head_dim=8, eos_token_id=(), dtype="float32")

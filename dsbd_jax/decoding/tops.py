@@ -1,0 +1,126 @@
+"""DSBD's verification on the entries a warp can keep (``replacement=True`` with a top-k).
+
+The warp of a layer's joint keeps at most its ``top_k`` largest entries and those equal to the
+last; every other entry of ``p_beam`` is 0, and so is every entry of the residuals ``p'``
+(``max(p' - q, 0)`` is 0 where ``p'`` is). So the rule needs ``p_beam`` and ``p'`` only on the
+entries that can be kept: each parent row's ``K = top_k + SPARSE_EXTRA`` largest
+(:func:`row_tops`), ``P * K`` entries a layer instead of ``P * V``. On such short vectors the
+warp is one sort (``warping.warp_sorted``) and a draw one cumulative sum
+(``warping.draw_short``): a layer is a few dozen small operations where the ``[P * V]`` form
+runs each step over the whole vocabulary (docs/performance.md, *What an iteration executes*).
+
+What the rule computes is the same: the kept set, its probabilities, the residuals and the
+widths; only sums run in another order. Where equal entries could reach past a row's ``K``
+(:attr:`Tops.risk`), ``dsbd.iteration`` verifies on the ``[P * V]`` vectors instead.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dsbd_jax.decoding.warping import top_k_isolated, warp_sorted
+
+NEG_INF = -jnp.inf
+SPARSE_EXTRA = 22   # entries per row beyond top_k (32 in all at the paper's top-k 10)
+
+
+class Tops(NamedTuple):
+    """Each joint row's largest entries (:func:`row_tops`), for one prompt or the batch.
+
+    values: ``[..., L, P, K]`` float32, the joint divided by the temperature.
+    flat:   ``[..., L, P, K]`` int32, their flat indices ``parent * V + token``.
+    risk:   ``[...]`` bool: top-k might keep an entry past a row's ``K`` or more than ``K``
+            entries of a layer (:func:`row_tops`); then only the ``[P * V]`` vectors are exact.
+    """
+
+    values: jax.Array
+    flat: jax.Array
+    risk: jax.Array
+
+
+def sparse_applies(config) -> bool:
+    """Whether DSBD's verification can run on :func:`row_tops`: i.i.d. draws, a temperature
+    above 0 and a top-k below the vocabulary's size."""
+    return bool(config.replacement and config.temperature > 0 and config.top_k
+                and config.top_k < config.target.vocab_size)
+
+
+def row_size(top_k: int, V: int) -> int:
+    """``K``: the entries kept of each parent's row, and of each layer (module doc)."""
+    return min(V, top_k + SPARSE_EXTRA)
+
+
+@jax.named_scope("warp")
+def row_tops(joint: jax.Array, config) -> Tops:
+    """The ``K = min(V, top_k + SPARSE_EXTRA)`` largest entries of each row of one prompt's
+    ``joint [L, P, V]`` after the temperature.
+
+    Why they are enough: top-k keeps the entries ``>= c``, ``c`` the ``top_k``-th largest of
+    the allowed rows together, and ``c`` is at least every allowed row's own ``top_k``-th
+    largest. An entry ``>= c`` missing from its row's ``K`` would need ``K + 1`` entries of that
+    row ``>= c``, so the row's ``top_k``-th and ``K``-th largest would both equal ``c``: that is
+    ``risk``, checked on every row, allowed or not. Without it, top-k and then top-p (which only
+    looks at what top-k kept) keep the same entries with the same probabilities.
+
+    A layer is then warped on the ``K`` largest entries of its allowed rows
+    (``warping.warp_sorted``'s ``keep``): top-k keeps at most ``top_k - 1`` entries above ``c``
+    and those equal to ``c``, so at most ``top_k - 1 + e`` in all, ``e`` the most entries of
+    the layer's ``P * K`` that hold one value; ``risk`` is also set where that exceeds ``K``.
+    """
+    L, P, V = joint.shape
+    k, K = config.top_k, row_size(config.top_k, V)
+    x = joint.astype(jnp.float32)
+    if config.temperature != 1.0:
+        x = x / config.temperature     # as warp_logits scales: the same values
+    v, i = top_k_isolated(x, K)
+    risk = jnp.zeros((), bool)
+    if K < V:
+        risk = jnp.any((v[..., k - 1] > NEG_INF) & (v[..., K - 1] == v[..., k - 1]))
+    if k - 1 + P * K > K:   # more than K kept in a layer: only with many equal entries
+        flat_v = v.reshape(L, P * K)
+        same = (flat_v[:, :, None] == flat_v[:, None, :]) & (flat_v[:, :, None] > NEG_INF)
+        risk = risk | (k - 1 + jnp.max(jnp.sum(same, axis=-1)) > K)
+    return Tops(v, (jnp.arange(P)[:, None] * V + i).astype(jnp.int32), risk)
+
+
+class LayerTops(NamedTuple):
+    """One layer's distributions on its parents' largest entries (:func:`layer_on_tops`)."""
+
+    p_beam: jax.Array   # [K] warped target joint on the K largest entries of allowed parents
+    q: jax.Array        # [K] the draft's joint restricted to the allowed parents
+    index: jax.Array    # [K] each entry's flat index
+    q_x: jax.Array      # [C] q at the candidates
+    at: jax.Array       # [C] the candidates' positions among the K entries
+    found: jax.Array    # [C] whether the K entries hold the candidate (else p' = 0 there)
+
+
+def layer_on_tops(values: jax.Array, flat: jax.Array, parent_ok: jax.Array, q: jax.Array,
+                  q_index: jax.Array, cand: jax.Array, cand_parent_ok: jax.Array, V: int,
+                  config) -> LayerTops:
+    """One layer on its parents' largest entries.
+
+    ``values, flat [P, K]``: the layer's :class:`Tops`; ``parent_ok [P]``; ``q, q_index [m]``:
+    the draft's joint the layer was drawn from, at its entries (``forest.Forest``);
+    ``cand [C]`` flat indices, ``cand_parent_ok [C]`` whether their parent is
+    allowed; ``V`` the vocabulary's size.
+    """
+    P, K = values.shape
+    ok = jnp.repeat(parent_ok, K)
+    lp, order = warp_sorted(jnp.where(ok, values.reshape(-1), NEG_INF), config.top_k,
+                            config.top_p, keep=K)
+    index, ok = flat.reshape(-1)[order], ok[order]
+    # q restricted to the allowed parents and renormalised (verify.restrict_draft), read at the
+    # target's entries and at the candidates by their flat indices
+    allowed = parent_ok[q_index // V]
+    q_ok = jnp.where(allowed, q, 0.0)
+    z = jnp.sum(q_ok)
+    z = jnp.where(z > 0, z, 1.0)
+    q_at = jnp.sum(jnp.where(index[:, None] == q_index[None, :], q_ok[None, :], 0.0), axis=-1)
+    q_x = jnp.sum(jnp.where(cand[:, None] == q_index[None, :], q_ok[None, :], 0.0), axis=-1)
+    hit = index[None, :] == cand[:, None]                                   # [C, n]
+    return LayerTops(p_beam=jnp.exp(lp), q=jnp.where(ok, q_at, 0.0) / z, index=index,
+                     q_x=jnp.where(cand_parent_ok, q_x, 0.0) / z,
+                     at=jnp.argmax(hit, axis=-1), found=jnp.any(hit, axis=-1))
