@@ -66,9 +66,12 @@ def row_tops(joint: jax.Array, config) -> Tops:
     looks at what top-k kept) keep the same entries with the same probabilities.
 
     A layer is then warped on the ``K`` largest entries of its allowed rows
-    (``warping.warp_sorted``'s ``keep``): top-k keeps at most ``top_k - 1`` entries above ``c``
-    and those equal to ``c``, so at most ``top_k - 1 + e`` in all, ``e`` the most entries of
-    the layer's ``P * K`` that hold one value; ``risk`` is also set where that exceeds ``K``.
+    (``warping.warp_sorted``'s ``keep``), so ``risk`` is also set where top-k could keep more
+    than ``K`` of them. If an allowed row has ``top_k`` finite entries, ``c`` is at least ``m``,
+    the least ``top_k``-th largest of such rows, and top-k keeps at most ``top_k - 1`` entries
+    above ``c`` and those equal to it: at most ``top_k - 1 + e``, ``e`` the most entries of the
+    layer that hold one value ``>= m``. Otherwise it keeps at most the finite entries of the
+    rows with fewer than ``top_k``.
     """
     L, P, V = joint.shape
     k, K = config.top_k, row_size(config.top_k, V)
@@ -80,9 +83,15 @@ def row_tops(joint: jax.Array, config) -> Tops:
     if K < V:
         risk = jnp.any((v[..., k - 1] > NEG_INF) & (v[..., K - 1] == v[..., k - 1]))
     if k - 1 + P * K > K:   # more than K kept in a layer: only with many equal entries
+        kth = v[..., k - 1]                                               # [L, P]
+        full = kth > NEG_INF
+        m = jnp.min(jnp.where(full, kth, jnp.inf), axis=-1)               # [L]
         flat_v = v.reshape(L, P * K)
-        same = (flat_v[:, :, None] == flat_v[:, None, :]) & (flat_v[:, :, None] > NEG_INF)
-        risk = risk | (k - 1 + jnp.max(jnp.sum(same, axis=-1)) > K)
+        same = ((flat_v[:, :, None] == flat_v[:, None, :])
+                & (flat_v[:, :, None] >= m[:, None, None]))
+        short = jnp.sum(jnp.where(full[..., None], False, v > NEG_INF), axis=(1, 2))   # [L]
+        risk = risk | jnp.any(k - 1 + jnp.max(jnp.sum(same, axis=-1), axis=-1) > K)
+        risk = risk | jnp.any(short > K)
     return Tops(v, (jnp.arange(P)[:, None] * V + i).astype(jnp.int32), risk)
 
 

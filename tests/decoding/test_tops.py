@@ -110,6 +110,16 @@ def test_row_tops_risk():
     alike = joint.copy()
     alike[0, :] = joint[0, 0]
     assert not bool(tops.row_tops(jnp.asarray(alike), _Cfg(k)).risk)
+    # equal entries below every row's k-th largest never reach a kept set: rows alike in their
+    # tail only are safe
+    tail = np.broadcast_to(joint[:1, :1], (L, K, V)).copy()
+    tail[:, :, :k] += np.arange(K * k).reshape(K, k)[None] + 100.0    # distinct tops
+    assert not bool(tops.row_tops(jnp.asarray(tail), _Cfg(k)).risk)
+    # rows with fewer than k finite entries (finished beams): safe while they hold at most K
+    few = np.full((L, K + 1, V), -np.inf, np.float32)
+    few[:, :, 0] = 0.0
+    assert bool(tops.row_tops(jnp.asarray(few), _Cfg(k)).risk)
+    assert not bool(tops.row_tops(jnp.asarray(few[:, :K]), _Cfg(k)).risk)
 
 
 @pytest.mark.parametrize("k", [3, 5])
