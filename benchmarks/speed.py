@@ -11,6 +11,12 @@ W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
 ``--draft-weights int8`` loads the draft with eight-bit kernels (speculative sampling and DSBD
 draft with it; every row records ``draft_weights``).
 
+``--target-weights float int8`` runs the table once per target kind, one after the other in the
+same run: the float target and the int8 target (``load_model(weights="int8")``, a different model
+from the float one; its drafted decoders draft with ``--draft-weights``). Every row records
+``weights``; the ratios are per kind, plus ours int8 target against ours float target per method
+and dtype.
+
 ``--dtypes float32 bfloat16`` runs the whole table once per dtype, ours (``load_model(dtype=)``:
 bfloat16 weights and cache, mixed-precision products) and transformers (the model in that torch
 dtype) alike, one dtype after the other in the same run; every row records its ``dtype`` and the
@@ -41,7 +47,7 @@ TARGET = "qwen2.5-coder-1.5b-instruct"
 DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
-def jax_part(args, dtype="float32"):
+def jax_part(args, dtype="float32", weights="float"):
     from dsbd_jax import eval as bench
     from dsbd_jax.decoding import common
     from dsbd_jax.eval.datasets import benchmark_prompts
@@ -52,7 +58,7 @@ def jax_part(args, dtype="float32"):
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
 
-    target = load_model(TARGET, dtype)
+    target = load_model(TARGET, dtype, weights=weights)
     draft = load_model(DRAFT, dtype, weights=args.draft_weights)
     texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)
     P = common.bucket_length(max(len(p) for p in prompts))
@@ -88,7 +94,7 @@ def jax_part(args, dtype="float32"):
                      Decoder("dsbd" if fn is dsbd_generate else
                              "spec" if fn is speculative_sample else
                              "beam" if fn is beam_sample else "sample", fn, cfg), P))
-        rows.append({"impl": "dsbd_jax", "method": name, "dtype": dtype,
+        rows.append({"impl": "dsbd_jax", "method": name, "dtype": dtype, "weights": weights,
                      "draft_weights": args.draft_weights if spec else None, **r})
     del target, draft
     return texts, prompts, rows
@@ -176,6 +182,8 @@ def main():
     ap.add_argument("--draft-weights", default="float", choices=("float", "int8"),
                     help="the draft model's kernels (int8: eight-bit products; the outputs keep "
                          "the target's distributions)")
+    ap.add_argument("--target-weights", nargs="+", default=["float"], choices=("float", "int8"),
+                    help="run our part once per target kind (int8: another model, opt-in)")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="run the table in each dtype (ours and transformers alike)")
     ap.add_argument("--out", default="/tmp/dsbd_speed.json")
@@ -187,26 +195,34 @@ def main():
     t0 = time.perf_counter()
     rows = []
     for dtype in args.dtypes:
-        texts, prompts, part = jax_part(args, dtype)
-        rows += part
-        jax.clear_caches()
-        gc.collect()
+        for weights in args.target_weights:
+            texts, prompts, part = jax_part(args, dtype, weights)
+            rows += part
+            jax.clear_caches()
+            gc.collect()
         if not args.skip_hf:
             rows += hf_part(args, prompts, dtype)
     ratios = {}
+    several = len(args.target_weights) > 1
     for dtype in args.dtypes:
-        ratios.update(dtype_ratios(rows, dtype, prefix="" if len(args.dtypes) == 1
-                                   else f"{dtype}: "))
+        for weights in args.target_weights:
+            label = dtype + (", int8 target" if weights == "int8" else "")
+            ratios.update(dtype_ratios(rows, dtype, weights, prefix=""
+                                       if len(args.dtypes) == 1 and not several
+                                       else f"{label}: "))
+    if several:
+        ratios.update(target_kind_ratios(rows))
     if len(args.dtypes) > 1:
         ours32 = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax"
-                  and r["dtype"] == "float32"}
+                  and r["dtype"] == "float32" and r["weights"] == "float"}
         for r in rows:
-            if r["impl"] == "dsbd_jax" and r["dtype"] != "float32" and r["method"] in ours32:
+            if (r["impl"] == "dsbd_jax" and r["dtype"] != "float32" and r["weights"] == "float"
+                    and r["method"] in ours32):
                 for key in ("tokens_per_s", "decode_tokens_per_s"):
                     ratios[f"{key}: {r['method']}: ours {r['dtype']} / ours float32"] = (
                         r[key] / ours32[r["method"]][key])
     print()
-    bench.print_table(rows, ["impl", "dtype", "method", "tokens_per_s", "decode_tokens_per_s",
+    bench.print_table(rows, ["impl", "dtype", "weights", "method", "tokens_per_s", "decode_tokens_per_s",
                              "compile_s", "target_calls_per_token", "loglik_per_token",
                              "kv_cache_bytes"])
     for k, v in ratios.items():
@@ -220,13 +236,29 @@ def main():
     print(f"wrote {args.out}")
 
 
-def dtype_ratios(rows, dtype, prefix=""):
-    """The table's ratios among the rows of one dtype: ours / transformers per method,
-    speculative / sampling, every DSBD setting against beam sampling W=4 (ours and
-    transformers; single-beam DSBD against speculative)."""
-    ours = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax" and r["dtype"] == dtype}
+def target_kind_ratios(rows):
+    """Ours with the int8 target against ours with the float target, per method and dtype."""
+    ours_float = {(r["method"], r["dtype"]): r for r in rows
+                  if r["impl"] == "dsbd_jax" and r.get("weights", "float") == "float"}
+    ratios = {}
+    for r in rows:
+        peer = ours_float.get((r["method"], r["dtype"]))
+        if r["impl"] == "dsbd_jax" and r.get("weights") == "int8" and peer:
+            for key in ("tokens_per_s", "decode_tokens_per_s"):
+                ratios[f"{key}: {r['method']}: ours {r['dtype']} int8 target / ours "
+                       f"{r['dtype']} float target"] = r[key] / peer[key]
+    return ratios
+
+
+def dtype_ratios(rows, dtype, weights="float", prefix=""):
+    """The table's ratios among the rows of one dtype and target kind: ours / transformers per
+    method (float target only: transformers runs the float weights), speculative / sampling,
+    every DSBD setting against beam sampling W=4 (ours and transformers; single-beam DSBD
+    against speculative)."""
+    ours = {r["method"]: r for r in rows if r["impl"] == "dsbd_jax" and r["dtype"] == dtype
+            and r.get("weights", "float") == weights}
     theirs = {r["method"]: r for r in rows if r["impl"] == "transformers"
-              and r["dtype"] == dtype}
+              and r["dtype"] == dtype} if weights == "float" else {}
     ratios = {}
     for key in ("tokens_per_s", "decode_tokens_per_s"):
         for m, r in theirs.items():

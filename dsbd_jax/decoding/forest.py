@@ -42,9 +42,8 @@ from dsbd_jax.decoding import common
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding import drafting
 from dsbd_jax.decoding.verify import draw_gumbel
-from dsbd_jax.decoding.tops import row_size, sparse_applies
-from dsbd_jax.decoding.warping import (draw_from, draw_short, top_k_isolated, warp_logits,
-                                       warp_sorted)
+from dsbd_jax.decoding.tops import parent_tops, row_size, sparse_applies, warp_layer
+from dsbd_jax.decoding.warping import draw_from, draw_short, warp_logits
 
 NEG_INF = -jnp.inf
 
@@ -154,12 +153,9 @@ def draft_layer(config, u: jax.Array, g: jax.Array, logits: jax.Array, dscore: j
     if sparse_applies(config):
         # the warp on each parent's largest entries (module tops): the draft's q is whatever it
         # draws from, so no check of equal entries past them is needed here
-        K = row_size(config.top_k, V)
-        x = joint.reshape(B, n, V)
-        v, i = top_k_isolated(x / config.temperature if config.temperature != 1.0 else x, K)
-        lw, order = warp_sorted(v.reshape(B, n * K), config.top_k, config.top_p, keep=K)
-        index = jnp.take_along_axis((jnp.arange(n)[:, None] * V + i).reshape(B, n * K), order,
-                                    axis=1).astype(jnp.int32)
+        v, tflat = parent_tops(joint.reshape(B, n, V), row_size(config.top_k, V),
+                               config.temperature)
+        lw, index, _ = warp_layer(v, tflat, None, config)
         q = jnp.exp(lw)                   # [B, K]: not normalised where the warp kept more
         at = draw_short(q, u)
         flat = jnp.take_along_axis(index, at, axis=1)

@@ -75,10 +75,7 @@ def row_tops(joint: jax.Array, config) -> Tops:
     """
     L, P, V = joint.shape
     k, K = config.top_k, row_size(config.top_k, V)
-    x = joint.astype(jnp.float32)
-    if config.temperature != 1.0:
-        x = x / config.temperature     # as warp_logits scales: the same values
-    v, i = top_k_isolated(x, K)
+    v, flat = parent_tops(joint, K, config.temperature)
     risk = jnp.zeros((), bool)
     if K < V:
         risk = jnp.any((v[..., k - 1] > NEG_INF) & (v[..., K - 1] == v[..., k - 1]))
@@ -92,7 +89,41 @@ def row_tops(joint: jax.Array, config) -> Tops:
         short = jnp.sum(jnp.where(full[..., None], False, v > NEG_INF), axis=(1, 2))   # [L]
         risk = risk | jnp.any(k - 1 + jnp.max(jnp.sum(same, axis=-1), axis=-1) > K)
         risk = risk | jnp.any(short > K)
-    return Tops(v, (jnp.arange(P)[:, None] * V + i).astype(jnp.int32), risk)
+    return Tops(v, flat, risk)
+
+
+def parent_tops(x: jax.Array, K: int, temperature: float):
+    """The ``K`` largest entries of each row of ``x [..., n, V]`` (log-probabilities of ``n``
+    parents) divided by the temperature, as ``warp_logits`` scales, and their flat indices
+    ``parent * V + token`` (int32): ``(values, flat)``, each ``[..., n, K]``. What
+    :func:`row_tops` keeps of the target's joint, and the draft's warp its own
+    (``forest.draft_layer``)."""
+    n, V = x.shape[-2:]
+    x = x.astype(jnp.float32)
+    if temperature != 1.0:
+        x = x / temperature
+    v, i = top_k_isolated(x, K)
+    return v, (jnp.arange(n)[:, None] * V + i).astype(jnp.int32)
+
+
+def warp_layer(values: jax.Array, flat: jax.Array, parent_ok, config):
+    """A layer warped on its parents' largest entries: ``values, flat [..., P, K]`` (from
+    :func:`parent_tops`), ``parent_ok [..., P]`` (None: every parent allowed). The entries of
+    allowed parents warped together by top-k / top-p and cut to the ``K`` largest
+    (``warping.warp_sorted``): ``(logprobs, index, ok)``, each ``[..., K]`` in ascending order
+    of value, ``index`` the flat indices, ``ok`` whether an entry's parent is allowed (None
+    with ``parent_ok`` None)."""
+    *lead, P, K = values.shape
+    x = values.reshape(*lead, P * K)
+    ok = None
+    if parent_ok is not None:
+        ok = jnp.repeat(parent_ok, K, axis=-1) if lead else jnp.repeat(parent_ok, K)
+        x = jnp.where(ok, x, NEG_INF)
+    lp, order = warp_sorted(x, config.top_k, config.top_p, keep=K)
+    if not lead:     # one layer (the verification): plain indexing
+        return lp, flat.reshape(-1)[order], (None if ok is None else ok[order])
+    pick = lambda a: jnp.take_along_axis(a, order, axis=-1)   # noqa: E731
+    return lp, pick(flat.reshape(*lead, P * K)), (None if ok is None else pick(ok))
 
 
 class LayerTops(NamedTuple):
@@ -116,11 +147,7 @@ def layer_on_tops(values: jax.Array, flat: jax.Array, parent_ok: jax.Array, q: j
     ``cand [C]`` flat indices, ``cand_parent_ok [C]`` whether their parent is
     allowed; ``V`` the vocabulary's size.
     """
-    P, K = values.shape
-    ok = jnp.repeat(parent_ok, K)
-    lp, order = warp_sorted(jnp.where(ok, values.reshape(-1), NEG_INF), config.top_k,
-                            config.top_p, keep=K)
-    index, ok = flat.reshape(-1)[order], ok[order]
+    lp, index, ok = warp_layer(values, flat, parent_ok, config)
     # q restricted to the allowed parents and renormalised (verify.restrict_draft), read at the
     # target's entries and at the candidates by their flat indices
     allowed = parent_ok[q_index // V]

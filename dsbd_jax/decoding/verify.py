@@ -41,8 +41,8 @@ import jax.numpy as jnp
 # and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
 from dsbd_jax.decoding.speculative import accept_test, safe_residual as reject_update  # noqa: F401
 from dsbd_jax.decoding.speculative import safe_residual_and_left
-from dsbd_jax.decoding.tops import layer_on_tops
-from dsbd_jax.decoding.warping import draw_from, draw_short, normalize, warp_logits, warp_sorted
+from dsbd_jax.decoding.tops import layer_on_tops, warp_layer
+from dsbd_jax.decoding.warping import draw_from, draw_short, normalize, warp_logits
 from dsbd_jax.decoding.width import layer_width, rates_from_chain
 
 NEG_INF = -jnp.inf
@@ -442,11 +442,8 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
     extra = go & (budget >= G + 1)
     w_extra = last_w if config.num_beams is None else jnp.int32(config.num_beams)
     if sparse:
-        K = tops.values.shape[-1]
-        ok = jnp.repeat(parent_ok, K)
-        lp, order = warp_sorted(jnp.where(ok, tops.values[G].reshape(-1), NEG_INF),
-                                config.top_k, config.top_p, keep=K)
-        p_beam, e_index = jnp.exp(lp), tops.flat[G].reshape(-1)[order]
+        lp, e_index, _ = warp_layer(tops.values[G], tops.flat[G], parent_ok, config)
+        p_beam = jnp.exp(lp)
     else:
         p_beam, e_index = beam_distribution(joint[G], parent_ok, *warp), None
     e_flat, e_valid = draw_layer(rand.extra_u, rand.extra_g, p_beam, w_extra, W_out, rep,

@@ -199,8 +199,10 @@ def draw_from(p: jax.Array, u: jax.Array, block: int = 256) -> jax.Array:
     One uniform per draw (no noise over the whole row) and no full-row cumsum (XLA:CPU's is a
     slow reduce-window): block sums, a cumsum over the blocks, then one block per draw. Entries
     with zero probability are never drawn (the CDF is flat there, and rounding of ``u * total``
-    up to the total falls back to the last positive entry); an all-zero ``p`` gives index 0.
-    Returns ``[..., k]`` int32.
+    up to the total falls back to the last positive entry). An all-zero ``p`` has nothing to
+    draw: it gives the last index of the padded blocks, ``block * ceil(N / block) - 1``, past
+    the row unless ``N`` is a multiple of ``block`` (callers read ``p`` at what they drew, and
+    their gathers clamp). Returns ``[..., k]`` int32.
     """
     blocks, bsum, bcum = _blocked(p, block)
     nb = bsum.shape[-1]

@@ -75,6 +75,8 @@ def test_draw_short_draws_what_draw_from_draws():
     b = np.asarray(jax.vmap(draw_from)(jnp.asarray(p), u))
     np.testing.assert_array_equal(a[1:], b[1:])
     assert np.all(np.take_along_axis(p, a, 1)[1:] > 0) and np.all(a[0] == p.shape[1] - 1)
+    # draw_from's all-zero row: the last index of its padded blocks (its docstring)
+    assert np.all(b[0] == 255)
 
 
 class _Cfg:
