@@ -1,0 +1,169 @@
+"""Sampling from the target's own GGUF file: ours against llama.cpp, side by side in one run.
+
+Ours: sampling (batch 1, EOS off, top-k 10, top-p 0.8, temperature 1) with the float target in
+the host's dtype (``load_model(dtype="auto")``) and with the int8 target
+(``load_model(weights="int8")``, another model than the float one), each prompt padded to its
+bucket as the library runs it. llama.cpp: the same GGUF file (Q4_K / Q6_K blocks, run as stored),
+the same prompt token ids, warping (``min_p=0``, no repetition penalty) and number of new
+tokens, through llama-cpp-python with one thread per core.
+
+    .venv/bin/python benchmarks/llama_cpp.py --llama-python /tmp/llama/bin/python \\
+        --out results/llama_cpp_amx_xeon.json
+
+llama-cpp-python is a peer, not a dependency (as transformers is to ``speed.py``): install it in
+any Python 3 (``python3 -m venv /tmp/llama && /tmp/llama/bin/pip install llama-cpp-python``, a
+build from source of some minutes) and name that interpreter. It runs in a subprocess after our
+part, so the two never hold a model at once. End to end (prompt pass included) and decode
+tokens/s for each, the prompt pass timed alone and subtracted; the ratios ours / llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+LLAMA_SCRIPT = r"""
+import json, sys, time
+import llama_cpp
+from llama_cpp import Llama
+a = json.loads(sys.argv[1])
+llm = Llama(model_path=a["gguf"], n_ctx=a["n_ctx"], n_batch=512, n_threads=a["threads"],
+            n_threads_batch=a["threads"], seed=a["seed"], verbose=False)
+warp = dict(top_k=a["top_k"], top_p=a["top_p"], temp=1.0, min_p=0.0, typical_p=1.0,
+            repeat_penalty=1.0, reset=True)
+
+def run(ids, n):
+    llm.reset()
+    out = []
+    for tok in llm.generate(ids, **warp):
+        out.append(tok)
+        if len(out) == n:
+            break
+    return out
+
+run(a["prompts"][0], 2)        # warm-up: buffers, threads
+per = []
+for i, p in enumerate(a["prompts"]):
+    pre = []
+    for _ in range(2):         # the prompt pass alone
+        llm.reset()
+        t0 = time.perf_counter(); llm.eval(p); pre.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    out = run(p, a["n"])
+    t = time.perf_counter() - t0
+    per.append({"seconds": t, "tokens": len(out), "prefill_s": sorted(pre)[0]})
+    print(f"  llama.cpp sample prompt {i}: {len(out)} tokens in {t:.2f} s", flush=True)
+print("JSON" + json.dumps({"version": llama_cpp.__version__, "prompts": per}))
+"""
+
+
+def ours(args, prompts_of):
+    """Sampling with the float target (the host's dtype) and the int8 target: one row each."""
+    import gc
+
+    import jax
+
+    from dsbd_jax import eval as bench
+    from dsbd_jax.decoding import common
+    from dsbd_jax.decoding.configs import SampleConfig
+    from dsbd_jax.decoding.sampling import sample
+    from dsbd_jax.eval.run import prefill_seconds
+    from dsbd_jax.loading.load import load_model
+    rows, prompts = [], None
+    for weights in ("float", "int8"):
+        m = load_model(TARGET, "auto", weights=weights)
+        texts, prompts = prompts_of(m.tokenizer)
+        P = common.bucket_length(max(len(p) for p in prompts))
+        cfg = SampleConfig(target=m.config, temperature=1.0, top_k=args.top_k, top_p=args.top_p,
+                           eos_token_id=(), max_new_tokens=args.max_new_tokens)
+        pre = []
+        for p in prompts:
+            ids, lens = common.pad_prompts([p], length=P)
+            pre.append(prefill_seconds(m, P, ids, lens, 3))
+        r = bench.run_over_prompts(sample, m.params, cfg, prompts, P, seed=args.seed,
+                                   label=f"ours ({m.info['dtype']}, {weights} weights) sample")
+        sec = sum(p["seconds"] for p in r["prompts"])
+        tok = sum(p["tokens"] for p in r["prompts"])
+        rows.append({"impl": "dsbd_jax", "weights": weights, "dtype": m.info["dtype"],
+                     "bucket": P, "prefill_s": pre, "tokens_per_s": tok / sec,
+                     "decode_tokens_per_s": tok / (sec - sum(pre)),
+                     "compile_s": r["compile_s"], "prompts": r["prompts"]})
+        del m
+        jax.clear_caches()
+        gc.collect()
+    return prompts, rows
+
+
+def theirs(args, prompts):
+    from dsbd_jax.loading.presets import ensure_gguf
+    path = ensure_gguf(TARGET)
+    payload = dict(gguf=str(path), prompts=prompts, n=args.max_new_tokens, top_k=args.top_k,
+                   top_p=args.top_p, threads=os.cpu_count(), seed=args.seed,
+                   n_ctx=max(len(p) for p in prompts) + args.max_new_tokens + 8)
+    proc = subprocess.run([args.llama_python, "-c", LLAMA_SCRIPT, json.dumps(payload)],
+                          capture_output=True, text=True)
+    sys.stdout.write("".join(l + "\n" for l in proc.stdout.splitlines()
+                             if not l.startswith("JSON")))
+    if proc.returncode != 0:
+        raise RuntimeError("the llama.cpp part failed:\n" + proc.stderr[-3000:])
+    got = json.loads([l for l in proc.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    per = got["prompts"]
+    sec = sum(p["seconds"] for p in per)
+    tok = sum(p["tokens"] for p in per)
+    return {"impl": "llama.cpp", "version": got["version"], "gguf": path.name,
+            "gguf_bytes": path.stat().st_size, "threads": os.cpu_count(),
+            "prefill_s": [p["prefill_s"] for p in per], "tokens_per_s": tok / sec,
+            "decode_tokens_per_s": tok / (sec - sum(p["prefill_s"] for p in per)),
+            "prompts": per}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-python", required=True,
+                    help="a Python interpreter with llama-cpp-python installed")
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=10)
+    ap.add_argument("--top-p", type=float, default=0.8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="/tmp/dsbd_llama_cpp.json")
+    args = ap.parse_args(argv)
+    check = subprocess.run([args.llama_python, "-c", "import llama_cpp"], capture_output=True,
+                           text=True)
+    if check.returncode != 0:       # before our part: minutes of work otherwise
+        raise SystemExit(f"--llama-python {args.llama_python}: cannot import llama_cpp "
+                         f"({check.stderr.strip().splitlines()[-1] if check.stderr else 'no Python'}"
+                         f"); install it there: {args.llama_python} -m pip install "
+                         f"llama-cpp-python")
+    from dsbd_jax import eval as bench
+    from dsbd_jax.eval.datasets import benchmark_prompts
+    from dsbd_jax.eval.timing import portable_settings
+    t0 = time.perf_counter()
+    prompts, rows = ours(args, lambda tok: benchmark_prompts(tok, args.prompts))
+    rows.append(theirs(args, prompts))
+    peer = rows[-1]
+    ratios = {f"{key}: ours {r['dtype']} {r['weights']} weights / llama.cpp":
+              r[key] / peer[key] for r in rows[:-1]
+              for key in ("tokens_per_s", "decode_tokens_per_s")}
+    for k, v in ratios.items():
+        print(f"ratio {k}: {v:.2f}x")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    settings = portable_settings(vars(args), root)
+    settings["llama_python"] = "(a Python with llama-cpp-python)"
+    res = {"machine": bench.machine_info(), "settings": settings,
+           "prompt_lengths": [len(p) for p in prompts], "rows": rows, "ratios": ratios,
+           "wall_s": time.perf_counter() - t0}
+    bench.write_json(args.out, res)
+    print(f"wrote {args.out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
