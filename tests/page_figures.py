@@ -1246,6 +1246,8 @@ add(CLI_MD, SPEED,
 # text: the whole table that holds it)
 ALLOWED = [
     ("docs/results/speed.md", "the issue's 1.5x", "the int8 issue's target for DSBD, a setting"),
+    ("docs/results/speed.md", "the int8 target at 0.5x llama.cpp's", "the int8 issue's "
+     "moonshot, a setting"),
     ("docs/results/speed.md", "the int8 issue asks 1.4x and 2x", "the int8 issue's targets for "
      "an int8 target, settings"),
     ("docs/results/precision.md", "far from the issue's 1.5x", "the int8 issue's target, a setting"),
@@ -1688,3 +1690,23 @@ add("docs/results/speed.md", SPEED_INT8_TARGET,
 add(README, SPEED_INT8_TARGET,
     "sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x and beam sampling W=4 at "
     "{ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x the float32 target's speed")
+LLAMA_CPP = "results/llama_cpp_amx_xeon.json"   # sampling: ours against llama.cpp, same file
+add("docs/results/speed.md", LLAMA_CPP,
+    "(Q4_K and Q6_K blocks, {=v('rows.2.gguf_bytes') / 1e9:.1f} GB) with llama.cpp",
+    "one after the other in one run (`results/llama_cpp_amx_xeon.json`, quiet, {wall_s:.0f} s in all,",
+    *[f"| {label} | {{rows.{i}.prefill_s.0:.2f}} / {{rows.{i}.prefill_s.1:.2f}} | "
+      f"{{rows.{i}.tokens_per_s:.2f}} | {{rows.{i}.decode_tokens_per_s:.2f}} | " + (
+          f"{bold[0]}{{ratios.tokens_per_s: ours bfloat16 {w} weights / llama.cpp:.2f}}x"
+          f"{bold[1]} ({{ratios.decode_tokens_per_s: ours bfloat16 {w} weights / "
+          f"llama.cpp:.2f}}x) |" if w else "|")
+      for i, (label, w, bold) in enumerate([
+          ("ours, float target, bfloat16", "float", ("", "")),
+          ("ours, int8 target, bfloat16", "int8", ("**", "**")),
+          ("llama.cpp, the GGUF as stored", None, None)])],
+    "on\n  the same file and host): {ratios.tokens_per_s: ours bfloat16 int8 weights / "
+    "llama.cpp:.2f}x end to end, {ratios.decode_tokens_per_s: ours bfloat16 int8 weights / "
+    "llama.cpp:.2f}x in decode")
+add(README, LLAMA_CPP,
+    "in bfloat16 it sampled at {ratios.tokens_per_s: ours bfloat16 int8 weights / llama.cpp:.2f}x "
+    "llama.cpp's speed\non the same GGUF file ({ratios.decode_tokens_per_s: ours bfloat16 int8 "
+    "weights / llama.cpp:.2f}x in decode;")
