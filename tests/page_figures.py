@@ -691,16 +691,18 @@ add("docs/results/speed.md", GAMMA_INT8,
     "here**, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed of gamma 2")
 SPEED_AMX = "results/speed_int8_draft_amx_xeon.json"   # the same grid on an AMX host
 add("docs/results/speed.md", SPEED_AMX,
-    "`results/speed_int8_draft_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes with the models' "
-    "first conversion)",
+    "`results/speed_int8_draft_amx_xeon.json`, measured again with the current code on "
+    "2026-12-05, {=v('wall_s') / 60:.0f} minutes)",
     *grid_rows(_GRID),
     "| speculative sampling g4 / our sampling | {rows.3.tokens_per_s:.2f} / "
     "{rows.0.tokens_per_s:.2f} | {=v('rows.3.tokens_per_s') / v('rows.0.tokens_per_s'):.2f}x |",
-    "look-ahead at W_S 3, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed "
-    "of gamma 2",
+    "At W_S 3 gamma 3 ran at {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed "
+    "of gamma 2, and gamma 4 at\n{=v('rows.6.tokens_per_s') / v('rows.5.tokens_per_s'):.2f}x "
+    "gamma 3's",
     "1.5x here too ({=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x; "
+    "{=v('rows.7.decode_tokens_per_s') / v('rows.2.decode_tokens_per_s'):.2f}x in decode; "
     "{=w(GAMMA_INT8, 'rows.7.tokens_per_s') / w(GAMMA_INT8, 'rows.2.tokens_per_s'):.2f}x on the "
-    "AMD EPYC)")
+    "AMD\n  EPYC)")
 add("README.md", SPEED_AMX,
     "the command line's default (gamma 3, W_S 3) ran at **{=v('rows.5.tokens_per_s') / "
     "v('rows.2.tokens_per_s'):.2f}x** our beam sampling W=4 and at the\nbeam-W4 point at "
