@@ -1712,3 +1712,8 @@ add(README, LLAMA_CPP,
     "in bfloat16 it sampled at {ratios.tokens_per_s: ours bfloat16 int8 weights / llama.cpp:.2f}x "
     "llama.cpp's speed\non the same GGUF file ({ratios.decode_tokens_per_s: ours bfloat16 int8 "
     "weights / llama.cpp:.2f}x in decode;")
+DEMO_F32_AGAIN = "results/demo_memory_float32_amx_xeon_again.json"   # the current code, again
+add("docs/getting_started.md", DEMO_F32_AGAIN,
+    "first\n  run {runs.0.wall_s:.0f} s, second **{runs.1.wall_s:.0f} s**, with "
+    "{=v('runs.1.cache_resident_before_bytes') / 1e9:.2f} of the cache's "
+    "{=sum(v('runs.0.cache_bytes').values()) / 1e9:.2f} GB in the page cache before it")
