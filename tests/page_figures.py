@@ -464,21 +464,25 @@ add("docs/models.md", DEMO_F32_AMX,
     "draft {=cache_part(DEMO_F32_AMX, _D32):.2f} GB (int8 host form with its embedding in "
     "bfloat16")
 
+SOAK_AMX = "results/soak_amx_xeon.json"   # the same soak, current code, the AMX host
+add(MEMORY_MD, SOAK_AMX, "and AMX, 2 cores; jax 0.10.2; {seconds:.0f} s, with a quality run "
+    "beside it")
 SOAK = "results/soak_avx512bf16_epyc.json"
 add(MEMORY_MD, SOAK, "AVX512-BF16; jax 0.10.2; {seconds:.0f} s, with another job beside it")
-add(MEMORY_MD, SOAK, "| batches per round (9 method settings, 4 buckets) | {batches_per_round:d} |")
-add(MEMORY_MD, SOAK, "| compilations in round 1 / (method, bucket, batch shape) combinations | "
-                     "{compiles_first_round:d} / {compile_combinations:d} |")
-add(MEMORY_MD, SOAK, "| compilations in rounds 2 and 3 | **{compiles_later_rounds:d}** |")
-add(MEMORY_MD, SOAK, "| host RSS at the end of round 1 / at the end | "
-                     "{=v('end_of_round_1') / 1e6:,.0f} MB / {=v('end') / 1e6:,.0f} MB "
-                     "(+{=v('change_after_round_1') / 1e6:.1f} MB over "
-                     "{=2 * w(SOAK, 'batches_per_round'):d} batches) |",
-    at="growth_after_round_1.rss")
-add(MEMORY_MD, SOAK, "| live device arrays, end of round 1 / end | {live_arrays.end_of_round_1:d} / "
-                     "{live_arrays.end:d} ({=v('live_bytes.end_of_round_1') / 1e3:.0f} kB / "
-                     "{=v('live_bytes.end') / 1e3:.0f} kB) |", at="growth_after_round_1")
-add(MEMORY_MD, SOAK, "| NaN outputs / malformed outputs | {nan_outputs:d} / {malformed_outputs:d} |")
+for SOAK_RUN in (SOAK, SOAK_AMX):
+    add(MEMORY_MD, SOAK_RUN, "| batches per round (9 method settings, 4 buckets) | {batches_per_round:d} |")
+    add(MEMORY_MD, SOAK_RUN, "| compilations in round 1 / (method, bucket, batch shape) combinations | "
+                         "{compiles_first_round:d} / {compile_combinations:d} |")
+    add(MEMORY_MD, SOAK_RUN, "| compilations in rounds 2 and 3 | **{compiles_later_rounds:d}** |")
+    add(MEMORY_MD, SOAK_RUN, "| host RSS at the end of round 1 / at the end | "
+                         "{=v('end_of_round_1') / 1e6:,.0f} MB / {=v('end') / 1e6:,.0f} MB "
+                         "(+{=v('change_after_round_1') / 1e6:.1f} MB over "
+                         "{=2 * w(" + repr(SOAK_RUN) + ", 'batches_per_round'):d} batches) |",
+        at="growth_after_round_1.rss")
+    add(MEMORY_MD, SOAK_RUN, "| live device arrays, end of round 1 / end | {live_arrays.end_of_round_1:d} / "
+                         "{live_arrays.end:d} ({=v('live_bytes.end_of_round_1') / 1e3:.0f} kB / "
+                         "{=v('live_bytes.end') / 1e3:.0f} kB) |", at="growth_after_round_1")
+    add(MEMORY_MD, SOAK_RUN, "| NaN outputs / malformed outputs | {nan_outputs:d} / {malformed_outputs:d} |")
 add(MEMORY_MD, SOAK, "(`vm.max_map_count`) after its {compiles_total:d} programs")
 
 
