@@ -31,9 +31,11 @@ counted.
 Beside the times, what ran (:func:`executed_counts`; these counts do not depend on the host's
 load, so they can be taken beside other work): the executed thunks per phase; the ones whose
 result has a vocabulary-sized axis (sorts, top-k, softmax, cumulative sums over ``V``) per phase;
-and every ``while`` loop's executions and trips (a trip is one run of its body: every instruction
-of the body's own computation runs once per trip, so the most frequent one counts them), with the
-loop's phase (its instruction's scope).
+and every ``while`` loop's executions and trips (a trip is one run of its body: the loop's
+condition runs once per trip and once more per execution, so its count less the executions
+counts them; where the condition left no events, the body's most frequent instruction does,
+although a few thunks, XLA:CPU's sort among them, leave two events a run), with the loop's
+phase (its instruction's scope).
 
 ``overhead`` = decode time (the traced wall time minus prefill) minus the forward passes.
 XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more than the
@@ -260,7 +262,13 @@ def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optio
     conditions, members = loop_conditions(hlo_text), members_of(comp_of)
     loops = []
     for name, body in bodies.items():
-        trips = max((runs.get(i, 0) for i in members.get(body, ())), default=0)
+        # a trip: one run of the body. The condition runs once more than the body per execution
+        # of the loop, so its count decides where it was traced; a body's busiest instruction
+        # is the fallback (some thunks, an XLA:CPU sort among them, leave two events a run)
+        cond_runs = max((runs.get(i, 0) for i in members.get(conditions.get(name), ())),
+                        default=0)
+        trips = (cond_runs - runs.get(name, 0) if cond_runs > runs.get(name, 0) else
+                 max((runs.get(i, 0) for i in members.get(body, ())), default=0))
         if trips:
             loop = {"while": name, "executions": runs.get(name, 0), "trips": trips,
                     "phase": phase_of(scopes.get(name, ("", ""))[1], target_scope, draft_scope),

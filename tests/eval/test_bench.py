@@ -554,6 +554,24 @@ def test_profile_attributes_phases(pair, tmp_path, gsm_file):
     assert summary["rows"][0]["overhead_frac"] == recs[0]["profile"]["overhead_frac"]
 
 
+def test_loop_trips_come_from_the_condition():
+    """A loop's trips are its condition's runs less its executions, not the busiest body
+    instruction's events: XLA:CPU's sort leaves two events a run (a GSM8K prompt's DSBD loop
+    showed 24 trips for 12 iterations so), which made the profiler miss the decode loop."""
+    from dsbd_jax.eval import profile
+    text = ("%cond.2 (c: f32[2]) -> pred[] {\n  ROOT %t.2 = pred[] constant(true)\n}\n"
+            "%body.3 (b: f32[2]) -> f32[2] {\n  %s.3 = f32[2] sort(f32[2] %b), dimensions={0}, "
+            'metadata={op_name="jit(f)/while/body/verify/sort"}\n  ROOT %n.3 = f32[2] '
+            'negate(f32[2] %s.3), metadata={op_name="jit(f)/while/body/verify/neg"}\n}\n'
+            "ENTRY %main.4 (x: f32[2]) -> f32[2] {\n  ROOT %w.4 = f32[2] while(f32[2] %x), "
+            "condition=%cond.2, body=%body.3\n}\n")
+    body = ["s.3", "s.3", "n.3"] * 3
+    for cond, want in ((["t.2"] * 4, 3), ([], 6)):   # without condition events: the body's
+        events = [{"ph": "X", "args": {"hlo_op": n}} for n in ["w.4"] + body + cond]
+        (w,) = profile.executed_counts(text, events, "T")["loops"]
+        assert (w["executions"], w["trips"]) == (1, want)
+
+
 def test_phase_profile_counts_against_beam_sampling():
     """benchmarks/phase_profile.py's ``counts_against``: each run's per-iteration counts over
     beam sampling W=4's on the same task, the loop trips as they are; no reference, no row."""
