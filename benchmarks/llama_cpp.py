@@ -20,11 +20,16 @@ tokens/s for each, the prompt pass timed alone and subtracted; the ratios ours /
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script from a checkout
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.speed import run_peer  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
@@ -78,7 +83,8 @@ def ours(args, prompts_of):
     rows, prompts = [], None
     for weights in ("float", "int8"):
         m = load_model(TARGET, "auto", weights=weights)
-        texts, prompts = prompts_of(m.tokenizer)
+        if prompts is None:         # one tokenizer for both kinds
+            prompts = prompts_of(m.tokenizer)[1]
         P = common.bucket_length(max(len(p) for p in prompts))
         cfg = SampleConfig(target=m.config, temperature=1.0, top_k=args.top_k, top_p=args.top_p,
                            eos_token_id=(), max_new_tokens=args.max_new_tokens)
@@ -106,13 +112,7 @@ def theirs(args, prompts):
     payload = dict(gguf=str(path), prompts=prompts, n=args.max_new_tokens, top_k=args.top_k,
                    top_p=args.top_p, threads=os.cpu_count(), seed=args.seed,
                    n_ctx=max(len(p) for p in prompts) + args.max_new_tokens + 8)
-    proc = subprocess.run([args.llama_python, "-c", LLAMA_SCRIPT, json.dumps(payload)],
-                          capture_output=True, text=True)
-    sys.stdout.write("".join(l + "\n" for l in proc.stdout.splitlines()
-                             if not l.startswith("JSON")))
-    if proc.returncode != 0:
-        raise RuntimeError("the llama.cpp part failed:\n" + proc.stderr[-3000:])
-    got = json.loads([l for l in proc.stdout.splitlines() if l.startswith("JSON")][-1][4:])
+    got = run_peer(args.llama_python, LLAMA_SCRIPT, payload, "llama.cpp")
     per = got["prompts"]
     sec = sum(p["seconds"] for p in per)
     tok = sum(p["tokens"] for p in per)
@@ -154,8 +154,7 @@ def main(argv=None):
               for key in ("tokens_per_s", "decode_tokens_per_s")}
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    settings = portable_settings(vars(args), root)
+    settings = portable_settings(vars(args), _ROOT)
     settings["llama_python"] = "(a Python with llama-cpp-python)"
     res = {"machine": bench.machine_info(), "settings": settings,
            "prompt_lengths": [len(p) for p in prompts], "rows": rows, "ratios": ratios,

@@ -158,13 +158,20 @@ def hf_part(args, prompts, dtype="float32"):
     payload = dict(dir=str(path.parent), file=path.name, widths=list(args.widths), prompts=prompts,
                    n=args.max_new_tokens, top_k=args.top_k, top_p=args.top_p,
                    threads=os.cpu_count(), dtype=dtype)
-    proc = subprocess.run([sys.executable, "-c", HF_SCRIPT, json.dumps(payload)],
-                          capture_output=True, text=True)
-    sys.stdout.write("\n".join(l for l in proc.stdout.splitlines() if not l.startswith("JSON")) + "\n")
+    return run_peer(sys.executable, HF_SCRIPT, payload, "transformers")
+
+
+def run_peer(python: str, script: str, payload, what: str):
+    """A peer's part: ``script`` run by ``python`` in a subprocess with ``payload`` as its JSON
+    argument. Its output is echoed; what it prints after ``JSON`` on its last such line is
+    returned. ``what`` names the peer in the error raised when the script fails."""
+    proc = subprocess.run([python, "-c", script, json.dumps(payload)], capture_output=True,
+                          text=True)
+    lines = proc.stdout.splitlines()
+    sys.stdout.write("".join(l + "\n" for l in lines if not l.startswith("JSON")))
     if proc.returncode != 0:
-        raise RuntimeError("transformers part failed:\n" + proc.stderr[-3000:])
-    line = [l for l in proc.stdout.splitlines() if l.startswith("JSON")][-1]
-    return json.loads(line[4:])
+        raise RuntimeError(f"the {what} part failed:\n" + proc.stderr[-3000:])
+    return json.loads([l for l in lines if l.startswith("JSON")][-1][4:])
 
 
 def main():
@@ -222,9 +229,9 @@ def main():
                     ratios[f"{key}: {r['method']}: ours {r['dtype']} / ours float32"] = (
                         r[key] / ours32[r["method"]][key])
     print()
-    bench.print_table(rows, ["impl", "dtype", "weights", "method", "tokens_per_s", "decode_tokens_per_s",
-                             "compile_s", "target_calls_per_token", "loglik_per_token",
-                             "kv_cache_bytes"])
+    bench.print_table(rows, ["impl", "dtype", "weights", "method", "tokens_per_s",
+                             "decode_tokens_per_s", "compile_s", "target_calls_per_token",
+                             "loglik_per_token", "kv_cache_bytes"])
     for k, v in ratios.items():
         print(f"ratio {k}: {v:.2f}x")
     from dsbd_jax.eval.timing import portable_settings

@@ -265,12 +265,13 @@ def executed_counts(hlo_text: str, events, target_scope: str, draft_scope: Optio
         # a trip: one run of the body. The condition runs once more than the body per execution
         # of the loop, so its count decides where it was traced; a body's busiest instruction
         # is the fallback (some thunks, an XLA:CPU sort among them, leave two events a run)
+        executions = runs.get(name, 0)
         cond_runs = max((runs.get(i, 0) for i in members.get(conditions.get(name), ())),
                         default=0)
-        trips = (cond_runs - runs.get(name, 0) if cond_runs > runs.get(name, 0) else
+        trips = (cond_runs - executions if cond_runs > executions else
                  max((runs.get(i, 0) for i in members.get(body, ())), default=0))
         if trips:
-            loop = {"while": name, "executions": runs.get(name, 0), "trips": trips,
+            loop = {"while": name, "executions": executions, "trips": trips,
                     "phase": phase_of(scopes.get(name, ("", ""))[1], target_scope, draft_scope),
                     "in_entry": comp_of.get(name) == entry}
             if loop["in_entry"]:
