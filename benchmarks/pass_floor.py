@@ -32,7 +32,8 @@ step, beams) and more as one row of ``n`` tokens (``[1, n]``: a DSBD forest, a s
 chain); ``rows`` or ``tokens`` forces one shape for every count. Each entry records its ``B``,
 ``T`` and shape. The JSON holds, per model, dtype and form, the product list the floor runs
 (``layers * 7 + 1``), the ``dot_general`` count of each program's jaxpr (the pass has the
-floor's plus two attention products per layer) and per row count ``floor_ms``, ``pass_ms``,
+floor's plus the attention's four per layer: scores and values over the cache and over
+the new tokens) and per row count ``floor_ms``, ``pass_ms``,
 ``pass_over_floor``, ``no_attention_ms`` and ``no_attention_over_floor``, and what the products
 compute and how fast (:func:`rates`: the floor's and the attention's GFLOP, the attention's share
 of the floor's, each one's GFLOP/s; counted from the jaxprs); ``--hlo`` adds the

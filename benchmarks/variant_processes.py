@@ -31,8 +31,9 @@ DRAFTED = ("dsbd_g2_WS4_t0.7_Wmin2", "speculative_g4")
 UNDRAFTED = ("sample", "beam_sample_W4")
 
 
-def models(small: bool):
-    """``(target config, target params, draft config, draft params, prompts)``."""
+def models(small: bool, draft_weights: str = "float"):
+    """``(target config, target params, draft config, draft params, prompts)``; the draft's
+    weights ``"float"`` (bfloat16) or ``"int8"``."""
     if small:
         import jax
         import numpy as np
@@ -44,12 +45,15 @@ def models(small: bool):
                           tie_word_embeddings=False)
         rng = np.random.default_rng(0)
         prompts = [list(rng.integers(1, 512, n)) for n in (11, 7)]
-        return (cfg, llama.init_params(cfg, jax.random.PRNGKey(0)), cfg,
-                llama.init_params(cfg, jax.random.PRNGKey(1)), prompts)
+        draft, dcfg = llama.init_params(cfg, jax.random.PRNGKey(1)), cfg
+        if draft_weights == "int8":
+            from dsbd_jax.models.kinds import int8_params
+            draft, dcfg = int8_params(draft, cfg)
+        return cfg, llama.init_params(cfg, jax.random.PRNGKey(0)), dcfg, draft, prompts
     from dsbd_jax.eval.datasets import benchmark_prompts
     from dsbd_jax.loading.load import load_model
     t = load_model(TARGET, "bfloat16", progress=False)
-    d = load_model(DRAFT, "bfloat16", tokenizer=False, progress=False)
+    d = load_model(DRAFT, "bfloat16", tokenizer=False, progress=False, weights=draft_weights)
     _, prompts = benchmark_prompts(t.tokenizer, 2)
     return t.config, t.params, d.config, d.params, prompts
 

@@ -44,6 +44,7 @@ DTYPE_RUNS_EPYC = "results/dtype_runs_epyc.json"   # the AMD EPYC host with AVX5
 DTYPES_EPYC = "results/speed_dtypes_epyc.json"
 FLOOR_EPYC = "results/pass_floor_epyc.json"
 ATTENTION_EPYC = "results/attention_form_epyc.json"
+ATTENTION_AMX = "results/attention_parts_amx_xeon.json"  # the attention in the cache's dtype
 FLOOR_EPYC_SOFTMAX = "results/pass_floor_epyc_softmax_attention.json"  # the former attention
 ACCEPT = "results/head_acceptance.json"
 TRAINING = "results/head_qwen_training.json"
@@ -798,14 +799,25 @@ add("docs/performance.md", FLOOR_EPYC_SOFTMAX,
 add(INDEX_MD, ATTENTION_EPYC,
     "takes {=min(v('ratios').values()):.3f}-{=max(v('ratios').values()):.3f}x its time end to end")
 add("docs/performance.md", ATTENTION_EPYC,
-    "`.venv/bin/python benchmarks/probes/attention_form.py --out results/attention_form_epyc.json`, "
+    "normalised_after_values --out results/attention_form_epyc.json`, "
     "{=v('wall_s') / 60:.0f} minutes;",
-    "the current form takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: normalised_after_values / "
+    "the then current form took {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: normalised_after_values / "
     "softmax_then_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios.speculative_g4: "
     "normalised_after_values / softmax_then_values, seconds'):.3f}x for speculative sampling, "
     "{=v('ratios.beam_sample_W4: normalised_after_values / softmax_then_values, seconds'):.3f}x "
     "for beam sampling W=4 and {=v('ratios.sample: normalised_after_values / "
     "softmax_then_values, seconds'):.3f}x for sampling")
+add("docs/performance.md", ATTENTION_AMX,
+    "results/attention_parts_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes, quiet;",
+    "the current form takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: parts_in_cache_dtype / "
+    "normalised_after_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios."
+    "speculative_g4: parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for "
+    "speculative sampling, {=v('ratios.beam_sample_W4: parts_in_cache_dtype / "
+    "normalised_after_values, seconds'):.3f}x for beam sampling W=4 and {=v('ratios.sample: "
+    "parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for sampling",
+    "beam-W4 point runs at {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under "
+    "parts_in_cache_dtype, speed'):.2f}x beam sampling W=4 ({=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 "
+    "/ beam_sample_W4 under normalised_after_values, speed'):.2f}x under the former form")
 add(README, DTYPES_EPYC,
     "DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
     ":.2f}x our beam sampling W=4 (two prompts of 32 new tokens")

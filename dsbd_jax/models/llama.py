@@ -205,36 +205,43 @@ class Attention(nn.Module):
 def attend_cache(cfg: ModelConfig, q, k, v, cache_k, cache_v, mask):
     """A layer's attention after its projections: queries ``q [B, T, H, D]`` (after RoPE) over
     the cached keys and values ``cache_k, cache_v [B, S, K, D]`` followed by the new ones
-    ``k, v [B, T, K, D]`` (the cache's dtype), under ``mask [B, T, S + T]``; ``[B, T, H * D]``
-    float32. Query head ``h`` reads kv head ``h // (H // K)`` (HF's ``repeat_kv``)."""
+    ``k, v [B, T, K, D]`` (the cache's dtype; two parts for :func:`attend`, never joined: a copy
+    of the cache), under ``mask [B, T, S + T]``; ``[B, T, H * D]`` float32. Query head ``h``
+    reads kv head ``h // (H // K)`` (HF's ``repeat_kv``)."""
     B, T, H, D = q.shape
-    K = k.shape[2]
-    keys = jnp.concatenate([cache_k.astype(k.dtype), k], axis=1).astype(ACT)  # [B, S+T, K, D]
-    values = jnp.concatenate([cache_v.astype(v.dtype), v], axis=1).astype(ACT)
-    q = q.astype(ACT).reshape(B, T, K, H // K, D)
+    q = q.astype(ACT).reshape(B, T, k.shape[2], H // k.shape[2], D)
     scale = (cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else D) ** -0.5
-    return attend(q, keys, values, mask, scale, cfg.attn_logit_softcap).reshape(B, T, H * D)
+    return attend(q, (cache_k.astype(k.dtype), k), (cache_v.astype(v.dtype), v), mask, scale,
+                  cfg.attn_logit_softcap).reshape(B, T, H * D)
 
 
 def attend(q, keys, values, mask, scale: float, cap=None):
-    """Softmax attention in float32: ``q [B, T, K, G, D]`` (G query heads per kv head) over
-    ``keys, values [B, S, K, D]`` under ``mask [B, T, S]`` (True = may attend; a row with no key
-    allowed averages all values instead of dividing by zero), scores scaled by ``scale`` and
-    soft-capped at ``cap``; ``[B, T, K, G, D]``.
+    """Softmax attention: ``q [B, T, K, G, D]`` (G query heads per kv head) over
+    ``keys, values [B, S, K, D]`` (each may be a tuple of parts along ``S``: the cache's and the
+    new tokens', :func:`attend_cache`) under ``mask [B, T, S]`` (True = may attend; a row with
+    no key allowed averages all values, no division by zero), scores scaled by ``scale`` and
+    soft-capped at ``cap``; ``[B, T, K, G, D]`` float32.
 
-    On XLA:CPU a pass's time outside its matrix products is this function
-    (``benchmarks/pass_floor.py``'s pass without attention is within 5 % of the products
-    alone). So the keys are the products' first operand, and the weights are normalised after
-    the values product (on ``[.., D]`` rather than ``[.., S]``): on an AVX512-BF16 host the
-    offline pair's passes went from up to 1.23x their products floor to 1.16x
-    (``docs/performance.md``, *The products floor*). The same softmax as ``jax.nn.softmax``
-    up to the order of float32 roundings."""
-    scores = jnp.einsum("bskd,btkgd->bkgts", keys, q, preferred_element_type=jnp.float32) * scale
+    Each part's two products take their operands in the part's dtype (queries and weights cast
+    to 16 bits for a 16-bit cache) and accumulate in float32; scores, softmax and normalisation
+    are float32. The keys are the products' first operand, and the weights are normalised after
+    the values product (on ``[.., D]``, not ``[.., S]``). A pass's time outside its products is
+    this function on XLA:CPU; the former forms (``jax.nn.softmax`` first; a 16-bit cache
+    converted to float32 and joined with the new tokens) took DSBD 1.04-1.05x this form's time
+    (``docs/performance.md``, *The products floor*). ``jax.nn.softmax`` up to roundings."""
+    keys = keys if isinstance(keys, tuple) else (keys,)
+    values = values if isinstance(values, tuple) else (values,)
+    scores = jnp.concatenate(
+        [jnp.einsum("bskd,btkgd->bkgts", part, q.astype(part.dtype),
+                    preferred_element_type=jnp.float32) for part in keys], axis=-1) * scale
     scores = softcap(scores, cap)
     scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
     weights_ = jnp.exp(scores - jax.lax.stop_gradient(scores.max(-1, keepdims=True)))
     total = jnp.moveaxis(weights_.sum(-1), 3, 1)[..., None]  # [B, T, K, G, 1]
-    return jnp.einsum("bskd,bkgts->btkgd", values, weights_) / total
+    starts = np.cumsum([0] + [part.shape[1] for part in values])
+    return sum(jnp.einsum("bskd,bkgts->btkgd", part, weights_[..., a:b].astype(part.dtype),
+                          preferred_element_type=jnp.float32)
+               for part, a, b in zip(values, starts[:-1], starts[1:])) / total
 
 
 class MLP(nn.Module):

@@ -77,9 +77,10 @@ def test_small_run(tmp_path, monkeypatch):
                 assert last["stored"] == "Rows" and last["shape"] == [V, d]
             else:
                 assert last["stored"] == "plain" and last["shape"] == [d, V]
-            # one dot_general per product; the pass adds attention's two per layer, which the
-            # pass without attention has not (it was traced without them)
-            assert rec["dots"] == {"floor": 7 * L + 1, "pass": 9 * L + 1,
+            # one dot_general per product; the pass adds attention's four per layer (scores and
+            # values over the cache, and over the new tokens), which the pass without attention
+            # has not (it was traced without them)
+            assert rec["dots"] == {"floor": 7 * L + 1, "pass": 11 * L + 1,
                                    "no_attention": 7 * L + 1}
             assert rec["options"] == "default"
             assert set(rec["rows"]) == {"1", "12"}

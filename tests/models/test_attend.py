@@ -1,6 +1,8 @@
 """``llama.attend``: the softmax attention every layer runs, against a float64 reference (grouped
 query heads, a mask, soft-capping), a row that may attend to nothing (the mean of the values, no
-NaN), and its gradient (finite, the reference's)."""
+NaN), and its gradient (finite, the reference's); keys and values in parts (the cache's and the new
+tokens'), in float32 and in bfloat16 (its products' operands in 16 bits, to bfloat16's
+precision)."""
 
 import jax
 import jax.numpy as jnp
@@ -69,3 +71,35 @@ def test_attend_gradient_is_the_references():
     for g, w in zip(grads, want):
         assert np.isfinite(np.asarray(g)).all()
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cap", [None, 5.0])
+def test_attend_over_parts_is_attend_over_the_whole(cap):
+    """Keys and values in two parts along the keys (``attend_cache``: the cache, then the new
+    tokens) give the attention over the joined arrays, to float32 roundings."""
+    q, keys, values, mask = inputs(2)
+    args = [jnp.asarray(a) for a in (q, keys, values)]
+    whole = attend(args[0], args[1], args[2], jnp.asarray(mask), D ** -0.5, cap)
+    split = attend(args[0], (args[1][:, :4], args[1][:, 4:]), (args[2][:, :4], args[2][:, 4:]),
+                   jnp.asarray(mask), D ** -0.5, cap)
+    assert split.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(split), np.asarray(whole), rtol=1e-5, atol=1e-6)
+
+
+def test_attend_over_bfloat16_parts_is_the_reference_to_bfloat16_precision():
+    """A 16-bit cache: each product takes 16-bit operands (the queries and weights rounded to
+    bfloat16) and accumulates in float32; the output is float32 and within bfloat16's rounding
+    of the float64 reference over the same (bfloat16) keys and values, not further: a product
+    accumulated in 16 bits, or the wrong part's weights, would miss it."""
+    q, keys, values, mask = inputs(3)
+    k16, v16 = (jnp.asarray(a, jnp.bfloat16) for a in (keys, values))
+    out = attend(jnp.asarray(q), (k16[:, :5], k16[:, 5:]), (v16[:, :5], v16[:, 5:]),
+                 jnp.asarray(mask), D ** -0.5)
+    assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
+    want = reference(q, np.asarray(k16, np.float32), np.asarray(v16, np.float32), mask,
+                     D ** -0.5, None)
+    err = np.abs(np.asarray(out) - want).max() / np.abs(want).max()
+    assert err < 2e-2, err
+    swapped = attend(jnp.asarray(q), (k16[:, :5], k16[:, 5:]), (v16[:, 5:], v16[:, :5]),
+                     jnp.asarray(mask), D ** -0.5)
+    assert np.abs(np.asarray(swapped) - want).max() / np.abs(want).max() > 10 * err
