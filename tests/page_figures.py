@@ -704,10 +704,10 @@ add("docs/results/speed.md", SPEED_AMX,
     "At W_S 3 gamma 3 ran at {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed "
     "of gamma 2, and gamma 4 at\n{=v('rows.6.tokens_per_s') / v('rows.5.tokens_per_s'):.2f}x "
     "gamma 3's",
-    "1.5x here too ({=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x; "
+    "1.5x here ({=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x; "
     "{=v('rows.7.decode_tokens_per_s') / v('rows.2.decode_tokens_per_s'):.2f}x in decode; "
     "{=w(GAMMA_INT8, 'rows.7.tokens_per_s') / w(GAMMA_INT8, 'rows.2.tokens_per_s'):.2f}x on the "
-    "AMD\n  EPYC)")
+    "AMD\n  EPYC, with the former attention)")
 add("README.md", SPEED_AMX,
     "the command line's default (gamma 3, W_S 3) ran at **{=v('rows.5.tokens_per_s') / "
     "v('rows.2.tokens_per_s'):.2f}x** our beam sampling W=4 and at the\nbeam-W4 point at "
@@ -1677,8 +1677,8 @@ add(PRECISION_MD, TERMS_AMX, "the target's one-token pass, timed alone inside ea
 SPEED_INT8_TARGET = "results/speed_int8_target_amx_xeon.json"   # float and int8 targets, float32
 _TGT = "ours float32 int8 target / ours float32 float target"
 add("docs/results/speed.md", SPEED_INT8_TARGET,
-    "(`results/speed_int8_target_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes with the int8 "
-    "target's first conversion,",
+    "(`results/speed_int8_target_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes, the int8 "
+    "target converted before,",
     *[f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
       f"{{rows.{i + 4}.tokens_per_s:.2f}} ({{rows.{i + 4}.decode_tokens_per_s:.2f}}) | "
       f"{{ratios.tokens_per_s: {m}: {_TGT}:.2f}}x "
