@@ -692,8 +692,11 @@ _GRID = {2: "beam sampling W=4", 4: "DSBD g2 W_S 3 t 0.9 W_min 1", 5: "DSBD g3 W
 add("docs/results/speed.md", GAMMA_INT8,
     *grid_rows({**_GRID, 4: _GRID[4] + " (the old default)"}),
     "| speculative sampling g4 / our sampling | {rows.3.tokens_per_s:.2f} / "
-    "{rows.0.tokens_per_s:.2f} |",
-    "here**, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed of gamma 2")
+    "{rows.0.tokens_per_s:.2f} | {=v('rows.3.tokens_per_s') / v('rows.0.tokens_per_s'):.2f}x |",
+    "here**, {=v('rows.5.tokens_per_s') / v('rows.4.tokens_per_s'):.2f}x the speed of gamma 2",
+    "measured again with the current code on\n2026-12-05, {=v('wall_s') / 60:.0f} minutes",
+    "1.5x on this host ({=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x end to end, "
+    "{=v('rows.7.decode_tokens_per_s') / v('rows.2.decode_tokens_per_s'):.2f}x in\n  decode)")
 SPEED_AMX = "results/speed_int8_draft_amx_xeon.json"   # the same grid on an AMX host
 add("docs/results/speed.md", SPEED_AMX,
     "`results/speed_int8_draft_amx_xeon.json`, measured again with the current code on "
@@ -707,7 +710,7 @@ add("docs/results/speed.md", SPEED_AMX,
     "1.5x here ({=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x; "
     "{=v('rows.7.decode_tokens_per_s') / v('rows.2.decode_tokens_per_s'):.2f}x in decode; "
     "{=w(GAMMA_INT8, 'rows.7.tokens_per_s') / w(GAMMA_INT8, 'rows.2.tokens_per_s'):.2f}x on the "
-    "AMD\n  EPYC, with the former attention)")
+    "AMD\n  EPYC, above)")
 add("README.md", SPEED_AMX,
     "the command line's default (gamma 3, W_S 3) ran at **{=v('rows.5.tokens_per_s') / "
     "v('rows.2.tokens_per_s'):.2f}x** our beam sampling W=4 and at the\nbeam-W4 point at "
@@ -818,6 +821,19 @@ add("docs/performance.md", ATTENTION_AMX,
     "beam-W4 point runs at {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under "
     "parts_in_cache_dtype, speed'):.2f}x beam sampling W=4 ({=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 "
     "/ beam_sample_W4 under normalised_after_values, speed'):.2f}x under the former form")
+ATTENTION_EPYC = "results/attention_parts_avx512bf16_epyc.json"   # the same, AVX512-BF16
+add("docs/performance.md", ATTENTION_EPYC,
+    "`results/attention_parts_avx512bf16_epyc.json`, {=v('wall_s') / 60:.0f} minutes, quiet, "
+    "2026-12-05)",
+    "the current form took {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: parts_in_cache_dtype / "
+    "normalised_after_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios."
+    "speculative_g4: parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for\n"
+    "speculative sampling, {=v('ratios.beam_sample_W4: parts_in_cache_dtype / "
+    "normalised_after_values, seconds'):.3f}x for beam sampling W=4 and {=v('ratios.sample: "
+    "parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for sampling",
+    "beam-W4 point ran at {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under "
+    "parts_in_cache_dtype, speed'):.2f}x beam sampling W=4 ({=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 "
+    "/ beam_sample_W4 under normalised_after_values, speed'):.2f}x under the former form)")
 add(README, DTYPES_EPYC,
     "DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
     ":.2f}x our beam sampling W=4 (two prompts of 32 new tokens")
@@ -1486,6 +1502,31 @@ add(README, TERMS_INT8_VNNI,
     "At batch 4, DSBD with the int8 draft ran at "
     "{=v('batches.b4.drafts.int8.' + _TD + 'end_to_end'):.2f}x beam sampling W=4 "
     "({=v('batches.b4.drafts.base.' + _TD + 'end_to_end'):.2f}x with the float draft)")
+TERMS_INT8_VNNI_EARLIER = "results/draft_terms_int8_avx512bf16_epyc_earlier.json"  # 2026-12-02
+_B1 = "batches.b1."
+_P = _B1 + "drafts.int8.dsbd_beamW4_point."
+
+
+def _terms_row(label: str) -> str:
+    """The speed page's row of one draft_terms run (the int8 draft, batch 1)."""
+    return (f"| {label} | {{{_B1}references.sample.tokens_per_s:.2f}} | "
+            f"{{{_B1}references.beam_sample_W4.tokens_per_s:.2f}} | {{{_P}tokens_per_s:.2f}} | "
+            f"{{={'v'}('{_B1}drafts.int8.' + _TD + 'end_to_end'):.2f}}x | "
+            f"{{{_B1}one_token_pass_ms.target:.0f}} / {{{_P}passes_alone_ms.pass2_target_1x12:.0f}}"
+            f" / {{{_P}passes_alone_ms.prefill_target:.0f}} ms | {{{_P}draft_passes_ms:.0f}} + "
+            f"{{{_P}target_passes_ms:.0f}} + {{{_P}rest_ms:.0f}} ms |")
+
+
+add("docs/results/speed.md", TERMS_INT8_VNNI_EARLIER, _terms_row("earlier"))
+add("docs/results/speed.md", TERMS_INT8_VNNI, _terms_row("now"),
+    "passes timed alone ({=v(_P + 'passes_alone_ms.pass2_target_1x12') / w(TERMS_INT8_VNNI_EARLIER, "
+    "_P + 'passes_alone_ms.pass2_target_1x12'):.2f}x and {=v(_P + 'passes_alone_ms.prefill_target')"
+    " / w(TERMS_INT8_VNNI_EARLIER, _P + 'passes_alone_ms.prefill_target'):.2f}x the earlier times)",
+    "the target's 12-node forest cost {=v(_P + 'passes_alone_ms.pass2_target_1x12') / "
+    "v(_B1 + 'one_token_pass_ms.target'):.2f}x its one-token pass where the\n  earlier run's cost "
+    "{=w(TERMS_INT8_VNNI_EARLIER, _P + 'passes_alone_ms.pass2_target_1x12') / "
+    "w(TERMS_INT8_VNNI_EARLIER, _B1 + 'one_token_pass_ms.target'):.2f}x")
+HELPERS.update(_P=_P, _B1=_B1, _TD=_TD)
 FLOOR_INT8 = "results/pass_floor_int8_avx512bf16_epyc.json"   # int8 passes, the VNNI host
 _F8 = "results.{m}.{d}.{f}.rows.{n}.{k}"
 
@@ -1676,17 +1717,19 @@ add(PRECISION_MD, TERMS_AMX, "the target's one-token pass, timed alone inside ea
     "{batches.b1.one_token_pass_ms.target:.0f} ms")
 SPEED_INT8_TARGET = "results/speed_int8_target_amx_xeon.json"   # float and int8 targets, float32
 _TGT = "ours float32 int8 target / ours float32 float target"
+_TARGET_ROWS = [  # the table of a --target-weights float int8 run (4 methods, 2 kinds)
+    f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
+    f"{{rows.{i + 4}.tokens_per_s:.2f}} ({{rows.{i + 4}.decode_tokens_per_s:.2f}}) | "
+    f"{{ratios.tokens_per_s: {m}: {_TGT}:.2f}}x "
+    f"({{ratios.decode_tokens_per_s: {m}: {_TGT}:.2f}}x) |"
+    for i, (label, m) in enumerate([
+        ("sampling", "sample"), ("beam sampling W=4", "beam_sample_W4"),
+        ("speculative sampling g4", "speculative_g4"),
+        ("DSBD g2 W_S 4 t 0.7 W_min 2 (the beam-W4 point)", "dsbd_g2_WS4_t0.7_Wmin2")])]
 add("docs/results/speed.md", SPEED_INT8_TARGET,
     "(`results/speed_int8_target_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes, the int8 "
     "target converted before,",
-    *[f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
-      f"{{rows.{i + 4}.tokens_per_s:.2f}} ({{rows.{i + 4}.decode_tokens_per_s:.2f}}) | "
-      f"{{ratios.tokens_per_s: {m}: {_TGT}:.2f}}x "
-      f"({{ratios.decode_tokens_per_s: {m}: {_TGT}:.2f}}x) |"
-      for i, (label, m) in enumerate([
-          ("sampling", "sample"), ("beam sampling W=4", "beam_sample_W4"),
-          ("speculative sampling g4", "speculative_g4"),
-          ("DSBD g2 W_S 4 t 0.7 W_min 2 (the beam-W4 point)", "dsbd_g2_WS4_t0.7_Wmin2")])],
+    *_TARGET_ROWS,
     "The int8 target ran sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x and beam "
     "sampling W=4 at {ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x the float32 "
     "target's\nspeed",
@@ -1705,6 +1748,36 @@ add("docs/results/speed.md", SPEED_INT8_TARGET,
 add("docs/results/speed.md", SPEED_INT8_TARGET,
     "The prompt pass gains most: {rows.4.prefill_s_per_prompt:.2f} s against "
     "{rows.0.prefill_s_per_prompt:.2f} s\nper prompt")
+TARGET_EPYC = "results/speed_int8_target_avx512bf16_epyc.json"   # the same, VNNI and no AMX
+_DQ = "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
+add("docs/results/speed.md", TARGET_EPYC,
+    "(`results/speed_int8_target_avx512bf16_epyc.json`, {=v('wall_s') / 60:.0f} minutes, both "
+    "models converted in the run,",
+    *_TARGET_ROWS,
+    "Here the int8 target ran sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x and "
+    "beam sampling W=4 at\n  {ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x the "
+    "float32 target's speed",
+    "The int8 target's prompt pass took {rows.4.prefill_s_per_prompt:.2f} s against "
+    "{rows.0.prefill_s_per_prompt:.2f} s per prompt, where the\n  AMX host's took "
+    "{=w(SPEED_INT8_TARGET, 'rows.4.prefill_s_per_prompt'):.2f} against "
+    "{=w(SPEED_INT8_TARGET, 'rows.0.prefill_s_per_prompt'):.2f} s",
+    "On the int8 target DSBD ran at {ratios.float32, int8 target: tokens_per_s: " + _DQ + ":.2f}x"
+    " its beam sampling W=4 ({ratios.float32, int8 target: decode_tokens_per_s: " + _DQ + ":.2f}x"
+    "\n  decode) and speculative sampling at {ratios.float32, int8 target: tokens_per_s: "
+    "speculative_g4 / sample:.2f}x its sampling ({ratios.float32, int8 target: "
+    "decode_tokens_per_s: speculative_g4 / sample:.2f}x decode); with the float32\n  target, "
+    "DSBD at {ratios.float32: tokens_per_s: " + _DQ + ":.2f}x ({ratios.float32: "
+    "decode_tokens_per_s: " + _DQ + ":.2f}x) and speculative sampling at {ratios.float32: "
+    "tokens_per_s: speculative_g4 / sample:.2f}x\n  ({ratios.float32: decode_tokens_per_s: "
+    "speculative_g4 / sample:.2f}x)")
+add(README, GAMMA_INT8,
+    "command line's default (gamma 3, W_S 3) ran at {=v('rows.5.tokens_per_s') / "
+    "v('rows.2.tokens_per_s'):.2f}x our beam sampling W=4 and the beam-W4\npoint at "
+    "{=v('rows.7.tokens_per_s') / v('rows.2.tokens_per_s'):.2f}x")
+add(README, TARGET_EPYC,
+    "in float32 the int8 target ran sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x "
+    "and beam sampling W=4 at {ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x\nthe "
+    "float32 target's speed")
 add(README, SPEED_INT8_TARGET,
     "sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x and beam sampling W=4 at "
     "{ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x the float32 target's speed")
