@@ -184,7 +184,7 @@ def main():
               f"PARTIAL: {summary['done']} of {summary['total']} (method, prompt) pairs done")
     text = "\n\n".join([
         f"Run `{summary['name']}` ({status}; batch size {summary['batch_size']}; "
-        f"{summary['sessions']} session(s)).",
+        f"{summary['sessions']} part(s), one per start of `dsbd bench`).",
         "### Quality and speed per method setting\n\n" + quality_table(summary),
         "### Speed ratios (same run, same prompts)\n\n" + ratio_table(rs),
         "### Paired differences on the same problems (DSBD minus baseline)\n\n"

@@ -351,7 +351,7 @@ def test_quality_report_script(tmp_path, pair, gsm_file):
                          timeout=120)
     assert res.returncode == 0, res.stderr
     text = (out / "report.md").read_text()
-    assert "(complete; batch size 2; 1 session(s))" in text
+    assert "(complete; batch size 2; 1 part(s), one per start of `dsbd bench`)" in text
     assert "| dsbd g=2 WS=2 t=0.9 Wmin=1 | beam W=2 |" in text
     assert "gsm8k/exact_match % [95%]" in text and "gsm8k loglik/tok [95%]" in text
     rows = {r["label"]: r for r in summary["rows"]}
