@@ -810,30 +810,35 @@ add("docs/performance.md", ATTENTION_EPYC,
     "{=v('ratios.beam_sample_W4: normalised_after_values / softmax_then_values, seconds'):.3f}x "
     "for beam sampling W=4 and {=v('ratios.sample: normalised_after_values / "
     "softmax_then_values, seconds'):.3f}x for sampling")
+
+
+def _form(decoder: str) -> str:
+    """An attention_form.py run's figure: ``decoder``'s seconds, current form over former."""
+    return (f"{{=v('ratios.{decoder}: parts_in_cache_dtype / normalised_after_values, "
+            f"seconds'):.3f}}")
+
+
+def _dsbd_over_beam(form: str) -> str:
+    """An attention_form.py run's figure: DSBD's speed over beam sampling W=4's under ``form``."""
+    return f"{{=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under {form}, speed'):.2f}}"
+
+
 add("docs/performance.md", ATTENTION_AMX,
     "results/attention_parts_amx_xeon.json`, {=v('wall_s') / 60:.0f} minutes, quiet;",
-    "the current form takes {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: parts_in_cache_dtype / "
-    "normalised_after_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios."
-    "speculative_g4: parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for "
-    "speculative sampling, {=v('ratios.beam_sample_W4: parts_in_cache_dtype / "
-    "normalised_after_values, seconds'):.3f}x for beam sampling W=4 and {=v('ratios.sample: "
-    "parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for sampling",
-    "beam-W4 point runs at {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under "
-    "parts_in_cache_dtype, speed'):.2f}x beam sampling W=4 ({=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 "
-    "/ beam_sample_W4 under normalised_after_values, speed'):.2f}x under the former form")
-ATTENTION_EPYC = "results/attention_parts_avx512bf16_epyc.json"   # the same, AVX512-BF16
-add("docs/performance.md", ATTENTION_EPYC,
+    f"the current form takes {_form('dsbd_g2_WS4_t0.7_Wmin2')}x the former's time for DSBD, "
+    f"{_form('speculative_g4')}x for speculative sampling, {_form('beam_sample_W4')}x for beam "
+    f"sampling W=4 and {_form('sample')}x for sampling",
+    f"beam-W4 point runs at {_dsbd_over_beam('parts_in_cache_dtype')}x beam sampling W=4 "
+    f"({_dsbd_over_beam('normalised_after_values')}x under the former form")
+ATTENTION_PARTS_EPYC = "results/attention_parts_avx512bf16_epyc.json"   # the same, AVX512-BF16
+add("docs/performance.md", ATTENTION_PARTS_EPYC,
     "`results/attention_parts_avx512bf16_epyc.json`, {=v('wall_s') / 60:.0f} minutes, quiet, "
     "2026-12-05)",
-    "the current form took {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2: parts_in_cache_dtype / "
-    "normalised_after_values, seconds'):.3f}x the former's time for DSBD, {=v('ratios."
-    "speculative_g4: parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for\n"
-    "speculative sampling, {=v('ratios.beam_sample_W4: parts_in_cache_dtype / "
-    "normalised_after_values, seconds'):.3f}x for beam sampling W=4 and {=v('ratios.sample: "
-    "parts_in_cache_dtype / normalised_after_values, seconds'):.3f}x for sampling",
-    "beam-W4 point ran at {=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 under "
-    "parts_in_cache_dtype, speed'):.2f}x beam sampling W=4 ({=v('ratios.dsbd_g2_WS4_t0.7_Wmin2 "
-    "/ beam_sample_W4 under normalised_after_values, speed'):.2f}x under the former form)")
+    f"the current form took {_form('dsbd_g2_WS4_t0.7_Wmin2')}x the former's time for DSBD, "
+    f"{_form('speculative_g4')}x for\nspeculative sampling, {_form('beam_sample_W4')}x for beam "
+    f"sampling W=4 and {_form('sample')}x for sampling",
+    f"beam-W4 point ran at {_dsbd_over_beam('parts_in_cache_dtype')}x beam sampling W=4 "
+    f"({_dsbd_over_beam('normalised_after_values')}x under the former form)")
 add(README, DTYPES_EPYC,
     "DSBD ran at {ratios.bfloat16: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
     ":.2f}x our beam sampling W=4 (two prompts of 32 new tokens")
@@ -1503,7 +1508,6 @@ add(README, TERMS_INT8_VNNI,
     "{=v('batches.b4.drafts.int8.' + _TD + 'end_to_end'):.2f}x beam sampling W=4 "
     "({=v('batches.b4.drafts.base.' + _TD + 'end_to_end'):.2f}x with the float draft)")
 TERMS_INT8_VNNI_EARLIER = "results/draft_terms_int8_avx512bf16_epyc_earlier.json"  # 2026-12-02
-_B1 = "batches.b1."
 _P = _B1 + "drafts.int8.dsbd_beamW4_point."
 
 
@@ -1511,7 +1515,7 @@ def _terms_row(label: str) -> str:
     """The speed page's row of one draft_terms run (the int8 draft, batch 1)."""
     return (f"| {label} | {{{_B1}references.sample.tokens_per_s:.2f}} | "
             f"{{{_B1}references.beam_sample_W4.tokens_per_s:.2f}} | {{{_P}tokens_per_s:.2f}} | "
-            f"{{={'v'}('{_B1}drafts.int8.' + _TD + 'end_to_end'):.2f}}x | "
+            f"{{=v('{_B1}drafts.int8.{_TD}end_to_end'):.2f}}x | "
             f"{{{_B1}one_token_pass_ms.target:.0f}} / {{{_P}passes_alone_ms.pass2_target_1x12:.0f}}"
             f" / {{{_P}passes_alone_ms.prefill_target:.0f}} ms | {{{_P}draft_passes_ms:.0f}} + "
             f"{{{_P}target_passes_ms:.0f}} + {{{_P}rest_ms:.0f}} ms |")
@@ -1526,7 +1530,6 @@ add("docs/results/speed.md", TERMS_INT8_VNNI, _terms_row("now"),
     "v(_B1 + 'one_token_pass_ms.target'):.2f}x its one-token pass where the\n  earlier run's cost "
     "{=w(TERMS_INT8_VNNI_EARLIER, _P + 'passes_alone_ms.pass2_target_1x12') / "
     "w(TERMS_INT8_VNNI_EARLIER, _B1 + 'one_token_pass_ms.target'):.2f}x")
-HELPERS.update(_P=_P, _B1=_B1, _TD=_TD)
 FLOOR_INT8 = "results/pass_floor_int8_avx512bf16_epyc.json"   # int8 passes, the VNNI host
 _F8 = "results.{m}.{d}.{f}.rows.{n}.{k}"
 
@@ -1690,7 +1693,6 @@ def terms_row(label: str, batch: str, pass_ms: bool) -> str:
 for _label, _rel in (("earlier", TERMS_AMX_EARLIER), ("later", TERMS_AMX)):
     add(PRECISION_MD, _rel, terms_row(_label, "b1", True))
 TERMS_AMX_B4 = "results/draft_terms_int8_batch4_amx_xeon.json"   # the same host, batch 4
-_B4 = "batches.b4."
 _D4 = _B4 + "drafts.{d}."
 add(PRECISION_MD, TERMS_AMX_B4,
     "with the target's one-token pass of the 4 rows ({" + _B4 + "one_token_pass_ms.target:.1f} "
@@ -1717,6 +1719,7 @@ add(PRECISION_MD, TERMS_AMX, "the target's one-token pass, timed alone inside ea
     "{batches.b1.one_token_pass_ms.target:.0f} ms")
 SPEED_INT8_TARGET = "results/speed_int8_target_amx_xeon.json"   # float and int8 targets, float32
 _TGT = "ours float32 int8 target / ours float32 float target"
+_DQ = "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
 _TARGET_ROWS = [  # the table of a --target-weights float int8 run (4 methods, 2 kinds)
     f"| {label} | {{rows.{i}.tokens_per_s:.2f}} ({{rows.{i}.decode_tokens_per_s:.2f}}) | "
     f"{{rows.{i + 4}.tokens_per_s:.2f}} ({{rows.{i + 4}.decode_tokens_per_s:.2f}}) | "
@@ -1733,23 +1736,20 @@ add("docs/results/speed.md", SPEED_INT8_TARGET,
     "The int8 target ran sampling at {ratios.tokens_per_s: sample: " + _TGT + ":.2f}x and beam "
     "sampling W=4 at {ratios.tokens_per_s: beam_sample_W4: " + _TGT + ":.2f}x the float32 "
     "target's\nspeed",
-    "On the int8 target DSBD ran at {ratios.float32, int8 target: tokens_per_s: "
-    "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}x its beam sampling W=4 "
-    "({ratios.float32, int8 target: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x decode)",
+    "On the int8 target DSBD ran at {ratios.float32, int8 target: tokens_per_s: " + _DQ + ":.2f}x"
+    " its beam sampling W=4 ({ratios.float32, int8 target: decode_tokens_per_s: " + _DQ + ":.2f}x"
+    " decode)",
     "speculative sampling at {ratios.float32, int8 target: tokens_per_s: speculative_g4 / "
     "sample:.2f}x its sampling ({ratios.float32, int8 target: decode_tokens_per_s: "
     "speculative_g4 / sample:.2f}x decode)",
-    "DSBD ran at {ratios.float32: tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours):.2f}"
-    "x beam sampling W=4 ({ratios.float32: decode_tokens_per_s: dsbd_g2_WS4_t0.7_Wmin2 / "
-    "beam_sample_W4 (ours):.2f}x\ndecode) and speculative sampling at {ratios.float32: "
+    "DSBD ran at {ratios.float32: tokens_per_s: " + _DQ + ":.2f}x beam sampling W=4 "
+    "({ratios.float32: decode_tokens_per_s: " + _DQ + ":.2f}x\ndecode) and speculative sampling at {ratios.float32: "
     "tokens_per_s: speculative_g4 / sample:.2f}x sampling ({ratios.float32: decode_tokens_per_s: "
     "speculative_g4 / sample:.2f}x decode)")
 add("docs/results/speed.md", SPEED_INT8_TARGET,
     "The prompt pass gains most: {rows.4.prefill_s_per_prompt:.2f} s against "
     "{rows.0.prefill_s_per_prompt:.2f} s\nper prompt")
 TARGET_EPYC = "results/speed_int8_target_avx512bf16_epyc.json"   # the same, VNNI and no AMX
-_DQ = "dsbd_g2_WS4_t0.7_Wmin2 / beam_sample_W4 (ours)"
 add("docs/results/speed.md", TARGET_EPYC,
     "(`results/speed_int8_target_avx512bf16_epyc.json`, {=v('wall_s') / 60:.0f} minutes, both "
     "models converted in the run,",

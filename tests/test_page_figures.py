@@ -143,6 +143,18 @@ def test_figures_equal_their_json():
                      + "\n".join(bad))
 
 
+def test_every_constant_is_bound_once():
+    """The templates read page_figures' upper-case constants by name when rendered, so the last
+    binding of a name wins for every template: a name bound twice would silently point earlier
+    entries' ``w(NAME, ...)`` at the later file."""
+    import ast
+    tree = ast.parse(Path(pf.__file__).read_text())
+    names = [t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+             if isinstance(t, ast.Name) and t.id.lstrip("_").isupper()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"bound more than once in page_figures.py: {twice}"
+
+
 def test_every_entry_names_a_results_file_and_a_page():
     for page, source, text, at in pf.FIGURES:
         assert (ROOT / page).is_file(), page
