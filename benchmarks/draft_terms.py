@@ -200,7 +200,8 @@ def summarize(out):
         for drec in rec["drafts"].values():
             runs = {k: v for k, v in drec.items() if k not in ("best_speculative", "targets")}
             spec = {k: v for k, v in runs.items() if k.startswith("speculative_g")}
-            best = max(spec, key=lambda k: spec[k]["tokens_per_s"])
+            # a run of DSBD alone (--methods dsbd_beamW4_point) has no speculative sampling
+            best = max(spec, key=lambda k: spec[k]["tokens_per_s"]) if spec else None
             ks = sorted({best, "speculative_g4"} & set(spec), key=_gamma)
             t = {"speculative_vs_sample": {
                      k: dict(what_if(spec[k], s_ms, rec["target_one_row_pass_ms"],

@@ -1530,6 +1530,18 @@ add("docs/results/speed.md", TERMS_INT8_VNNI, _terms_row("now"),
     "v(_B1 + 'one_token_pass_ms.target'):.2f}x its one-token pass where the\n  earlier run's cost "
     "{=w(TERMS_INT8_VNNI_EARLIER, _P + 'passes_alone_ms.pass2_target_1x12') / "
     "w(TERMS_INT8_VNNI_EARLIER, _B1 + 'one_token_pass_ms.target'):.2f}x")
+TERMS_CODE_NOW = "results/draft_terms_int8_epyc_code_current.json"    # one host, one day:
+TERMS_CODE_OLD = "results/draft_terms_int8_epyc_code_20261202.json"   # the code of 97385ee
+_DSBD_TPS = _P + "tokens_per_s"
+add("docs/results/speed.md", TERMS_CODE_NOW, _terms_row("a day later, current code"),
+    "at the same speed (within {=abs(1 - w(TERMS_CODE_OLD, _DSBD_TPS) / v(_DSBD_TPS)) * 100 + 0.5"
+    ":.0f}%), and at\n  {=w(TERMS_CODE_OLD, _B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x and "
+    "{=v(_B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x beam sampling W=4. The same host's run a "
+    "day before had given {=w(TERMS_INT8_VNNI, _B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x, "
+    "and its\n  one-token target pass timed alone moved from "
+    "{=w(TERMS_INT8_VNNI, _B1 + 'one_token_pass_ms.target'):.0f} to "
+    "{=v(_B1 + 'one_token_pass_ms.target'):.0f} ms between the two days")
+add("docs/results/speed.md", TERMS_CODE_OLD, _terms_row("a day later, code of 2026-12-02"))
 FLOOR_INT8 = "results/pass_floor_int8_avx512bf16_epyc.json"   # int8 passes, the VNNI host
 _F8 = "results.{m}.{d}.{f}.rows.{n}.{k}"
 

@@ -158,3 +158,21 @@ def test_single_beam_sweep_options_and_summary():
                                and v[k] >= 0.95]
     again = bench.summarize(out)["batches"]["b1"]["drafts"]["d"]["targets"]
     assert again == t
+
+
+def test_summary_of_dsbd_alone():
+    """A run of the beam-W4 point alone (``--methods dsbd_beamW4_point``, no speculative
+    sampling) is summarised, not refused at its end: its DSBD target only."""
+    bench = load_bench("draft_terms")
+    w4 = {"tokens_per_iteration": 2.5, "decode_ms_per_iteration": 400.0, "tokens_per_s": 5.0,
+          "draft_passes_ms": 100.0, "target_passes_ms": 250.0, "rest_ms": 50.0,
+          "decode_ms_per_token": 160.0}
+    ref = {"tokens_per_s": 4.0, "decode_ms_per_token": 200.0, "target_passes_ms": 190.0}
+    out = {"batches": {"b1": {"references": {"sample": ref, "beam_sample_W4": ref},
+                              "target_one_row_pass_ms": 180.0,
+                              "drafts": {"int8": {"dsbd_beamW4_point": w4}}}}}
+    drec = bench.summarize(out)["batches"]["b1"]["drafts"]["int8"]
+    assert drec["best_speculative"] is None
+    assert drec["targets"]["speculative_vs_sample"] == {}
+    d = drec["targets"]["dsbd_w4_vs_beam_w4"]["dsbd_beamW4_point"]
+    assert d["decode"] == pytest.approx(200 / 160) and d["end_to_end"] == pytest.approx(1.25)
