@@ -1533,11 +1533,12 @@ add("docs/results/speed.md", TERMS_INT8_VNNI, _terms_row("now"),
 TERMS_CODE_NOW = "results/draft_terms_int8_epyc_code_current.json"    # one host, one day:
 TERMS_CODE_OLD = "results/draft_terms_int8_epyc_code_20261202.json"   # the code of 97385ee
 _DSBD_TPS = _P + "tokens_per_s"
+_W4_E2E = _B1 + "drafts.int8." + _TD + "end_to_end"   # DSBD / beam sampling W=4, end to end
 add("docs/results/speed.md", TERMS_CODE_NOW, _terms_row("a day later, current code"),
     "at the same speed (within {=abs(1 - w(TERMS_CODE_OLD, _DSBD_TPS) / v(_DSBD_TPS)) * 100 + 0.5"
-    ":.0f}%), and at\n  {=w(TERMS_CODE_OLD, _B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x and "
-    "{=v(_B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x beam sampling W=4. The same host's run a "
-    "day before had given {=w(TERMS_INT8_VNNI, _B1 + 'drafts.int8.' + _TD + 'end_to_end'):.2f}x, "
+    ":.0f}%), and at\n  {=w(TERMS_CODE_OLD, _W4_E2E):.2f}x and "
+    "{=v(_W4_E2E):.2f}x beam sampling W=4. The same host's run a "
+    "day before had given {=w(TERMS_INT8_VNNI, _W4_E2E):.2f}x, "
     "and its\n  one-token target pass timed alone moved from "
     "{=w(TERMS_INT8_VNNI, _B1 + 'one_token_pass_ms.target'):.0f} to "
     "{=v(_B1 + 'one_token_pass_ms.target'):.0f} ms between the two days")
