@@ -10,8 +10,8 @@ and asserts that the page holds the passage (whitespace and line breaks count as
   expression after ``=`` over ``v(path)`` (the same paths), ``w(json, path)`` (another results
   file), ``span(values)`` (their lowest and highest, printed ``lo-hi``) and the helpers of
   :data:`HELPERS`.
-- ``format``: a Python format spec (``.2f``, ``d``, ``,d``); what surrounds the figure on the
-  page (``x``, `` %``, `` ms``) stays in ``text``.
+- ``format``: a Python format spec (``.2f``, ``d``, ``,d``; ``+.3f`` for a signed difference);
+  what surrounds the figure on the page (``x``, `` %``, `` ms``) stays in ``text``.
 
 :data:`ALLOWED` names the figures the completeness check of the test finds that are not
 measurements of the current code (the paper's figures, settings, size ratios), each with why.
@@ -1819,3 +1819,76 @@ add("docs/getting_started.md", DEMO_F32_AGAIN,
     "first\n  run {runs.0.wall_s:.0f} s, second **{runs.1.wall_s:.0f} s**, with "
     "{=v('runs.1.cache_resident_before_bytes') / 1e9:.2f} of the cache's "
     "{=sum(v('runs.0.cache_bytes').values()) / 1e9:.2f} GB in the page cache before it")
+
+# docs/results/quality.md: the quality run with the int8 draft beside the float32 target --------
+QUALITY_INT8 = "results/quality_cpu_int8/report.json"
+QUALITY_MD = "docs/results/quality.md"
+
+
+def qrow(label: str, key: str):
+    """A figure of the run's summary row ``label`` (the report's method labels)."""
+    rows = load(QUALITY_INT8)["summary"]["rows"]
+    return resolve(next(r for r in rows if r["label"] == label), key)
+
+
+def qdiff(a: str, baseline: str, figure: str, key: str):
+    """A paired difference of the run (``a`` minus ``baseline`` on the same problems): DSBD's
+    against its baselines, or the yardstick's beam sampling against sampling."""
+    doc = load(QUALITY_INT8)
+    return next(d[key] for d in doc["summary"]["quality_differences"] + doc["yardstick"]
+                if (d["dsbd"], d["baseline"], d["figure"]) == (a, baseline, figure))
+
+
+HELPERS.update(qrow=qrow, qdiff=qdiff)
+
+
+def _q_table_row(name: str, label: str) -> str:
+    """A row of the quality page's table: task metrics (%) and log-likelihoods with their
+    intervals, and target calls per token."""
+    def iv(path: str, pct: bool) -> str:
+        scale, fmt = (" * 100", ".1f") if pct else ("", ".3f")
+        mean, lo, hi = (f"{{=qrow('{label}', '{path}.{p}'){scale}:{fmt}}}"
+                        for p in ("mean", "lo", "hi"))
+        return f"{mean} [{lo}, {hi}]"
+    return (f"| {name} | {iv('task_intervals.humaneval/pass@1', True)} | "
+            f"{iv('task_intervals.gsm8k/exact_match', True)} | "
+            f"{iv('loglik_by_task.humaneval', False)} | {iv('loglik_by_task.gsm8k', False)} | "
+            f"{iv('loglik_by_task.mtbench', False)} | "
+            f"{{=qrow('{label}', 'target_calls_per_token'):.2f}} |")
+
+
+def _q_diff(a: str, baseline: str, figure: str, pct: bool) -> str:
+    scale, fmt = (" * 100", "+.1f") if pct else ("", "+.3f")
+    part = [f"{{=qdiff('{a}', '{baseline}', '{figure}', '{k}'){scale}:{fmt}}}"
+            for k in ("mean", "lo", "hi")]
+    return f"{part[0]} [{part[1]}, {part[2]}]"
+
+
+_Q4 = "dsbd g=2 WS=4 t=0.7 Wmin=2"           # the beam-W4 point
+_Q3 = "dsbd g=3 WS=3 t=0.9 Wmin=1"           # the cheaper point
+_Q1 = "dsbd g=3 WS=3 t=0.9 Wmin=1 single-beam"
+Q_ROWS = [("sampling", "sample"), ("beam sampling W=2", "beam W=2"),
+          ("beam sampling W=4", "beam W=4"), ("speculative sampling (gamma 4)", "spec g=4"),
+          ("**DSBD, the beam-W4 point** (g 2, W_S 4, t 0.7, W_min 2)", _Q4),
+          ("DSBD, g 3, W_S 3, t 0.9, W_min 1", _Q3), ("the same, single-beam", _Q1)]
+Q_DIFFS = [("DSBD beam-W4 point minus beam sampling W=4", _Q4, "beam W=4"),
+           ("DSBD beam-W4 point minus sampling", _Q4, "sample"),
+           ("DSBD g 3 / W_S 3 minus beam sampling W=4", _Q3, "beam W=4"),
+           ("DSBD single-beam minus speculative sampling", _Q1, "spec g=4"),
+           ("DSBD single-beam minus sampling", _Q1, "sample"),
+           ("the yardstick: beam sampling W=4 minus sampling", "beam W=4", "sample")]
+add(QUALITY_MD, QUALITY_INT8,
+    *[_q_table_row(name, label) for name, label in Q_ROWS],
+    *[f"| {name} | {_q_diff(a, b, 'pooled/task_metric', True)} | "
+      f"{_q_diff(a, b, 'humaneval/loglik_per_token', False)} | "
+      f"{_q_diff(a, b, 'gsm8k/loglik_per_token', False)} | "
+      f"{_q_diff(a, b, 'mtbench/loglik_per_token', False)} |" for name, a, b in Q_DIFFS],
+    "({=qrow('sample', 'prompts'):d} prompts per method setting:",
+    "DSBD's {=qrow(_Q4, 'target_calls_per_token'):.2f} target calls per token at the beam-W4 "
+    "point")
+add(README, QUALITY_INT8,
+    "log-likelihood per token, paired on the same problems: "
+    + _q_diff(_Q4, "beam W=4", "humaneval/loglik_per_token", False) + " on HumanEval and\n"
+    + _q_diff(_Q4, "beam W=4", "gsm8k/loglik_per_token", False) + " on GSM8K, where beam "
+    "sampling W=4 gains {=qdiff('beam W=4', 'sample', 'humaneval/loglik_per_token', 'mean'):+.3f} "
+    "and {=qdiff('beam W=4', 'sample', 'gsm8k/loglik_per_token', 'mean'):+.3f} over sampling")

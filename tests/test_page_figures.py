@@ -23,7 +23,7 @@ from pathlib import Path
 import page_figures as pf
 
 ROOT = pf.ROOT
-PLACE = re.compile(r"\{(?P<get>[^{}]+?):(?P<fmt>,?(?:\.\d+)?[fd])\}")
+PLACE = re.compile(r"\{(?P<get>[^{}]+?):(?P<fmt>\+?,?(?:\.\d+)?[fd])\}")
 RATIO = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b")
 NUMBER = re.compile(r"(?<![\w.=])\d+(?:,\d{3})*(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?![\w-]|\.\d)")
 SEPARATOR = re.compile(r"^\|[-:| ]+\|\s*$")
