@@ -1842,14 +1842,19 @@ def qdiff(a: str, baseline: str, figure: str, key: str):
 HELPERS.update(qrow=qrow, qdiff=qdiff)
 
 
+def _q_interval(call: str, pct: bool, sign: str = "") -> str:
+    """``mean [lo, hi]`` of one quality figure: ``call`` is a ``qrow``/``qdiff`` call with
+    ``{k}`` where the interval's key goes; ``pct`` prints a fraction in points."""
+    scale, fmt = (" * 100", sign + ".1f") if pct else ("", sign + ".3f")
+    mean, lo, hi = (f"{{={call.format(k=k)}{scale}:{fmt}}}" for k in ("mean", "lo", "hi"))
+    return f"{mean} [{lo}, {hi}]"
+
+
 def _q_table_row(name: str, label: str) -> str:
     """A row of the quality page's table: task metrics (%) and log-likelihoods with their
     intervals, and target calls per token."""
     def iv(path: str, pct: bool) -> str:
-        scale, fmt = (" * 100", ".1f") if pct else ("", ".3f")
-        mean, lo, hi = (f"{{=qrow('{label}', '{path}.{p}'){scale}:{fmt}}}"
-                        for p in ("mean", "lo", "hi"))
-        return f"{mean} [{lo}, {hi}]"
+        return _q_interval(f"qrow('{label}', '{path}.{{k}}')", pct)
     return (f"| {name} | {iv('task_intervals.humaneval/pass@1', True)} | "
             f"{iv('task_intervals.gsm8k/exact_match', True)} | "
             f"{iv('loglik_by_task.humaneval', False)} | {iv('loglik_by_task.gsm8k', False)} | "
@@ -1858,10 +1863,8 @@ def _q_table_row(name: str, label: str) -> str:
 
 
 def _q_diff(a: str, baseline: str, figure: str, pct: bool) -> str:
-    scale, fmt = (" * 100", "+.1f") if pct else ("", "+.3f")
-    part = [f"{{=qdiff('{a}', '{baseline}', '{figure}', '{k}'){scale}:{fmt}}}"
-            for k in ("mean", "lo", "hi")]
-    return f"{part[0]} [{part[1]}, {part[2]}]"
+    """A paired difference with its interval, signed."""
+    return _q_interval(f"qdiff('{a}', '{baseline}', '{figure}', '{{k}}')", pct, sign="+")
 
 
 _Q4 = "dsbd g=2 WS=4 t=0.7 Wmin=2"           # the beam-W4 point
