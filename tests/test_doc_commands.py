@@ -1,20 +1,29 @@
 """Every ``dsbd`` command the README and the docs show parses with the command line's own
-parser: a renamed or mistyped option, a wrong choice or a missing positional in a shown command
+parser, and every ``python benchmarks/*.py`` or ``scripts/*.py`` command with its script's: a
+renamed or mistyped option, a wrong choice or a missing required argument in a shown command
 fails here, not in a user's terminal.
 
 Commands in fenced shell blocks are whole commands and must parse as they are (one with ``...``
 leaves arguments out on purpose). Commands in inline code are often a name and an option in
 running text (`dsbd generate --dtype`): there, as after ``...``, only a missing argument is
-allowed; an unknown option or a bad choice still fails."""
+allowed; an unknown option or a bad choice still fails. A script's command, inline or not, is a
+command to run and must be whole but for ``...``. A script is parsed by running it as
+``__main__`` with ``argparse`` stopped right after its ``parse_args`` (nothing after it runs;
+the environment it may set at import is put back)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
+import os
 import re
+import runpy
 import shlex
+import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from dsbd_jax.cli import build_parser
@@ -25,6 +34,9 @@ SHELL = ("bash", "sh", "shell", "console", "")
 PROGRAM = r"(?:\S*/)?(?:dsbd|python -m dsbd_jax)\s+"
 IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + PROGRAM + r"(.*)")
 INLINE = re.compile(r"^" + PROGRAM + r"(.*)$")
+SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/\w+\.py)\b\s*"
+SCRIPT_IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + SCRIPT + r"(.*)")
+SCRIPT_INLINE = re.compile(r"^" + SCRIPT + r"(.*)$")
 ENDS = ("|", "&", "&&", ";", ")", "2>&1")
 # what an inline mention may leave out (a name and an option in running text)
 PARTIAL = ("the following arguments are required", "expected one argument")
@@ -49,22 +61,24 @@ def blocks(text: str):
     return shell, "\n".join(outside)
 
 
-def commands(text: str):
-    """``[(argv text, whole)]``: ``whole`` for a command in a fenced shell block (continuation
-    lines joined, comments cut), else an inline mention."""
+def commands(text: str, scripts: bool = False):
+    """``[(argv text, whole)]`` of the ``dsbd`` commands (``scripts``: ``[(script, argv text,
+    whole)]`` of the script commands): ``whole`` for a command in a fenced shell block
+    (continuation lines joined, comments cut), else an inline mention (its line breaks
+    joined)."""
     out = []
     shell, outside = blocks(text)
-    for block in shell:
-        for line in re.sub(r"\s*\\\n\s*", " ", block).splitlines():
+    in_block, inline = (SCRIPT_IN_BLOCK, SCRIPT_INLINE) if scripts else (IN_BLOCK, INLINE)
+    lines = [(line, True) for block in shell
+             for line in re.sub(r"\s*\\\n\s*", " ", block).splitlines()]
+    lines += [(" ".join(span.split()), False) for span in re.findall(r"`([^`]+)`", outside)]
+    for line, whole in lines:
+        if whole:
             line = re.sub(r"(^|\s)#.*$", "", line).strip()
             line = line[2:] if line.startswith("$ ") else line
-            m = IN_BLOCK.search(line)
-            if m:
-                out.append((m.group(1), True))
-    for span in re.findall(r"`([^`\n]+)`", outside):
-        m = INLINE.match(span.strip())
+        m = (in_block.search if whole else inline.match)(line.strip())
         if m:
-            out.append((m.group(1), False))
+            out.append(m.groups() + (whole,))
     return out
 
 
@@ -89,11 +103,58 @@ def parse_error(argv) -> str:
     return ""
 
 
+class _Parsed(Exception):
+    """Raised right after a script's ``parse_args``: the script stops there."""
+
+
+def script_error(script: str, argv) -> str:
+    """The error of ``script``'s own parser for ``argv`` (the last line it prints), or ``""``.
+    The script runs as ``__main__`` until its ``parse_args`` returns, never further; the
+    process environment, ``sys.argv`` and ``sys.path`` are put back after."""
+    path = ROOT / script
+    assert "parse_args(" in path.read_text(), f"{script} has no parse_args: it would run"
+    jax.devices()  # this process's backend starts before any script's XLA_FLAGS, never after
+    parse = argparse.ArgumentParser.parse_args
+
+    def stop(self, args=None, namespace=None):
+        parse(self, args, namespace)
+        raise _Parsed
+
+    environ, argv0, path0 = dict(os.environ), sys.argv, list(sys.path)
+    err = io.StringIO()
+    argparse.ArgumentParser.parse_args = stop
+    try:
+        sys.argv = [str(path), *argv]
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(str(path), run_name="__main__")
+    except _Parsed:
+        return ""
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return (err.getvalue().strip().splitlines() or ["exit %s" % e.code])[-1]
+        return ""
+    finally:
+        argparse.ArgumentParser.parse_args = parse
+        sys.argv, sys.path[:] = argv0, path0
+        os.environ.clear()
+        os.environ.update(environ)
+    raise AssertionError(f"{script} returned without calling parse_args")
+
+
 def shown():
     found = []
     for page in PAGES:
         for rest, whole in commands(page.read_text()):
             found.append(pytest.param(rest, whole, id=f"{page.relative_to(ROOT)}: {rest[:60]}"))
+    return found
+
+
+def shown_scripts():
+    found = []
+    for page in PAGES:
+        for script, rest, whole in commands(page.read_text(), scripts=True):
+            found.append(pytest.param(script, rest, whole,
+                                      id=f"{page.relative_to(ROOT)}: {script} {rest[:50]}"))
     return found
 
 
@@ -104,6 +165,30 @@ def test_shown_command_parses(rest, whole):
     if (not whole or "..." in argv) and any(p in error for p in PARTIAL):
         return
     assert not error, f"`dsbd {rest}` does not parse: {error}"
+
+
+@pytest.mark.parametrize("script, rest, whole", shown_scripts())
+def test_shown_script_command_parses(script, rest, whole):
+    argv = argv_of(rest)
+    error = script_error(script, [a for a in argv if a != "..."])
+    if "..." in argv and any(p in error for p in PARTIAL):
+        return
+    assert not error, f"`python {script} {rest}` does not parse: {error}"
+
+
+def test_a_wrong_script_command_fails_and_nothing_runs():
+    """A script's unknown option and its missing required ``--out`` are refused; a right
+    command stops at its parser (the benchmark would take minutes: the test takes none); the
+    environment a script sets at import (``benchmarks/sharding.py``: ``XLA_FLAGS``) is put
+    back."""
+    assert script_error("benchmarks/int8_products.py", ["--no-such-option"])
+    assert "--out" in script_error("benchmarks/cpu_options.py", ["--prompts", "4"])
+    assert not script_error("benchmarks/int8_products.py", ["--rows", "2", "--out", "x.json"])
+    flags = os.environ.get("XLA_FLAGS")
+    assert not script_error("benchmarks/sharding.py", ["--help"])
+    assert os.environ.get("XLA_FLAGS") == flags
+    found = [c for p in PAGES for c in commands(p.read_text(), scripts=True)]
+    assert sum(whole for *_, whole in found) >= 10 and len(found) >= 40
 
 
 def test_the_pages_show_commands_and_a_wrong_one_fails():
@@ -117,3 +202,5 @@ def test_the_pages_show_commands_and_a_wrong_one_fails():
     assert not parse_error(argv_of("bench configs/quality_cpu.yaml --out runs/q | tee log"))
     assert commands("```bash\nA=1 dsbd plot runs/q \\\n  --out x  # a comment\n```") == [
         ("plot runs/q --out x", True)]
+    assert commands("see `python benchmarks/a.py --x\n1` here", scripts=True) == [
+        ("benchmarks/a.py", "--x 1", False)]
