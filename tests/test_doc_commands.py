@@ -1,7 +1,7 @@
-"""Every ``dsbd`` command the README and the docs show parses with the command line's own
-parser, and every ``python benchmarks/*.py`` or ``scripts/*.py`` command with its script's: a
-renamed or mistyped option, a wrong choice or a missing required argument in a shown command
-fails here, not in a user's terminal.
+"""Every ``dsbd`` command the README, the docs and the configs' comments show parses with the
+command line's own parser, and every ``python benchmarks/*.py`` or ``scripts/*.py`` command
+with its script's: a renamed or mistyped option, a wrong choice or a missing required argument
+in a shown command fails here, not in a user's terminal.
 
 Commands in fenced shell blocks are whole commands and must parse as they are (one with ``...``
 leaves arguments out on purpose). Commands in inline code are often a name and an option in
@@ -29,12 +29,15 @@ import pytest
 from dsbd_jax.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md",
+         *sorted((ROOT / "docs").rglob("*.md"))]
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 SHELL = ("bash", "sh", "shell", "console", "")
 PROGRAM = r"(?:\S*/)?(?:dsbd|python -m dsbd_jax)\s+"
 IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + PROGRAM + r"(.*)")
 INLINE = re.compile(r"^" + PROGRAM + r"(.*)$")
-SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/\w+\.py)\b\s*"
+# a script's name in lower case (benchmarks/NAME.py is a placeholder)
+SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/[a-z0-9_]+\.py)\b\s*"
 SCRIPT_IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + SCRIPT + r"(.*)")
 SCRIPT_INLINE = re.compile(r"^" + SCRIPT + r"(.*)$")
 ENDS = ("|", "&", "&&", ";", ")", "2>&1")
@@ -80,6 +83,20 @@ def commands(text: str, scripts: bool = False):
         if m:
             out.append(m.groups() + (whole,))
     return out
+
+
+def config_text(path: Path) -> str:
+    """A config's commented commands (``#   dsbd bench ...``, indented under a ``#``) as one
+    shell block, the way :func:`commands` reads a page."""
+    lines = [m.group(1) for m in re.finditer(r"(?m)^#\s{2,}((?:\S*/)?(?:dsbd|python3?)\s.*)$",
+                                             path.read_text())]
+    return "```bash\n" + "\n".join(lines) + "\n```\n"
+
+
+def texts():
+    """``[(name, text)]``: the pages, and each config's commented commands."""
+    return ([(str(p.relative_to(ROOT)), p.read_text()) for p in PAGES]
+            + [(str(p.relative_to(ROOT)), config_text(p)) for p in CONFIGS])
 
 
 def argv_of(rest: str):
@@ -142,20 +159,13 @@ def script_error(script: str, argv) -> str:
 
 
 def shown():
-    found = []
-    for page in PAGES:
-        for rest, whole in commands(page.read_text()):
-            found.append(pytest.param(rest, whole, id=f"{page.relative_to(ROOT)}: {rest[:60]}"))
-    return found
+    return [pytest.param(rest, whole, id=f"{name}: {rest[:60]}")
+            for name, text in texts() for rest, whole in commands(text)]
 
 
 def shown_scripts():
-    found = []
-    for page in PAGES:
-        for script, rest, whole in commands(page.read_text(), scripts=True):
-            found.append(pytest.param(script, rest, whole,
-                                      id=f"{page.relative_to(ROOT)}: {script} {rest[:50]}"))
-    return found
+    return [pytest.param(script, rest, whole, id=f"{name}: {script} {rest[:50]}")
+            for name, text in texts() for script, rest, whole in commands(text, scripts=True)]
 
 
 @pytest.mark.parametrize("rest, whole", shown())
@@ -187,15 +197,15 @@ def test_a_wrong_script_command_fails_and_nothing_runs():
     flags = os.environ.get("XLA_FLAGS")
     assert not script_error("benchmarks/sharding.py", ["--help"])
     assert os.environ.get("XLA_FLAGS") == flags
-    found = [c for p in PAGES for c in commands(p.read_text(), scripts=True)]
+    found = [c for _, text in texts() for c in commands(text, scripts=True)]
     assert sum(whole for *_, whole in found) >= 10 and len(found) >= 40
 
 
 def test_the_pages_show_commands_and_a_wrong_one_fails():
     """The collection finds whole commands on the pages, and the check refuses what it must: an
     option the command does not have, a choice it does not offer, a missing positional."""
-    found = [c for p in PAGES for c in commands(p.read_text())]
-    assert sum(whole for _, whole in found) >= 20
+    found = [c for _, text in texts() for c in commands(text)]
+    assert sum(whole for _, whole in found) >= 30
     assert parse_error(["bench", "--config", "configs/quality_cpu.yaml"])
     assert parse_error(["generate", "--prompt", "x", "--method", "no-such-method"])
     assert parse_error(["bench"])
