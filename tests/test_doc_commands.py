@@ -36,6 +36,7 @@ SHELL = ("bash", "sh", "shell", "console", "")
 PROGRAM = r"(?:\S*/)?(?:dsbd|python -m dsbd_jax)\s+"
 IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + PROGRAM + r"(.*)")
 INLINE = re.compile(r"^" + PROGRAM + r"(.*)$")
+DEMO = re.compile(r"\bbash scripts/demo\.sh\b")
 # a script's name in lower case (benchmarks/NAME.py is a placeholder)
 SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/[a-z0-9_]+\.py)\b\s*"
 SCRIPT_IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + SCRIPT + r"(.*)")
@@ -76,6 +77,7 @@ def commands(text: str, scripts: bool = False):
              for line in re.sub(r"\s*\\\n\s*", " ", block).splitlines()]
     lines += [(" ".join(span.split()), False) for span in re.findall(r"`([^`]+)`", outside)]
     for line, whole in lines:
+        line = DEMO.sub("dsbd demo", line)  # the quickstart's demo passes its arguments on
         if whole:
             line = re.sub(r"(^|\s)#.*$", "", line).strip()
             line = line[2:] if line.startswith("$ ") else line
@@ -212,5 +214,6 @@ def test_the_pages_show_commands_and_a_wrong_one_fails():
     assert not parse_error(argv_of("bench configs/quality_cpu.yaml --out runs/q | tee log"))
     assert commands("```bash\nA=1 dsbd plot runs/q \\\n  --out x  # a comment\n```") == [
         ("plot runs/q --out x", True)]
+    assert commands("`bash scripts/demo.sh --beams 3`") == [("demo --beams 3", False)]
     assert commands("see `python benchmarks/a.py --x\n1` here", scripts=True) == [
         ("benchmarks/a.py", "--x 1", False)]
