@@ -217,3 +217,35 @@ def test_the_pages_show_commands_and_a_wrong_one_fails():
     assert commands("`bash scripts/demo.sh --beams 3`") == [("demo --beams 3", False)]
     assert commands("see `python benchmarks/a.py --x\n1` here", scripts=True) == [
         ("benchmarks/a.py", "--x 1", False)]
+
+
+def test_int8_host_script_steps_parse_and_resume():
+    """``scripts/int8_host.sh`` (the int8 issue's measurements on a host class not yet
+    measured): each of its five steps is a command its benchmark's parser takes, named for the
+    label; a step whose JSON exists is skipped (the script resumes); a bad label is refused."""
+    import subprocess
+    label = f"test_{os.getpid()}"
+    env = dict(os.environ, PYTHON=sys.executable, DSBD_INT8_HOST_DRY="1")
+
+    def dry():
+        out = subprocess.run(["bash", "scripts/int8_host.sh", label], cwd=ROOT, env=env,
+                             capture_output=True, text=True, check=True).stdout
+        return [line.split()[1:] for line in out.splitlines()
+                if line.startswith(sys.executable + " ")]
+
+    steps = dry()
+    assert [s[0] for s in steps] == ["benchmarks/int8_products.py", "benchmarks/pass_floor.py",
+                                     "benchmarks/speed.py", "benchmarks/speed.py",
+                                     "benchmarks/draft_terms.py"]
+    for script, *argv in steps:
+        assert not script_error(script, argv), (script, argv)
+        assert argv[argv.index("--out") + 1].endswith(f"_{label}.json")
+    first = ROOT / "results" / f"int8_products_{label}.json"
+    try:
+        first.write_text("{}")
+        assert [s[0] for s in dry()][0] == "benchmarks/pass_floor.py"
+    finally:
+        first.unlink()
+    bad = subprocess.run(["bash", "scripts/int8_host.sh", "a/b"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "LABEL" in bad.stderr
