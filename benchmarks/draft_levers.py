@@ -237,10 +237,10 @@ def main(argv=None):
         args.both_rows = V // 2
         table = mv.save_table(tmp / "table.npz", mv.count_tokens(prompts, V))
         from dsbd_jax.training.distill import distill
-        res = distill((target.config, target.params), (draft.config, draft.params), prompts,
-                      prompts, DistillConfig(steps=3, warmup_steps=1, max_new_tokens=4,
-                                             batch_size=2, mode="full"),
-                      tmp / "distill", tokenizer=target.tokenizer, progress=False)
+        distill((target.config, target.params), (draft.config, draft.params), prompts,
+                prompts, DistillConfig(steps=3, warmup_steps=1, max_new_tokens=4, batch_size=2,
+                                       mode="full"),
+                tmp / "distill", tokenizer=target.tokenizer, progress=False)
         args.distilled = str(tmp / "distill" / "model")
     else:
         texts, prompts = benchmark_prompts(target.tokenizer, args.prompts)

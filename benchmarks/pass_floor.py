@@ -301,7 +301,6 @@ def build_params(config, form: str, seed: int = 0):
     from dsbd_jax.host.pass_probe import random_params
     if form == "int8":
         from dsbd_jax.models import kinds
-        from dsbd_jax.host import forms
         return kinds.int8_params_(random_params(config, "plain", seed), config)[0]
     return random_params(config, form, seed)
 
@@ -311,7 +310,6 @@ def config_for(config, form: str):
     head untied, ``kinds.int8_config``)."""
     if form == "int8":
         from dsbd_jax.models import kinds
-        from dsbd_jax.host import forms
         return kinds.int8_config(config)
     return config
 
@@ -320,7 +318,6 @@ def resolve_form(config, form: str) -> str:
     """``form``, or for ``host`` the form ``load_model`` picks for ``config`` on this host."""
     if form != "host":
         return form
-    from dsbd_jax.models import kinds
     from dsbd_jax.host import forms
     return forms.choose_form(config, config.dtype)
 

@@ -195,7 +195,7 @@ def main(argv=None) -> dict:
     print(json.dumps({k: res[k] for k in ("compile_combinations", "compiles_first_round",
                                           "compiles_later_rounds", "nan_outputs",
                                           "malformed_outputs", "seconds")}))
-    print(f"growth after round 1 (per batch): "
+    print("growth after round 1 (per batch): "
           + ", ".join(f"{k} {v['slope_per_batch']:.3g}" for k, v in growth.items()))
     print(f"wrote {out_path}")
     return res

@@ -3,7 +3,6 @@ interpreters (shell scripts answering the version check) on PATH and in a fake p
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

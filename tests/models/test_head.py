@@ -107,7 +107,6 @@ def test_head_from_a_transposed_target_runs_checks_and_saves_plain(tmp_path):
     hosts that pick it) keeps that form: it passes the check, gives the plain block's logits,
     and is saved in the plain form, so that the file loads anywhere."""
     from dsbd_jax.models import kinds
-    from dsbd_jax.host import forms
     tp = _target()
     tpt = kinds.transpose_params(tp, kinds.transposed_widths(CFG))
     hc = mh.HeadConfig(CFG)

@@ -17,7 +17,6 @@ from dsbd_jax.decoding.common import DecodeConfig
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.models import weights
 from dsbd_jax.models import kinds
-from dsbd_jax.models import llama as M
 from dsbd_jax.models.vocab import truncate_head
 
 
