@@ -18,7 +18,15 @@ From the records alone (``dsbd_jax.eval.summary.summary_of``), it writes:
    says whether the run can separate beam sampling's quality from sampling's at all;
 5. where a batch's time goes: ms per loop iteration of a batch, and the lockstep idle share
    (iterations in which a prompt had finished but its row was still computed);
-6. ``report.json`` with the same figures.
+6. with ``--against OTHER`` (another run of the same problems and method settings, e.g. the
+   float target's beside the int8 target's): each method setting of this run minus the same
+   setting of the other on the same problems, task metrics only, with bootstrap 95% intervals
+   (:func:`against`; log-likelihoods are each run's own target's, not comparable across two
+   targets);
+7. ``report.json`` with the same figures.
+
+    python benchmarks/quality_report.py results/quality_cpu_int8_target \
+        --against results/quality_cpu_int8
 """
 
 from __future__ import annotations
@@ -113,6 +121,14 @@ def ratio_table(rs):
     return "\n".join(out)
 
 
+def _difference_cells(d) -> str:
+    """``mean difference [95%] | P(a better) | prompts`` of one paired difference (points for
+    a task metric, nats per token for a log-likelihood)."""
+    scale, nd, unit = (1, 3, "") if d["figure"].endswith("loglik_per_token") else (100, 1, " pts")
+    return (f"{scale * d['mean']:+.{nd}f}{unit} [{scale * d['lo']:+.{nd}f}, "
+            f"{scale * d['hi']:+.{nd}f}] | {d['p_a_better']:.2f} | {d['n']}")
+
+
 def difference_table(diffs, baselines=("beam W=4", "sample", "spec g=4", "beam W=1"),
                      first="DSBD setting", better="P(DSBD better)"):
     out = [f"| {first} | minus | figure | mean difference [95%] | {better} | prompts |",
@@ -120,13 +136,15 @@ def difference_table(diffs, baselines=("beam W=4", "sample", "spec g=4", "beam W
     for d in diffs:
         if baselines is not None and d["baseline"] not in baselines:
             continue
-        scale = 100 if not d["figure"].endswith("loglik_per_token") else 1
-        unit = " pts" if scale == 100 else ""
-        out.append(f"| {d['dsbd']} | {d['baseline']} | {d['figure']} | "
-                   f"{scale * d['mean']:+.{1 if scale == 100 else 3}f}{unit} "
-                   f"[{scale * d['lo']:+.{1 if scale == 100 else 3}f}, "
-                   f"{scale * d['hi']:+.{1 if scale == 100 else 3}f}] | "
-                   f"{d['p_a_better']:.2f} | {d['n']} |")
+        out.append(f"| {d['dsbd']} | {d['baseline']} | {d['figure']} | {_difference_cells(d)} |")
+    return "\n".join(out)
+
+
+def against_table(diffs) -> str:
+    """:func:`against`'s differences, one row per method setting and figure."""
+    out = ["| method setting | figure | this run minus the other [95%] | P(this run better) | "
+           "prompts |", "|---|---|---|---|---|"]
+    out += [f"| {d['dsbd']} | {d['figure']} | {_difference_cells(d)} |" for d in diffs]
     return "\n".join(out)
 
 
@@ -167,13 +185,41 @@ def batch_table(records):
     return "\n".join(out), rows
 
 
+def records_path(results: str) -> str:
+    """A bench output folder's ``records.jsonl`` (a ``.jsonl`` path is taken as it is)."""
+    return results if results.endswith(".jsonl") else os.path.join(results, "records.jsonl")
+
+
+def against(records, other_records):
+    """``(differences, only_here, only_there)``: each method setting (label) both runs hold,
+    this run minus the other on the prompts both ran (paired by task and example), for every
+    task metric and, where there are two or more, the pooled task metric
+    (:func:`dsbd_jax.eval.summary.quality_differences`); the labels only one run holds. The
+    log-likelihoods are left out: each run's are its own target's."""
+    samples = {}
+    for side, recs in (("this", records), ("other", other_records)):
+        samples[side] = [dict(r, label=(side, r["label"]),
+                              prompt_index=(r["task"], r["example_id"]))
+                         for r in recs if r.get("type") == "sample"]
+    labels = {side: {r["label"][1] for r in rs} for side, rs in samples.items()}
+    both = sorted(labels["this"] & labels["other"])
+    diffs = quality_differences(samples["this"] + samples["other"],
+                                [(("this", lab), ("other", lab)) for lab in both])
+    out = [dict(d, dsbd=d["dsbd"][1], baseline=d["baseline"][1]) for d in diffs
+           if not d["figure"].endswith("loglik_per_token")]
+    return (out, sorted(labels["this"] - labels["other"]),
+            sorted(labels["other"] - labels["this"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="a bench output folder (or its records.jsonl)")
     ap.add_argument("--out", default=None, help="Markdown file (default: <folder>/report.md)")
+    ap.add_argument("--against", default=None, metavar="OTHER",
+                    help="another run of the same problems and settings (a folder or its "
+                         "records.jsonl): this run minus it, per setting, task metrics")
     args = ap.parse_args()
-    path = args.results if args.results.endswith(".jsonl") else os.path.join(args.results,
-                                                                               "records.jsonl")
+    path = records_path(args.results)
     folder = os.path.dirname(path)
     summary = summary_of(path)
     records = read_records(path)
@@ -192,14 +238,29 @@ def main():
         "### The yardstick: beam sampling minus sampling on the same problems\n\n"
         + difference_table(yard, None, "beam setting", "P(beam better)"),
         "### Where a batch's time goes\n\n" + batch_text])
+    extra = {}
+    if args.against:
+        other = summary_of(records_path(args.against))
+        diffs, here, there = against(records, read_records(records_path(args.against)))
+        other_status = ("complete" if other["complete"] else
+                        f"PARTIAL: {other['done']} of {other['total']} pairs")
+        text += (f"\n\n### This run minus `{other['name']}` ({other_status}) on the same "
+                 "problems, per method setting\n\nTask metrics only: the log-likelihoods "
+                 "are each run's own target's.\n\n"
+                 + against_table(diffs))
+        for name, labs in (("this run", here), (f"`{other['name']}`", there)):
+            if labs:
+                text += f"\n\nOnly in {name}: " + ", ".join(labs) + "."
+        extra["against"] = {"run": other["name"], "complete": other["complete"],
+                            "differences": diffs, "only_here": here, "only_there": there}
     out = args.out or os.path.join(folder, "report.md")
     with open(out, "w") as f:
         f.write(text + "\n")
     with open(os.path.join(os.path.dirname(out), "report.json"), "w") as f:
         # the host and dtype of the records it reports on (their header's), not this process's
         json.dump({"machine": summary["machine"], "dtype": summary.get("dtype"),
-                   "summary": summary, "ratios": rs, "yardstick": yard, "batches": batch_rows}, f,
-                  indent=1)
+                   "summary": summary, "ratios": rs, "yardstick": yard, "batches": batch_rows,
+                   **extra}, f, indent=1)
     print(text)
     print(f"\nwrote {out}")
 

@@ -415,3 +415,35 @@ def test_sigint_stops_bench_in_the_middle_of_a_batch(tmp_path, pair, gsm_file):
     assert [r["prompt_index"] for r in samples(path)] == [0]
     from dsbd_jax.eval.plan import load_config
     assert resume_state(path, load_config(cfg_path))["done"] == {("sample", 0)}
+
+
+def test_quality_report_against_another_run():
+    """``quality_report.against``: each setting of one run minus the same setting of another on
+    the same problems (paired by task and example, whatever the prompt order), task metrics
+    only (no log-likelihood: each run's is its own target's), and the settings only one run
+    holds named."""
+    from benchmarks.quality_report import against, against_table
+    rng = np.random.default_rng(1)
+    this, other = [], []
+    for task, n in (("humaneval", 12), ("gsm8k", 8)):
+        for i in range(n):
+            s = float(rng.random() < 0.5)
+            this.append(_sample_record("beam W=4", "beam", task, i, 1.0, -0.1))
+            this.append(_sample_record("dsbd A", "dsbd", task, i, s, -0.1))
+            # the other run met the problems in another order, and has a setting of its own
+            o = _sample_record("beam W=4", "beam", task, i, s, -0.5)
+            other.append(dict(o, prompt_index=1000 - o["prompt_index"]))
+            other.append(_sample_record("dsbd A", "dsbd", task, i, s, -0.5))
+            other.append(_sample_record("sample", "sample", task, i, 0.0, -0.5))
+    diffs, here, there = against(this, other)
+    assert here == [] and there == ["sample"]
+    by = {(d["dsbd"], d["figure"]): d for d in diffs}
+    assert not any(f.endswith("loglik_per_token") for _, f in by)
+    beam = [r["score"] for r in other if r["label"] == "beam W=4"]
+    pooled = by[("beam W=4", "pooled/task_metric")]
+    assert pooled["n"] == 20 and pooled["mean"] == pytest.approx(1 - np.mean(beam))
+    same = by[("dsbd A", "pooled/task_metric")]
+    assert same["mean"] == 0 and same["lo"] == 0 and same["hi"] == 0
+    assert by[("dsbd A", "humaneval/pass@1")]["n"] == 12
+    table = against_table(diffs)
+    assert "| beam W=4 | pooled/task_metric | +" in table and "| dsbd A | gsm8k/exact_match |" in table
