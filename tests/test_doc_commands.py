@@ -34,12 +34,14 @@ PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md",
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 SHELL = ("bash", "sh", "shell", "console", "")
 PROGRAM = r"(?:\S*/)?(?:dsbd|python -m dsbd_jax)\s+"
-IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + PROGRAM + r"(.*)")
+# where a command starts on a shell line: its start, or after && ; ( and any VAR=value
+START = r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*"
+IN_BLOCK = re.compile(START + PROGRAM + r"(.*)")
 INLINE = re.compile(r"^" + PROGRAM + r"(.*)$")
 DEMO = re.compile(r"\bbash scripts/demo\.sh\b")
 # a script's name in lower case (benchmarks/NAME.py is a placeholder)
 SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/[a-z0-9_]+\.py)\b\s*"
-SCRIPT_IN_BLOCK = re.compile(r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*" + SCRIPT + r"(.*)")
+SCRIPT_IN_BLOCK = re.compile(START + SCRIPT + r"(.*)")
 SCRIPT_INLINE = re.compile(r"^" + SCRIPT + r"(.*)$")
 ENDS = ("|", "&", "&&", ";", ")", "2>&1")
 # what an inline mention may leave out (a name and an option in running text)
@@ -110,6 +112,11 @@ def argv_of(rest: str):
     return argv
 
 
+def _last_line(err: io.StringIO, code) -> str:
+    """The last line a parser printed (its error), or the exit code where it printed none."""
+    return (err.getvalue().strip().splitlines() or ["exit %s" % code])[-1]
+
+
 def parse_error(argv) -> str:
     """The parser's error for ``argv`` (the last line it prints), or ``""`` when it parses."""
     err = io.StringIO()
@@ -118,7 +125,7 @@ def parse_error(argv) -> str:
             build_parser().parse_args(argv)
     except SystemExit as e:
         if e.code not in (0, None):
-            return (err.getvalue().strip().splitlines() or ["exit %s" % e.code])[-1]
+            return _last_line(err, e.code)
     return ""
 
 
@@ -150,7 +157,7 @@ def script_error(script: str, argv) -> str:
         return ""
     except SystemExit as e:
         if e.code not in (0, None):
-            return (err.getvalue().strip().splitlines() or ["exit %s" % e.code])[-1]
+            return _last_line(err, e.code)
         return ""
     finally:
         argparse.ArgumentParser.parse_args = parse
