@@ -1825,55 +1825,66 @@ QUALITY_INT8 = "results/quality_cpu_int8/report.json"
 QUALITY_MD = "docs/results/quality.md"
 
 
-def qrow(label: str, key: str):
-    """A figure of the run's summary row ``label`` (the report's method labels)."""
-    rows = load(QUALITY_INT8)["summary"]["rows"]
+QUALITY_INT8_TARGET = "results/quality_cpu_int8_target/report.json"   # both models in int8
+
+
+def qrow(label: str, key: str, run: str = QUALITY_INT8):
+    """A figure of a quality run's summary row ``label`` (the report's method labels)."""
+    rows = load(run)["summary"]["rows"]
     return resolve(next(r for r in rows if r["label"] == label), key)
 
 
-def qdiff(a: str, baseline: str, figure: str, key: str):
-    """A paired difference of the run (``a`` minus ``baseline`` on the same problems): DSBD's
-    against its baselines, or the yardstick's beam sampling against sampling."""
-    doc = load(QUALITY_INT8)
+def qdiff(a: str, baseline: str, figure: str, key: str, run: str = QUALITY_INT8):
+    """A paired difference of a quality run (``a`` minus ``baseline`` on the same problems):
+    DSBD's against its baselines, or the yardstick's beam sampling against sampling."""
+    doc = load(run)
     return next(d[key] for d in doc["summary"]["quality_differences"] + doc["yardstick"]
                 if (d["dsbd"], d["baseline"], d["figure"]) == (a, baseline, figure))
 
 
-HELPERS.update(qrow=qrow, qdiff=qdiff)
+def qagainst(label: str, figure: str, key: str, run: str = QUALITY_INT8_TARGET):
+    """A difference of the report's ``--against`` table: setting ``label`` of ``run`` minus the
+    same setting of the other run, on the same problems."""
+    return next(d[key] for d in load(run)["against"]["differences"]
+                if (d["dsbd"], d["figure"]) == (label, figure))
+
+
+HELPERS.update(qrow=qrow, qdiff=qdiff, qagainst=qagainst)
 
 
 def _q_interval(call: str, pct: bool, sign: str = "") -> str:
-    """``mean [lo, hi]`` of one quality figure: ``call`` is a ``qrow``/``qdiff`` call with
-    ``{k}`` where the interval's key goes; ``pct`` prints a fraction in points."""
+    """``mean [lo, hi]`` of one quality figure: ``call`` is a ``qrow``/``qdiff``/``qagainst``
+    call with ``{k}`` where the interval's key goes; ``pct`` prints a fraction in points."""
     scale, fmt = (" * 100", sign + ".1f") if pct else ("", sign + ".3f")
     mean, lo, hi = (f"{{={call.format(k=k)}{scale}:{fmt}}}" for k in ("mean", "lo", "hi"))
     return f"{mean} [{lo}, {hi}]"
 
 
-def _q_table_row(name: str, label: str) -> str:
-    """A row of the quality page's table: task metrics (%) and log-likelihoods with their
-    intervals, and target calls per token."""
+def _q_table_row(name: str, label: str, run: str = QUALITY_INT8) -> str:
+    """A row of a quality table: task metrics (%) and log-likelihoods with their intervals,
+    and target calls per token."""
     def iv(path: str, pct: bool) -> str:
-        return _q_interval(f"qrow('{label}', '{path}.{{k}}')", pct)
+        return _q_interval(f"qrow('{label}', '{path}.{{k}}', '{run}')", pct)
     return (f"| {name} | {iv('task_intervals.humaneval/pass@1', True)} | "
             f"{iv('task_intervals.gsm8k/exact_match', True)} | "
             f"{iv('loglik_by_task.humaneval', False)} | {iv('loglik_by_task.gsm8k', False)} | "
             f"{iv('loglik_by_task.mtbench', False)} | "
-            f"{{=qrow('{label}', 'target_calls_per_token'):.2f}} |")
+            f"{{=qrow('{label}', 'target_calls_per_token', '{run}'):.2f}} |")
 
 
-def _q_diff(a: str, baseline: str, figure: str, pct: bool) -> str:
+def _q_diff(a: str, baseline: str, figure: str, pct: bool, run: str = QUALITY_INT8) -> str:
     """A paired difference with its interval, signed."""
-    return _q_interval(f"qdiff('{a}', '{baseline}', '{figure}', '{{k}}')", pct, sign="+")
+    return _q_interval(f"qdiff('{a}', '{baseline}', '{figure}', '{{k}}', '{run}')", pct,
+                       sign="+")
 
 
 _Q4 = "dsbd g=2 WS=4 t=0.7 Wmin=2"           # the beam-W4 point
 _Q3 = "dsbd g=3 WS=3 t=0.9 Wmin=1"           # the cheaper point
 _Q1 = "dsbd g=3 WS=3 t=0.9 Wmin=1 single-beam"
-Q_ROWS = [("sampling", "sample"), ("beam sampling W=2", "beam W=2"),
+Q_ROWS = (("sampling", "sample"), ("beam sampling W=2", "beam W=2"),
           ("beam sampling W=4", "beam W=4"), ("speculative sampling (gamma 4)", "spec g=4"),
           ("**DSBD, the beam-W4 point** (g 2, W_S 4, t 0.7, W_min 2)", _Q4),
-          ("DSBD, g 3, W_S 3, t 0.9, W_min 1", _Q3), ("the same, single-beam", _Q1)]
+          ("DSBD, g 3, W_S 3, t 0.9, W_min 1", _Q3), ("the same, single-beam", _Q1))
 Q_DIFFS = [("DSBD beam-W4 point minus beam sampling W=4", _Q4, "beam W=4"),
            ("DSBD beam-W4 point minus sampling", _Q4, "sample"),
            ("DSBD g 3 / W_S 3 minus beam sampling W=4", _Q3, "beam W=4"),
@@ -1889,6 +1900,34 @@ add(QUALITY_MD, QUALITY_INT8,
     "({=qrow('sample', 'prompts'):d} prompts per method setting:",
     "DSBD's {=qrow(_Q4, 'target_calls_per_token'):.2f} target calls per token at the beam-W4 "
     "point")
+_QT = QUALITY_INT8_TARGET
+
+
+def _q_against(label: str, figure: str) -> str:
+    """The int8 target's run minus the float target's, one setting and task metric, in points."""
+    return _q_interval(f"qagainst('{label}', '{figure}', '{{k}}')", True, sign="+")
+
+
+add(QUALITY_MD, QUALITY_INT8_TARGET,
+    *[_q_table_row(name, label, _QT) for name, label in Q_ROWS],
+    *[f"| {name} | {_q_against(label, 'humaneval/pass@1')} | "
+      f"{_q_against(label, 'gsm8k/exact_match')} | {_q_against(label, 'pooled/task_metric')} |"
+      for name, label in Q_ROWS],
+    "from {=min(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} to "
+    "{=max(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} points",
+    "(DSBD g 3 / W_S 3, {=qagainst(_Q3, 'pooled/task_metric', 'mean') * 100:+.1f}) favours",
+    "DSBD reproduces, moves by " + _q_against("beam W=4", "pooled/task_metric") + " points",
+    "beam-W4 point minus beam sampling W=4, paired, is "
+    + _q_diff(_Q4, "beam W=4", "humaneval/loglik_per_token", False, _QT) + " on HumanEval and "
+    + _q_diff(_Q4, "beam W=4", "gsm8k/loglik_per_token", False, _QT) + " on GSM8K, where\nbeam "
+    f"sampling W=4 gains {{=qdiff('beam W=4', 'sample', 'humaneval/loglik_per_token', 'mean', "
+    f"'{_QT}'):+.3f}} and {{=qdiff('beam W=4', 'sample', 'gsm8k/loglik_per_token', 'mean', "
+    f"'{_QT}'):+.3f}} over sampling; on MT-Bench the beam-W4 point again lands below W=4 ("
+    + _q_diff(_Q4, "beam W=4", "mtbench/loglik_per_token", False, _QT) + ")")
+add(README, QUALITY_INT8_TARGET,
+    "target's, moved by {=min(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100"
+    ":+.1f} to {=max(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} "
+    "points")
 add(README, QUALITY_INT8,
     "log-likelihood per token, paired on the same problems: "
     + _q_diff(_Q4, "beam W=4", "humaneval/loglik_per_token", False) + " on HumanEval and\n"
