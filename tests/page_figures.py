@@ -1908,13 +1908,15 @@ def _q_against(label: str, figure: str) -> str:
     return _q_interval(f"qagainst('{label}', '{figure}', '{{k}}')", True, sign="+")
 
 
+# the least and the largest pooled difference, int8 target minus float target, over the settings
+_QA_RANGE = " to ".join(f"{{={m}(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) "
+                        f"* 100:+.1f}}" for m in ("min", "max"))
 add(QUALITY_MD, QUALITY_INT8_TARGET,
     *[_q_table_row(name, label, _QT) for name, label in Q_ROWS],
     *[f"| {name} | {_q_against(label, 'humaneval/pass@1')} | "
       f"{_q_against(label, 'gsm8k/exact_match')} | {_q_against(label, 'pooled/task_metric')} |"
       for name, label in Q_ROWS],
-    "from {=min(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} to "
-    "{=max(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} points",
+    "from " + _QA_RANGE + " points",
     "(DSBD g 3 / W_S 3, {=qagainst(_Q3, 'pooled/task_metric', 'mean') * 100:+.1f}) favours",
     "DSBD reproduces, moves by " + _q_against("beam W=4", "pooled/task_metric") + " points",
     "beam-W4 point minus beam sampling W=4, paired, is "
@@ -1925,9 +1927,7 @@ add(QUALITY_MD, QUALITY_INT8_TARGET,
     f"'{_QT}'):+.3f}} over sampling; on MT-Bench the beam-W4 point again lands below W=4 ("
     + _q_diff(_Q4, "beam W=4", "mtbench/loglik_per_token", False, _QT) + ")")
 add(README, QUALITY_INT8_TARGET,
-    "target's, moved by {=min(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100"
-    ":+.1f} to {=max(qagainst(l, 'pooled/task_metric', 'mean') for _, l in Q_ROWS) * 100:+.1f} "
-    "points")
+    "target's, moved by " + _QA_RANGE + " points")
 add(README, QUALITY_INT8,
     "log-likelihood per token, paired on the same problems: "
     + _q_diff(_Q4, "beam W=4", "humaneval/loglik_per_token", False) + " on HumanEval and\n"
