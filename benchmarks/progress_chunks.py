@@ -44,7 +44,7 @@ def main(argv=None):
 
     import jax
     from dsbd_jax.decoding.beam import beam_sample
-    from dsbd_jax.decoding.calls import Progress
+    from dsbd_jax.decoding._jit.calls import Progress
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.decoding.configs import BeamSampleConfig
     from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate

@@ -42,6 +42,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+import dsbd_jax
 from dsbd_jax import load_model  # noqa: E402
 from dsbd_jax.decoding import common  # noqa: E402
 from dsbd_jax.decoding.methods import build, label, model_params  # noqa: E402
@@ -143,10 +144,10 @@ def main(argv=None) -> dict:
     # every program compiles in round 1 even where this process compiled the same shapes before
     # (a test run imports the script beside other tests): the count below must see them all
     jax.clear_caches()
-    compiles_before = sum(common.compile_count().values())
+    compiles_before = sum(dsbd_jax.compile_count().values())
     compiles_per_round = []
     for r in range(a.rounds):
-        c0 = sum(common.compile_count().values())
+        c0 = sum(dsbd_jax.compile_count().values())
         for name, dec in decoders:
             params = model_params(dec, target.params, draft.params)
             for k, (bucket, idx) in enumerate(batches):
@@ -163,7 +164,7 @@ def main(argv=None) -> dict:
                 n, nbytes = live_buffers()
                 samples.append({"round": r, "rss": rss_bytes(), "live_arrays": n,
                                 "live_bytes": nbytes})
-        compiles_per_round.append(sum(common.compile_count().values()) - c0)
+        compiles_per_round.append(sum(dsbd_jax.compile_count().values()) - c0)
 
     later = [s for s in samples if s["round"] > 0]
     end1 = [s for s in samples if s["round"] == 0][-1]
@@ -184,7 +185,7 @@ def main(argv=None) -> dict:
         "compile_combinations": len(combos),
         "compiles_first_round": compiles_per_round[0],
         "compiles_later_rounds": sum(compiles_per_round[1:]),
-        "compiles_total": sum(common.compile_count().values()) - compiles_before,
+        "compiles_total": sum(dsbd_jax.compile_count().values()) - compiles_before,
         "compiles_ok": compiles_per_round[0] == len(combos) and sum(compiles_per_round[1:]) == 0,
         "growth_after_round_1": growth,
         "nan_outputs": nan_outputs, "malformed_outputs": len(bad), "malformed": bad[:20],

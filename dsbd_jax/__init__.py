@@ -6,19 +6,16 @@ Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sampl
 :func:`dsbd_generate`.
 """
 
-from dsbd_jax import _moved
-
-_moved.install()  # old import paths of dsbd_jax.models (until 0.4.0)
-
 from dsbd_jax.decoding.beam import beam_sample, beam_search
 from dsbd_jax.models.cache import KVCache, empty_cache
-from dsbd_jax.decoding.calls import Progress
-from dsbd_jax.decoding.common import (DecodeConfig, GenerateOutput, bucket_length, compile_count, max_prompt_length,
-                     pad_prompts)
+from dsbd_jax.decoding._jit.compiles import compile_count
+from dsbd_jax.decoding.common import GenerateOutput, bucket_length, max_prompt_length, pad_prompts
+from dsbd_jax.decoding.progress import Progress
 from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, SampleConfig,
                                        SpeculativeConfig, TreeConfig)
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+from dsbd_jax.decoding.configs import DSBDConfig
+from dsbd_jax.decoding.dsbd import dsbd_generate
 from dsbd_jax.loading import LoadedModel, list_presets, load_model
 from dsbd_jax.models.llama import causal_mask, forward, init_params, logits
 from dsbd_jax.decoding.sampling import sample
@@ -29,7 +26,7 @@ from dsbd_jax.decoding.warping import warp_logits
 __version__ = "0.2.0"
 
 __all__ = [
-    "DSBDConfig", "DecodeConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
+    "DSBDConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
     "Progress", "SampleConfig", "BeamSampleConfig", "BeamSearchConfig", "SpeculativeConfig",
     "TreeConfig",
     "beam_sample", "beam_search", "bucket_length", "causal_mask", "compile_count",

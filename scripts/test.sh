@@ -8,7 +8,7 @@
 # folder's state out of the next; the folders run in two lanes side by side (below). A run with
 # explicit test paths is one pytest process (it stays below the kernel's memory-map limit:
 # tests/conftest.py frees jax's cached programs past half of vm.max_map_count, see
-# dsbd_jax/decoding/compiles.py). Each lane's output reaches the terminal as it happens,
+# dsbd_jax/decoding/_jit/compiles.py). Each lane's output reaches the terminal as it happens,
 # every line prefixed by its lane ("[A] "), with a line per finished folder (its result and
 # seconds); the last line sums the folders: "N passed, N failed, N skipped".
 set -uo pipefail
@@ -24,7 +24,7 @@ done
 # again in each process; a program read back takes milliseconds). The tests keep
 # DSBD_JAX_COMPILATION_CACHE=0 (tests/conftest.py): the library's own cache folder and its
 # program store stay off, so no test traces or counts differently; compile counts include a
-# cache hit (dsbd_jax/decoding/compiles.py). The tests of the caches make their own folders.
+# cache hit (dsbd_jax/decoding/_jit/compiles.py). The tests of the caches make their own folders.
 # DSBD_TEST_XLA_CACHE=0 leaves it out.
 if [ "${DSBD_TEST_XLA_CACHE:-1}" != 0 ] && [ -z "${JAX_COMPILATION_CACHE_DIR:-}" ]; then
   XLA_CACHE=$(mktemp -d -t dsbd-test-xla-XXXXXX)

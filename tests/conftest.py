@@ -17,10 +17,10 @@ def _free_compiled_programs():
     kernel's memory maps (``vm.max_map_count``): every compiled XLA program keeps some, and a
     run of several test folders in one process (``scripts/test.sh tests/decoding tests/eval``)
     otherwise reaches the limit and dies with a segmentation fault inside a compilation
-    (``dsbd_jax/decoding/compiles.py``). Below half nothing is freed, so a module's programs
+    (``dsbd_jax/decoding/_jit/compiles.py``). Below half nothing is freed, so a module's programs
     still serve the next module."""
     yield
-    from dsbd_jax.decoding.compiles import map_usage
+    from dsbd_jax.decoding._jit.compiles import map_usage
     usage = map_usage()
     if usage is not None and usage[0] > usage[1] // 2:
         import gc

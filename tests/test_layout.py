@@ -1,8 +1,9 @@
 """The package layout, enforced: the import-linter contracts in ``pyproject.toml`` (layers
 models < host < loading < decoding < parallel < eval < training < cli, the model importing
-neither the host nor the loaders, the host no loader, ``testing`` a leaf, ``_moved`` importing
-nothing, no cycle among the modules of any sub-package) hold on the tree, and each contract
-fails when it is broken on purpose in a copy. The rooms' sizes and the old import paths:
+neither the host nor the loaders, the host no loader, ``testing`` a leaf, decoding reaching the
+host only through its private ``_jit``, DSBD's room importing no other decoder, the rules
+importing nothing of the library, no cycle among the modules of any sub-package) hold on the
+tree, and each contract fails when it is broken on purpose in a copy. The rooms' sizes and the old import paths:
 ``tests/test_rooms.py``."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 def test_contracts_hold():
     proc = _lint(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "6 kept, 0 broken" in proc.stdout
+    assert "8 kept, 0 broken" in proc.stdout
 
 
 @pytest.fixture
@@ -50,15 +51,22 @@ def _append(path: Path, line: str) -> None:
     # an upward import: the cache (models) reaching into decoding
     ("models/cache.py", "from dsbd_jax.decoding import common  # noqa", "models < host"),
     # an upward import from decoding into the sharded runtime
-    ("decoding/dsbd.py", "from dsbd_jax.parallel import mesh  # noqa", "models < host"),
+    ("decoding/dsbd/generate.py", "from dsbd_jax.parallel import mesh  # noqa", "models < host"),
     # the model reaching for the host's compiler options (what llama.logits once did)
     ("models/llama.py", "from dsbd_jax.host.cpu_options import tuned_jit  # noqa",
      "the model imports neither the host nor the loaders"),
     # a host choice reading a weights file
     ("host/plan.py", "from dsbd_jax.loading import presets  # noqa",
      "the host's choices read no weights files"),
-    # the old paths' table importing what it names
-    ("_moved.py", "import dsbd_jax.loading.load  # noqa", "dsbd_jax._moved imports nothing"),
+    # a decoder reaching the host past the private plumbing (what seven modules once did)
+    ("decoding/beam.py", "from dsbd_jax.host.cpu_options import tuned_jit  # noqa",
+     "decoding reaches the host only through _jit"),
+    # DSBD's room borrowing another decoder's code
+    ("decoding/dsbd/steps.py", "from dsbd_jax.decoding import speculative  # noqa",
+     "DSBD's room imports no other decoder"),
+    # the rules reaching for the warping helpers
+    ("decoding/rules.py", "from dsbd_jax.decoding import warping  # noqa",
+     "the rules import nothing of dsbd_jax"),
     # a cycle inside one sub-package: config -> llama -> config
     ("models/config.py", "from dsbd_jax.models import llama  # noqa", "no import cycle"),
     # the tiny-model maker pulling in the library
@@ -97,7 +105,7 @@ def test_no_hidden_switches(package):
 def test_public_api_and_cli_entry_point():
     """What users import from the top level is still there (the CHANGELOG lists moved modules)."""
     import dsbd_jax
-    for name in ("dsbd_generate", "DSBDConfig", "load_model", "ModelConfig", "DecodeConfig",
+    for name in ("dsbd_generate", "DSBDConfig", "load_model", "ModelConfig", "Progress",
                  "GenerateOutput", "sample", "beam_sample", "beam_search", "speculative_sample",
                  "tree_speculative_sample", "pad_prompts", "max_prompt_length", "bucket_length",
                  "compile_count", "forward", "logits", "init_params", "causal_mask", "KVCache",

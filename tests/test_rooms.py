@@ -1,7 +1,6 @@
-"""The rooms of the package: no sub-package grows past 15 modules or about 3,500 lines, the model's
-room holds none of the host's machinery, and the import paths that moved in 0.3.0 (the split of
-``dsbd_jax/models`` into ``models``, ``host`` and ``loading``) still work with a
-``DeprecationWarning`` that names the new path and points at the caller's line."""
+"""The rooms of the package: no sub-package (nested ones included) grows past 15 modules or about
+3,500 lines, the model's room holds none of the host's machinery, and the paths 0.3.0 removed
+are gone (no finder serves them)."""
 
 from __future__ import annotations
 
@@ -13,26 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from dsbd_jax import _moved
-
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "dsbd_jax"
 MAX_MODULES, MAX_LINES = 15, 3500
 # rooms known to be over the limits, with why; the list only shrinks (a room that fits is removed)
-OVER = {"decoding": "every decoder beside DSBD's own forest, verify and width modules: DSBD's "
-                    "modules are the next room to split off"}
+OVER: dict = {}
 
 
 def _rooms():
-    return sorted(p for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    return sorted(p.parent for p in PKG.rglob("__init__.py") if p.parent != PKG)
 
 
 def test_no_room_holds_more_than_15_modules_or_3500_lines():
     sizes = {}
     for room in _rooms():
         mods = sorted(room.glob("*.py"))
-        sizes[room.name] = (len(mods), sum(len(m.read_text().splitlines()) for m in mods))
-    assert {"models", "host", "loading"} <= set(sizes), sizes
+        sizes[str(room.relative_to(PKG))] = (len(mods), sum(len(m.read_text().splitlines()) for m in mods))
+    assert {"models", "host", "loading", "decoding", "decoding/dsbd", "decoding/_jit"} <= set(sizes)
     big = {k: v for k, v in sizes.items() if v[0] > MAX_MODULES or v[1] > MAX_LINES}
     assert set(big) == set(OVER), (big, OVER)
 
@@ -50,67 +46,47 @@ def test_the_model_room_holds_no_host_machinery():
             assert word not in src, f"{p.name} uses {word}"
 
 
-def _fresh(old: str):
-    """Forget ``old`` so that importing it runs the finder again."""
-    sys.modules.pop(old, None)
-    parent, _, child = old.rpartition(".")
-    if parent in sys.modules and child in vars(sys.modules[parent]):
-        delattr(sys.modules[parent], child)
+# 0.3.0 removed the paths 0.2.0 kept (CHANGELOG.md gives the table): each is gone, not served
+OLD_MODULES = [
+    "dsbd_jax.models.loading",
+    "dsbd_jax.models.load_args",
+    "dsbd_jax.models.presets",
+    "dsbd_jax.models.gguf",
+    "dsbd_jax.models.hf",
+    "dsbd_jax.models.checkpoint",
+    "dsbd_jax.models.hub",
+    "dsbd_jax.models.budget",
+    "dsbd_jax.models.head_registry",
+    "dsbd_jax.models.host",
+    "dsbd_jax.models.cpu_options",
+    "dsbd_jax.models.pass_probe",
+    "dsbd_jax.models.forest_budget",
+    "dsbd_jax.models.compilation_cache",
+    "dsbd_jax.models.kernels",
+    "dsbd_jax.decoding.calls",
+    "dsbd_jax.decoding.programs",
+    "dsbd_jax.decoding.compiles",
+    "dsbd_jax.decoding.inputs",
+    "dsbd_jax.decoding.forest",
+    "dsbd_jax.decoding.verify",
+    "dsbd_jax.decoding.width",
+    "dsbd_jax.decoding.tops",
+    "dsbd_jax._moved"]
+OLD_NAMES = [("dsbd_jax.models", "load_model"), ("dsbd_jax.models", "LoadedModel"),
+             ("dsbd_jax.models", "list_presets"), ("dsbd_jax.models.head", "load"),
+             ("dsbd_jax.models.head", "save"), ("dsbd_jax", "DecodeConfig"),
+             ("dsbd_jax.decoding", "DecodeConfig"), ("dsbd_jax.decoding.configs", "DecodeConfig")]
 
 
-@pytest.mark.parametrize("old", sorted(k for k, v in _moved.MODULES.items() if isinstance(v, str)))
-def test_an_old_module_path_is_the_new_module_with_a_warning(old):
-    new = _moved.MODULES[old]
-    _fresh(old)
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new} in 0\.3\.0") as rec:
-        got = importlib.import_module(old)
-    assert got is importlib.import_module(new)
-    assert got.__spec__.name == new  # the new module keeps its own spec
-    assert rec[0].filename == __file__  # the warning points at the importing line
-
-
-def test_from_import_of_an_old_path_and_monkeypatch_through_it(monkeypatch):
-    _fresh("dsbd_jax.models.cpu_options")
-    with pytest.warns(DeprecationWarning, match="dsbd_jax.host.cpu_options") as rec:
-        from dsbd_jax.models import cpu_options as old  # noqa: F401
-    assert rec[0].filename == __file__
-    from dsbd_jax.host import cpu_options
-    monkeypatch.setattr(old, "PLAN_FILE", "elsewhere.json")
-    assert cpu_options.PLAN_FILE == "elsewhere.json"  # one module: the patch reaches the library
-
-
-def test_the_split_kernels_module_reads_both_new_modules():
-    _fresh("dsbd_jax.models.kernels")
-    with pytest.warns(DeprecationWarning, match="dsbd_jax.models.kinds and dsbd_jax.host.forms"):
-        from dsbd_jax.models import kernels
-    from dsbd_jax.host import forms
-    from dsbd_jax.models import kinds
-    assert kernels.transpose_params is kinds.transpose_params
-    assert kernels.int8_params is kinds.int8_params
-    assert kernels.choose_form is forms.choose_form
-    assert kernels.MIN_ELEMENTS == forms.MIN_ELEMENTS
-    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        kernels.nothing_here
-
-
-@pytest.mark.parametrize("module, name", sorted(_moved.NAMES))
-def test_a_moved_name_resolves_with_a_warning(module, name):
-    new = _moved.NAMES[(module, name)]
-    with pytest.warns(DeprecationWarning, match=rf"{module}.{name} moved to {new}.{name}") as rec:
-        got = getattr(importlib.import_module(module), name)
-    assert got is getattr(importlib.import_module(new), name)
-    assert rec[0].filename == __file__
-
-
-def test_unknown_names_still_fail():
-    import dsbd_jax.models
-    with pytest.raises(AttributeError, match="no attribute 'not_a_thing'"):
-        dsbd_jax.models.not_a_thing
+@pytest.mark.parametrize("old", OLD_MODULES)
+def test_an_old_module_path_is_gone(old):
     with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("dsbd_jax.models.not_a_module")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert not hasattr(dsbd_jax.models, "not_a_thing")
+        importlib.import_module(old)
+
+
+@pytest.mark.parametrize("module, name", OLD_NAMES)
+def test_an_old_name_is_gone(module, name):
+    assert not hasattr(importlib.import_module(module), name)
 
 
 def test_the_library_itself_uses_no_old_path():

@@ -31,7 +31,9 @@ def former_sums():
     """The verification as it was before the sums were cut."""
     import jax.numpy as jnp
 
-    from dsbd_jax.decoding import speculative, verify
+    from dsbd_jax.decoding import speculative
+
+    from dsbd_jax.decoding.dsbd import verify
     from dsbd_jax.decoding.warping import draw_from, residual
 
     def safe_residual_and_left(p, q):

@@ -1,4 +1,4 @@
-"""DSBD's draft warp and verification on the entries a warp can keep (``dsbd_jax.decoding.tops``)
+"""DSBD's draft warp and verification on the entries a warp can keep (``dsbd_jax.decoding.dsbd.tops``)
 against the former form on whole rows of the vocabulary (``full_rows``: ``tops.sparse_applies``
 patched to False, so the draft warps and draws over ``[P * V]`` and the verification runs on
 ``[P * V]`` vectors, as before), side by side: DSBD g2 / W_S 4 / t 0.7 / W_min 2 and beam
@@ -27,7 +27,7 @@ from benchmarks import variant_processes  # noqa: E402
 
 def full_rows():
     """The draft's warp and the verification on whole rows, as before ``tops``."""
-    from dsbd_jax.decoding import forest, tops
+    from dsbd_jax.decoding.dsbd import forest, tops
     tops.sparse_applies = forest.sparse_applies = lambda config: False
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Optional
 
+import dsbd_jax
 from dsbd_jax.cli.options import NEEDS_DRAFT, CLIError, _settings
 
 def _status(msg: str) -> None:
@@ -19,7 +20,7 @@ ACCEPT_LABELS = {"dsbd": "accepted/layer", "spec": "accept rate", "tree": "accep
 
 
 # ``--progress tokens``: the host runs the decoder's loop in compiled chunks of this many
-# iterations and updates the bar between them (``calls.Progress(every=...)``: no callback in
+# iterations and updates the bar between them (``dsbd_jax.Progress(every=...)``: no callback in
 # any program, so the programs are cached like the others)
 PROGRESS_EVERY = 1
 
@@ -59,7 +60,7 @@ class ElapsedTicker:
 
 
 class ProgressBar:
-    """A tqdm bar over new tokens, fed by the decoder's ``calls.Progress`` channel after each
+    """A tqdm bar over new tokens, fed by the decoder's ``dsbd_jax.Progress`` channel after each
     chunk of loop trips (``PROGRESS_EVERY``): new tokens, iterations, target calls and the draft
     acceptance figure (no rate: a run has one tokens/s figure, :func:`tokens_per_second`,
     printed when it ends):
@@ -90,7 +91,7 @@ def build_decoder(name, args, target_config, draft_config, progress: bool, node_
     """The method's decoder from the CLI flags: every setting (and the draft's vocabulary) is
     validated here, from the model configs alone, before any weights are loaded.
     ``node_budget``: what ``--node-budget auto`` resolved to (:func:`auto_node_budget`)."""
-    from dsbd_jax.decoding.calls import Progress
+    from dsbd_jax.decoding._jit.calls import Progress
     from dsbd_jax.decoding.methods import build
     channel = Progress(every=PROGRESS_EVERY) if progress else False
     return build(name, target_config, draft_config, progress=channel,
@@ -315,7 +316,7 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
     ``progress``: ``True`` / ``"tokens"``, a token bar for each run (the decoder must be built
     with progress: its loop then runs in chunks driven from the host); ``"time"``, elapsed
     seconds (no callback); ``False`` / ``"none"``, nothing. ``on_done(rows, outputs)``: told
-    the prompts as they finish, with the token bar (``calls.Progress.listen_done``)."""
+    the prompts as they finish, with the token bar (``dsbd_jax.Progress.listen_done``)."""
     import jax
     from dsbd_jax.eval.run import CompileClock
     from dsbd_jax.decoding.methods import model_params
@@ -334,7 +335,7 @@ def run_method(dec, target, draft, prompt_ids, prompt_lengths, seed: int = 0,
         return dec(params, prompt_ids, key, prompt_lengths=prompt_lengths, **whole)
     rows = prompt_ids.shape[0]
     total = dec.config.max_new_tokens * rows
-    from dsbd_jax.decoding.calls import Progress
+    from dsbd_jax.decoding._jit.calls import Progress
     channel = dec.config.progress if isinstance(dec.config.progress, Progress) else None
     if warmup:
         _status(f"[{name}] compiling, then one warm-up run (not timed) ...")

@@ -1,35 +1,18 @@
 """Beam sampling (the exact target of DSBD) and deterministic beam search.
 
-Beam sampling (docs/algorithm.md, the paper's Theorem 3.1 semantics). From beams ``x^1..x^W`` with
-UNWARPED cumulative log-likelihoods ``s_i``, the joint over the flat support (beams x V) has
-log-weights ``s_i + log p(v | x^i)`` (:func:`joint_logprobs`); it is warped as ONE distribution
-(top-k = 10 keeps 10 (beam, token) pairs in total) and the next W beams are W i.i.d. draws from
-it (``replacement=True``, the default) or W successive draws without replacement
-(``replacement=False``, Gumbel-top-k) (:func:`draw_beams`). The kept scores are the unwarped
-target log-likelihoods. Step 1 starts from the prompt as the single input beam: W copies of it,
-copies 2..W at score ``-inf``. A beam that emitted EOS is absorbing (it extends with ``pad`` at
-log-probability 0) while other beams of its row are still running; once every beam of a row is
-finished the row stops (its beams are final; further steps only append pad), so a row's result
-does not depend on the other rows of the batch. Without replacement, if the warped joint has
-fewer than W entries of positive probability, all of them are taken and the remaining beams are
-*dead*: log-likelihood ``-inf``, pad tokens, never drawn again (the same state as the empty
-copies at step 1); dead beams count as finished.
+Beam sampling (docs/algorithm.md, Theorem 3.1): the joint over (beam, token) has log-weights
+``s_i + log p(v | x^i)`` with UNWARPED cumulative scores; it is warped as one distribution and
+the next W beams are W draws from it (i.i.d., or without replacement). Beam search keeps the W
+best entries of the unwarped joint with Hugging Face's bookkeeping (``length_penalty``,
+``early_stopping``).
 
-Beam search (``beam_search``): the W best entries of the unwarped joint, with Hugging Face's
-bookkeeping (transformers 5.x ``GenerationMixin._beam_search``): the top ``2W`` candidates are
-taken, those ending in EOS become finished hypotheses with score
-``sum_logprobs / generated_len ** length_penalty`` (only if among the top W candidates), the best W
-non-EOS candidates keep running; at the last step every top-W candidate is finalised;
-``early_stopping`` (True / False / "never") stops a row as HF does.
-
-Layout: beams are flattened into the batch axis (row ``b * W + w``); the prompt is prefilled once
-per prompt and shared with ``cache.repeat_rows``; reselection is ``cache.gather_rows``. Everything
-runs in one jitted ``lax.while_loop``.
+Invariants: a finished beam is absorbing (pad at log-probability 0) and a row stops once all its
+beams are finished, so a row's result never depends on its batch mates; beams live in the batch
+axis (row ``b * W + w``) of one ``lax.while_loop``. Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Tuple
 
 import flax.struct
@@ -37,13 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import calls, common, inputs
+from dsbd_jax.decoding import common
+from dsbd_jax.decoding._jit import decoder, loop, step_progress
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import BeamSampleConfig, BeamSearchConfig, check_config
 from dsbd_jax.decoding.sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
-from dsbd_jax.decoding.warping import draw_from, sample_without_replacement, warp_logits
+from dsbd_jax.decoding.rules import sample_without_replacement
+from dsbd_jax.decoding.warping import draw_from, warp_logits
 
 NEG_INF = -jnp.inf
 _HF_NEG = -1.0e9  # Hugging Face's "minus infinity" in beam search bookkeeping
@@ -127,14 +111,10 @@ class BeamState:
     target_calls: jax.Array  # scalar int32
 
 
-@calls.core("beam_sample")
-@functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: BeamSampleConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
-        "beam_sample", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     keys = row_keys(key, B)
     cache, logits = common.prefill(config.target, params, prompt_ids, prompt_lengths, P + N)
@@ -175,29 +155,17 @@ def _beam_sample_core(params, prompt_ids, prompt_lengths, key, config: BeamSampl
         return BeamState(step=t + 1, cache=cache, logits=logits, sequences=seqs, scores=scores,
                          finished=finished, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(
+    s = loop(config, cond, body, state, step_progress(
         B, N, lambda s: jnp.all(s.finished.reshape(B, W), axis=-1)))
     sequences = s.sequences.reshape(B, W, N)
     lengths, best = common.best_and_lengths(sequences, s.scores, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
-    out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
-                         best=best, stats=stats)
-    return inputs.mark_invalid(out, invalid, pad)
+    return GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=s.scores,
+                          best=best, stats=stats)
 
 
-def _beam_sample_call(params, prompt_ids, key, config: BeamSampleConfig, prompt_lengths=None):
-    """``beam_sample``'s checked ``calls.CoreCall``, not run."""
-    check_config("beam_sample", config)
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return _beam_sample_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32),
-                                  lengths, prepare_keys(key, np.shape(prompt_ids)[0]),
-                                  config=config)
-
-
-@calls.prepared_by(_beam_sample_call)
+@decoder(_beam_sample_core)
 def beam_sample(params, prompt_ids, key, config: BeamSampleConfig, prompt_lengths=None
                 ) -> GenerateOutput:
     """Beam sampling of width ``W = config.num_beams`` from the warped joint (module doc).
@@ -207,15 +175,20 @@ def beam_sample(params, prompt_ids, key, config: BeamSampleConfig, prompt_length
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths``: ``[B]`` (None: all full).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``);
         step t of row b uses ``fold_in(row_key, t)``.
-      config: ``BeamSampleConfig`` or ``DecodeConfig`` (``num_beams``, warping,
-        ``replacement``, EOS, ``max_new_tokens``).
+      config: ``BeamSampleConfig`` (``num_beams``, warping, ``replacement``, EOS,
+        ``max_new_tokens``).
     Returns:
       ``GenerateOutput``: sequences ``[B, W, N]`` in draw order (pad after EOS and for dead
       beams), log_likelihoods ``[B, W]`` unwarped (``-inf`` for dead beams), best = the most
       likely beam; stats ``target_calls``, ``draft_calls`` (0), ``iterations``,
       ``generated_tokens [B]`` (the longest beam's length).
     """
-    return _beam_sample_call(params, prompt_ids, key, config, prompt_lengths)()
+    check_config("beam_sample", config)
+    prompt_ids = as_array(prompt_ids)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
+            prepare_keys(key, np.shape(prompt_ids)[0])), config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,15 +207,11 @@ class SearchState:
     target_calls: jax.Array
 
 
-@calls.core("beam_search")
-@functools.partial(tuned_jit, static_argnames=("config",))
 def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_when_full,
                       best_at_max_length, config: BeamSearchConfig):
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
-        "beam_search", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     lp_exp = length_penalty  # scalar arrays: other settings reuse the compiled program
     n_eos = len(config.eos_ids)
@@ -316,19 +285,31 @@ def _beam_search_core(params, prompt_ids, prompt_lengths, length_penalty, stop_w
                                             lambda c: (s.logits, c, s.target_calls), s.cache)
         return nxt_state.replace(cache=cache, logits=logits, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(B, N, lambda s: ~s.improvable | (
+    s = loop(config, cond, body, state, step_progress(B, N, lambda s: ~s.improvable | (
         jnp.all(s.done_flags, axis=-1) & stop_when_full)))
     lengths, _ = common.best_and_lengths(s.done_seqs, s.done_logprobs, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1),
                  scores=s.done_scores)
-    out = GenerateOutput(sequences=s.done_seqs, lengths=lengths, log_likelihoods=s.done_logprobs,
-                         best=jnp.zeros((B,), jnp.int32), stats=stats)
-    return inputs.mark_invalid(out, invalid, pad)
+    return GenerateOutput(sequences=s.done_seqs, lengths=lengths, log_likelihoods=s.done_logprobs,
+                          best=jnp.zeros((B,), jnp.int32), stats=stats)
 
 
-def _beam_search_call(params, prompt_ids, config: BeamSearchConfig, prompt_lengths=None):
-    """``beam_search``'s checked ``calls.CoreCall``, not run."""
+@decoder(_beam_search_core)
+def beam_search(params, prompt_ids, config: BeamSearchConfig, prompt_lengths=None) -> GenerateOutput:
+    """Deterministic beam search of width ``config.num_beams`` (Hugging Face semantics).
+
+    Warping settings are ignored (the W best entries of the unwarped joint are kept).
+    ``config.length_penalty`` and ``config.early_stopping`` (True, False or ``"never"``) act as in
+    ``transformers`` ``generate(num_beams=W, do_sample=False)``.
+
+    Returns:
+      ``GenerateOutput`` with the W finished hypotheses sorted by final score (best first):
+      sequences ``[B, W, N]`` (pad after EOS), log_likelihoods = their unpenalised target
+      log-probs, ``best`` = 0 (the top hypothesis by score), ``stats["scores"] [B, W]`` = HF's
+      ``sequences_scores`` (``sum_logprobs / generated_len ** length_penalty``), plus
+      ``target_calls``, ``draft_calls`` (0), ``iterations`` and ``generated_tokens [B]``.
+    """
     check_config("beam_search", config)
     prompt_ids = as_array(prompt_ids)
     check_inputs(params, prompt_ids, config, prompt_lengths)
@@ -344,24 +325,5 @@ def _beam_search_call(params, prompt_ids, config: BeamSearchConfig, prompt_lengt
     stop_when_full = jnp.asarray(config.early_stopping is True)
     best_at_max = jnp.asarray(config.early_stopping == "never" and lp > 0.0)
     static = config.replace(length_penalty=1.0, early_stopping=False)
-    return _beam_search_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32),
-                                  lengths, jnp.float32(lp), stop_when_full, best_at_max,
-                                  config=static)
-
-
-@calls.prepared_by(_beam_search_call)
-def beam_search(params, prompt_ids, config: BeamSearchConfig, prompt_lengths=None) -> GenerateOutput:
-    """Deterministic beam search of width ``config.num_beams`` (Hugging Face semantics).
-
-    Warping settings are ignored (the W best entries of the unwarped joint are kept).
-    ``config.length_penalty`` and ``config.early_stopping`` (True, False or ``"never"``) act as in
-    ``transformers`` ``generate(num_beams=W, do_sample=False)``.
-
-    Returns:
-      ``GenerateOutput`` with the W finished hypotheses sorted by final score (best first):
-      sequences ``[B, W, N]`` (pad after EOS), log_likelihoods = their unpenalised target
-      log-probs, ``best`` = 0 (the top hypothesis by score), ``stats["scores"] [B, W]`` = HF's
-      ``sequences_scores`` (``sum_logprobs / generated_len ** length_penalty``), plus
-      ``target_calls``, ``draft_calls`` (0), ``iterations`` and ``generated_tokens [B]``.
-    """
-    return _beam_search_call(params, prompt_ids, config, prompt_lengths)()
+    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
+            jnp.float32(lp), stop_when_full, best_at_max), static

@@ -1,18 +1,11 @@
-"""Pieces shared by every decoder: output type, prompt batches, prefill, one-token steps,
-EOS handling and compile counting (the settings, one config per decoder, are
-:mod:`dsbd_jax.decoding.configs`). How a call runs (the jitted
-core, ahead-of-time capture, progress) is :mod:`dsbd_jax.decoding.calls`; checking and guarding
-a call's inputs is :mod:`dsbd_jax.decoding.inputs`.
+"""Pieces shared by every decoder: the output type, prompt batches, prefill, one-token steps
+and EOS handling.
 
-Prompt convention: a batch of prompts is **right-padded** ``prompt_ids [B, P]`` with
-``prompt_lengths [B]`` (each >= 1). A token at cache slot ``s`` has RoPE position ``s``; the
-prompt fills slots ``0 .. len-1`` and generated tokens follow contiguously, so masks are built
-from per-row lengths alone. ``pad_prompts`` pads a list of token lists to a length bucket so that
-prompts of one bucket share one compiled program.
-
-EOS convention (docs/algorithm.md): a row that emitted an EOS token is *finished*; it keeps
-extending with ``pad_token_id`` at log-probability 0 (an absorbing state), so beam
-distributions keep fixed shapes. ``lengths`` counts new tokens up to and including the EOS.
+Prompts are right-padded ``prompt_ids [B, P]`` with ``prompt_lengths [B]`` (each >= 1); a token at
+cache slot ``s`` has RoPE position ``s``, so masks follow from the lengths alone, and
+``pad_prompts`` pads to a length bucket so one bucket shares one program. A row that emitted EOS
+is finished and keeps emitting pad at log-probability 0 (absorbing), so shapes stay fixed;
+``lengths`` counts new tokens up to and including the EOS.
 """
 
 from __future__ import annotations
@@ -29,15 +22,6 @@ from dsbd_jax.decoding.configs import eos_tuple
 from dsbd_jax.models import cache as kvc
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import forward
-
-# ---------------------------------------------------------------------------------------------
-# compile counting: ``note_trace`` runs when a core's Python body is traced (once per new shapes
-# or config); ``compile_count`` counts real XLA compilations, read from jax.monitoring's backend
-# compile events (see ``dsbd_jax/decoding/compiles.py``).
-from dsbd_jax.decoding.compiles import compile_count  # noqa: E402,F401
-# Progress (and the deprecated progress_hook): documented here for library users; they live
-# with the calls they report from
-from dsbd_jax.decoding.calls import Progress, progress_hook  # noqa: E402,F401
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -214,12 +198,6 @@ def best_and_lengths(sequences, log_likelihoods, eos_token_id):
     lengths = jnp.where(jnp.any(eos, axis=-1), first + 1, N).astype(jnp.int32)
     best = jnp.argmax(log_likelihoods, axis=-1).astype(jnp.int32)
     return lengths, best
-
-
-# ---------------------------------------------------------------------------------------------
-# the settings: one config per decoder (configs.py); DecodeConfig, every baseline decoder's
-# settings in one class, re-exported here where it always lived
-from dsbd_jax.decoding.configs import DecodeConfig  # noqa: E402,F401
 
 
 def take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:

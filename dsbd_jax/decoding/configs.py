@@ -1,52 +1,22 @@
 """One frozen config per decoder: the settings it reads and no others.
 
-Each config is a frozen, hashable dataclass (a static argument under ``jax.jit``) that keeps
-every field as given (only a sequence's type is made a tuple, so that it hashes). What every
-decoder shares, and each class repeats as its first fields:
-
-* ``target`` (the target's :class:`~dsbd_jax.ModelConfig`), ``max_new_tokens``;
-* the warping: ``temperature``, ``top_k``, ``top_p`` (:mod:`dsbd_jax.decoding.warping`);
-* ``eos_token_id`` (``None``: the target's; :attr:`eos_ids` is what applies) and
-  ``pad_token_id`` (what finished rows emit; :attr:`pad_id`);
-* ``progress``: a :class:`~dsbd_jax.decoding.calls.Progress` channel, or ``False``;
-* ``options``: the XLA:CPU compiler options the decoder's program compiles under, by name (a
-  :class:`~dsbd_jax.host.plan.HostPlan`'s ``options``, one of
-  :data:`dsbd_jax.host.cpu_options.CANDIDATES`): a plan handed to the decoder as a value,
-  nothing measured. ``None`` (default): this host's choice for the kinds of the kernels among
-  the call's arguments. Ignored off the CPU and under the caller's own ``jax.jit``.
-
-Then each decoder's own:
-
-============================  ===================================================================
-config                        its own fields
-============================  ===================================================================
-``SampleConfig``              ``num_beams`` (independent samples per prompt)
-``BeamSampleConfig``          ``num_beams``, ``replacement``
-``BeamSearchConfig``          ``num_beams``, ``length_penalty``, ``early_stopping``
-``SpeculativeConfig``         ``draft``, ``gamma``
-``TreeConfig``                ``draft``, ``gamma``, ``tree_widths``, ``replacement``
-``DSBDConfig``                ``draft``, ``gamma``, ``num_beams``, ``replacement``,
-                              ``draft_width``, ``threshold``, ``min_width``, ``max_width``,
-                              ``single_beam``, ``node_budget``
-============================  ===================================================================
-
-Fields after ``target`` are keyword-only. :class:`DecodeConfig` holds every baseline decoder's
-fields at once (the one config before these); every baseline decoder still accepts it, and it
-is deprecated: its first construction warns (``DeprecationWarning``), and it goes in the next
-release.
-All share one set of checks (:meth:`Settings.__post_init__`), which reads only the fields a
-class has.
+Each config is a frozen, hashable dataclass (a static argument under ``jax.jit``). All share
+``target``, ``max_new_tokens``, the warping, ``eos_token_id`` / ``pad_token_id``, ``progress``
+(a ``Progress`` channel) and ``options`` (the XLA:CPU compiler options by name, a
+``HostPlan``'s); then each decoder's own (``num_beams``; ``draft``, ``gamma``; DSBD's widths and
+threshold). One set of checks (:meth:`Settings.__post_init__`) reads only the fields a class
+has, so a bad setting fails where the config is made. The table of fields:
+docs/results/design_notes.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from dsbd_jax.decoding.calls import Progress
+from dsbd_jax.decoding.progress import Progress
 from dsbd_jax.decoding.warping import validate_warping
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.host.cpu_options import CANDIDATES
@@ -149,56 +119,6 @@ class Settings:
 
 _frozen = dataclasses.dataclass(frozen=True)
 _keywords = dataclasses.dataclass(frozen=True, kw_only=True)
-
-
-@_frozen
-class DecodeConfig(Settings):
-    """Deprecated: every baseline decoder's settings in one class (``sample``,
-    ``beam_sample``, ``beam_search``, ``speculative_sample``, ``tree_speculative_sample`` each
-    accept it, for one more release); use each decoder's own config, with only the fields it
-    reads (module doc). Its first construction in a process warns (``DeprecationWarning``).
-
-    ``target`` / ``draft`` are the model configs (``draft`` only for the speculative methods).
-    ``eos_token_id``: ``None`` (default) means the target's (``eos_ids`` is what applies; the
-    field keeps what it was given, its type made a tuple); ``pad_token_id`` (what finished rows
-    emit) defaults to the target's pad id, else the first EOS id, else 0.
-    ``gamma`` is the speculative look-ahead; ``tree_widths`` the children per level of the
-    token tree (length gamma; default ``(2,) * gamma``). ``length_penalty`` and
-    ``early_stopping`` are Hugging Face's, used by ``beam_search`` only. ``progress``: a
-    :class:`~dsbd_jax.decoding.calls.Progress` channel reports every loop trip to the functions
-    listening on it (a separate compiled program); ``True`` (deprecated) reports to
-    ``progress_hook`` functions.
-    """
-
-    target: ModelConfig
-    draft: Optional[ModelConfig] = None
-    max_new_tokens: int = 32
-    num_beams: int = 1
-    temperature: float = 1.0
-    top_k: Optional[int] = None
-    top_p: float = 1.0
-    replacement: bool = True
-    eos_token_id: Optional[Tuple[int, ...]] = None
-    pad_token_id: Optional[int] = None
-    gamma: int = 4
-    tree_widths: Optional[Tuple[int, ...]] = None
-    length_penalty: float = 1.0
-    early_stopping: bool = False
-    progress: Any = False
-
-    def __post_init__(self):
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn("DecodeConfig is deprecated: use the decoder's own config "
-                          "(SampleConfig, BeamSampleConfig, BeamSearchConfig, "
-                          "SpeculativeConfig or TreeConfig, each with the fields its decoder "
-                          "reads); it will be removed in the next release",
-                          DeprecationWarning, stacklevel=3)
-        super().__post_init__()
-
-
-# DecodeConfig warns once per process (its first construction), as the progress hooks do
-_WARNED: list = []
 
 
 @_frozen
@@ -346,20 +266,20 @@ class DSBDConfig(_Shared):
         return 1 if self.single_beam else self.beam_width
 
 
-# the configs each decoder accepts: its own, and (the baseline decoders) DecodeConfig
+# the config each decoder accepts: its own
 ACCEPTS = {
-    "sample": (SampleConfig, DecodeConfig),
-    "beam_sample": (BeamSampleConfig, DecodeConfig),
-    "beam_search": (BeamSearchConfig, DecodeConfig),
-    "speculative_sample": (SpeculativeConfig, DecodeConfig),
-    "tree_speculative_sample": (TreeConfig, DecodeConfig),
+    "sample": (SampleConfig,),
+    "beam_sample": (BeamSampleConfig,),
+    "beam_search": (BeamSearchConfig,),
+    "speculative_sample": (SpeculativeConfig,),
+    "tree_speculative_sample": (TreeConfig,),
     "dsbd_generate": (DSBDConfig,),
 }
 
 
 def check_config(decoder: str, config) -> None:
-    """``ValueError`` unless ``config`` is one that ``decoder`` accepts (:data:`ACCEPTS`)."""
+    """``ValueError`` unless ``config`` is the one that ``decoder`` accepts (:data:`ACCEPTS`)."""
     kinds = ACCEPTS[decoder]
     if not isinstance(config, kinds):
         raise ValueError(f"{decoder} takes a {kinds[0].__name__}, got "
-                         f"{type(config).__name__}")   # (DecodeConfig too: deprecated)
+                         f"{type(config).__name__}")

@@ -69,7 +69,7 @@ class Decoder:
         prepare = getattr(self.fn, "prepare", None)
         if prepare is None:
             raise TypeError(f"{self.fn.__name__} is not a decoder made with "
-                            f"@calls.prepared_by")
+                            f"@decoding._jit.decoder")
         if self.takes_key:
             return prepare(params, prompt_ids, key, self.config, prompt_lengths=prompt_lengths)
         return prepare(params, prompt_ids, self.config, prompt_lengths=prompt_lengths)

@@ -1,17 +1,12 @@
 """Multinomial sampling (and greedy decoding): the plain autoregressive baseline.
 
-Each new token of each row is drawn from the WARPED next-token distribution of that row
-(temperature, then top-k, then top-p; ``dsbd_jax.decoding.warping``); greedy (argmax) when
-``temperature == 0`` or ``top_k == 1``. ``num_beams = W`` gives W independent samples per prompt
-(``W = 1``: ordinary sampling). The whole decode is one jitted ``lax.while_loop`` with fixed
-shapes; it stops after exactly ``max_new_tokens`` tokens or when every row has emitted EOS.
+Each token of each row is drawn from the row's warped next-token distribution (greedy when
+``temperature == 0`` or ``top_k == 1``); ``num_beams = W`` gives W independent samples a prompt.
+Also the input handling the baselines share (``beam`` uses it): ``params``, per-row keys, the
+host-side checks.
 
-Also holds the input handling every baseline decoder shares (``beam.py`` uses it): unwrapping
-``params``, per-row PRNG keys and the host-side input checks.
-
-Randomness: row b uses ``row_key = fold_in(key, b)`` for a single ``key`` or ``key[b]`` for a batch
-of keys, and step t uses ``fold_in(row_key, t)``; so a prompt gives the same tokens alone
-(``keys[b:b+1]``) as inside a batch.
+Invariant: row b uses ``fold_in(key, b)`` (or ``key[b]``) and step t ``fold_in(row_key, t)``, so a
+prompt gives the same tokens alone as inside a batch.
 """
 
 from __future__ import annotations
@@ -24,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import calls, common, inputs
+from dsbd_jax.decoding import common
+from dsbd_jax.decoding._jit import decoder, inputs, loop, step_progress
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import SampleConfig, check_config
-from dsbd_jax.decoding.inputs import check_key, row_keys  # noqa: F401  (re-exported)
+from dsbd_jax.decoding._jit.inputs import check_key, row_keys  # noqa: F401  (re-exported)
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
 
@@ -101,14 +96,10 @@ class SampleState:
     target_calls: jax.Array  # scalar int32
 
 
-@calls.core("sample")
-@functools.partial(tuned_jit, static_argnames=("config",))
 def _sample_core(params, prompt_ids, prompt_lengths, key, config: SampleConfig) -> GenerateOutput:
     B, P = prompt_ids.shape
     W, N = config.num_beams, config.max_new_tokens
     V = config.target.vocab_size
-    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
-        "sample", config, params, prompt_ids, prompt_lengths)
     pad = config.pad_id
     greedy = is_greedy(config)
     keys = row_keys(key, B)
@@ -149,29 +140,18 @@ def _sample_core(params, prompt_ids, prompt_lengths, key, config: SampleConfig) 
         return SampleState(step=t + 1, cache=cache, logits=logits, sequences=seqs,
                            log_likelihoods=ll, finished=finished, target_calls=calls)
 
-    s = calls.loop(config, cond, body, state, calls.step_progress(
+    s = loop(config, cond, body, state, step_progress(
         B, N, lambda s: jnp.all(s.finished.reshape(B, W), axis=-1)))
     sequences = s.sequences.reshape(B, W, N)
     ll = s.log_likelihoods.reshape(B, W)
     lengths, best = common.best_and_lengths(sequences, ll, config.eos_ids)
     stats = dict(target_calls=s.target_calls, draft_calls=jnp.zeros((), jnp.int32),
                  iterations=s.step, generated_tokens=jnp.max(lengths, axis=-1))
-    out = GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,
-                         stats=stats)
-    return inputs.mark_invalid(out, invalid, pad)
+    return GenerateOutput(sequences=sequences, lengths=lengths, log_likelihoods=ll, best=best,
+                          stats=stats)
 
 
-def _sample_call(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None):
-    """``sample``'s checked ``calls.CoreCall``, not run."""
-    check_config("sample", config)
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return _sample_core.bind(target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-                             prepare_keys(key, np.shape(prompt_ids)[0]), config=config)
-
-
-@calls.prepared_by(_sample_call)
+@decoder(_sample_core)
 def sample(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None) -> GenerateOutput:
     """Multinomial sampling from the warped target (greedy if temperature 0 or top_k 1).
 
@@ -179,12 +159,16 @@ def sample(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None) -
       params: the target's parameter tree (or ``{"target": tree}``).
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths``: ``[B]`` (None: all full).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``).
-      config: ``SampleConfig`` (or ``DecodeConfig``); ``num_beams`` = independent samples per
-        prompt.
+      config: ``SampleConfig``; ``num_beams`` = independent samples per prompt.
     Returns:
       ``GenerateOutput`` with sequences ``[B, num_beams, max_new_tokens]`` (pad after EOS),
       unwarped target log-likelihoods, and stats ``target_calls`` (prefill + decode steps),
       ``draft_calls`` (0), ``iterations`` (decode steps) and ``generated_tokens [B]`` (the
       longest sample's length).
     """
-    return _sample_call(params, prompt_ids, key, config, prompt_lengths)()
+    check_config("sample", config)
+    prompt_ids = as_array(prompt_ids)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
+            prepare_keys(key, np.shape(prompt_ids)[0])), config

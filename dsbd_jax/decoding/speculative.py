@@ -1,30 +1,13 @@
 """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): exact sampling from the warped
 target with a small draft model.
 
-One iteration, per batch row (all rows in lock step, fixed shapes):
-
-1. The draft proposes ``gamma`` tokens autoregressively, each drawn from its own WARPED
-   distribution ``q_i`` (same temperature / top-k / top-p as the target).
-2. ONE target forward over ``[pending, d_1 .. d_gamma]`` gives the warped target distributions
-   ``p_1 .. p_{gamma+1}``.
-3. ``verify_chain``: accept ``d_i`` with probability ``min(1, p_i(d_i) / q_i(d_i))`` in order;
-   on the first rejection draw a token from ``residual(p_i, q_i) = norm(max(p_i - q_i, 0))``; if
-   all were accepted draw a bonus token from ``p_{gamma+1}``. The emitted tokens are distributed exactly as
-   successive draws from the warped target.
-
-Cache layout (both models): a token at slot ``s`` has RoPE position ``s``. ``length[b]`` slots are
-committed; the *pending* token (emitted last, not yet run through the models) sits at slot
-``length[b]``. Each iteration starts with a draft call over ``[prev, pending]`` (``prev`` = the
-token at slot ``length - 1``): it (re)computes the draft's entry for the last committed token,
-which the draft never saw when every draft token was accepted, so the draft cache always holds the
-accepted tokens without an extra draft call. The target commits ``pending`` and the accepted
-drafts with ``cache.write_selected``.
-
-Budget: a row with ``r`` tokens left verifies at most ``min(gamma, r - 1)`` drafts, so it never
-overshoots ``max_new_tokens``. EOS: the emitted tokens are cut after the first EOS and the row is
-finished (the rest of its output is ``pad_id`` at log-probability 0).
-
-The decode loop, state and bookkeeping here are shared with ``tree.tree_speculative_sample``.
+An iteration, per row: the draft proposes ``gamma`` tokens from its warped distributions; one
+target pass scores ``[pending, d_1 .. d_gamma]``; ``verify_chain`` accepts in order with the
+accept test of ``rules``, draws from the residual on the first rejection, or a bonus token when
+all pass. Each iteration's first draft call runs ``[prev, pending]``, so the draft cache holds the
+accepted tokens without an extra call. A row never overshoots ``max_new_tokens``; EOS cuts the
+emitted tokens and finishes the row. The loop, state and bookkeeping are shared with ``tree``.
+Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
@@ -37,41 +20,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import calls, common, drafting, inputs
+from dsbd_jax.decoding import common, drafting
+from dsbd_jax.decoding._jit import decoder, inputs, loop
+from dsbd_jax.decoding._jit.inputs import with_prompt_rows
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import SpeculativeConfig, Settings, check_config
+from dsbd_jax.decoding.rules import accept_test, safe_residual
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
 
 # ---------------------------------------------------------------------------------------------
-# The verification rules (pure, per row).
-
-def accept_test(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
-    """Accept a draft token ``x ~ q`` with probability ``min(1, p(x) / q(x))``.
-
-    ``u ~ Uniform(0, 1)``; written as ``u * q(x) < p(x)`` (no division; ``p >= q`` always accepts).
-    """
-    return u * q_x < p_x
-
-
-def safe_residual(p: jax.Array, q: jax.Array) -> jax.Array:
-    """``norm(max(p - q, 0))``; if rounding leaves nothing (p == q), keep ``p``. ``[..., V]``."""
-    return safe_residual_and_left(p, q)[0]
-
-
-def safe_residual_and_left(p: jax.Array, q: jax.Array):
-    """:func:`safe_residual` and whether the plain residual left anything (``[..., 1]`` bool;
-    ``False`` where ``p`` was kept)."""
-    # residual(p, q) with its normaliser kept: the normalised residual sums to more than 0
-    # exactly where the plain one does (its largest entry is at least 1/N), so ``left`` needs
-    # no second sum over the row
-    x = jnp.maximum(p - q, 0.0)
-    s = jnp.sum(x, axis=-1, keepdims=True)
-    left = s > 0
-    return jnp.where(left, x / jnp.where(left, s, 1.0), p), left
-
+# The chain's verification (pure, per row; the rules are module rules').
 
 @jax.named_scope("verify")
 def verify_chain(p: jax.Array, q: jax.Array, drafts: jax.Array, uniforms: jax.Array,
@@ -314,7 +274,7 @@ def commit_iteration(config: Settings, state: DecodeState, target_cache, draft_c
 def decode_loop(config: Settings, state: DecodeState,
                 iteration: Callable[[DecodeState], DecodeState]) -> DecodeState:
     """``lax.while_loop`` of ``iteration`` until every row is done."""
-    return calls.loop(config, lambda s: jnp.any(~s.done), iteration, state, lambda s: dict(
+    return loop(config, lambda s: jnp.any(~s.done), iteration, state, lambda s: dict(
         iterations=s.iterations, generated=s.generated, done=s.done, target_calls=s.target_calls,
         accepted=jnp.sum(s.accepted), verified=jnp.sum(s.verified)))
 
@@ -406,28 +366,14 @@ def chain_iteration(config: Settings, params, state: DecodeState) -> DecodeState
                             draft_calls=gamma)
 
 
-@calls.core("speculative_sample")
-@functools.partial(tuned_jit, static_argnames=("config",))
 def _speculative_core(params, prompt_ids, prompt_lengths, keys, config: SpeculativeConfig):
-    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
-        "speculative_sample", config, params, prompt_ids, prompt_lengths)
-    params = inputs.with_prompt_rows(params, prompt_ids)
+    params = with_prompt_rows(params, prompt_ids)
     state = init_state(config, params, prompt_ids, prompt_lengths, keys)
     state = decode_loop(config, state, functools.partial(chain_iteration, config, params))
-    return inputs.mark_invalid(to_output(config, state), invalid, config.pad_id)
+    return to_output(config, state)
 
 
-def _speculative_call(params, prompt_ids, key, config: SpeculativeConfig, prompt_lengths=None):
-    """``speculative_sample``'s checked ``calls.CoreCall``, not run."""
-    check_config("speculative_sample", config)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    keys = row_keys(key, prompt_ids.shape[0])
-    return _speculative_core.bind(params, prompt_ids, lengths, keys, config=config)
-
-
-@calls.prepared_by(_speculative_call)
+@decoder(_speculative_core)
 def speculative_sample(params, prompt_ids, key, config: SpeculativeConfig,
                        prompt_lengths=None) -> GenerateOutput:
     """Speculative sampling: exact samples from the warped target, ``gamma`` drafts per target call.
@@ -436,8 +382,8 @@ def speculative_sample(params, prompt_ids, key, config: SpeculativeConfig,
       params: ``{"target": target params, "draft": draft params}``.
       prompt_ids: ``[B, P]`` int, right-padded; ``prompt_lengths [B]`` (None: all ``P``).
       key: one PRNG key (row b uses ``fold_in(key, b)``) or ``[B]`` keys (row b uses ``key[b]``).
-      config: ``SpeculativeConfig`` (or ``DecodeConfig``) with ``draft``, ``gamma``, warping, EOS, ``max_new_tokens``
-        (``num_beams`` is ignored: one sequence per prompt).
+      config: ``SpeculativeConfig`` with ``draft``, ``gamma``, warping, EOS, ``max_new_tokens``
+        (one sequence per prompt).
     Returns:
       ``GenerateOutput`` with ``sequences [B, 1, N]``, unwarped target ``log_likelihoods [B, 1]``
       and stats ``target_calls``, ``draft_calls``, ``iterations`` (target/draft forward passes
@@ -445,4 +391,9 @@ def speculative_sample(params, prompt_ids, key, config: SpeculativeConfig,
       ``verified_tokens [B]``, ``row_iterations [B]``, ``mean_accepted`` (accepted drafts per
       target call, per row) and ``acceptance_rate`` (accepted / verified drafts).
     """
-    return _speculative_call(params, prompt_ids, key, config, prompt_lengths)()
+    check_config("speculative_sample", config)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    keys = row_keys(key, prompt_ids.shape[0])
+    return (params, prompt_ids, lengths, keys), config

@@ -1,30 +1,12 @@
 """Token-tree speculative sampling (SpecInfer; MCSD, Yang et al. 2024): exact sampling from the
-warped target with a draft *tree* verified in one target pass.
+warped target with a draft tree verified in one target pass.
 
-The tree (``config.tree_widths = (k_1 .. k_gamma)``, default ``(2,) * gamma``): the root is the
-pending token; every node at level ``l - 1`` gets ``k_l`` children drawn from the draft's WARPED
-distribution at that node: i.i.d. when ``config.replacement`` is True, without replacement
-(Gumbel-top-k, in draw order) when False. The tree is a fixed-shape array of ``T = 1 + sum_l
-prod_{i<=l} k_i`` nodes, level by level: ``tokens [B, T]``, ``parents [T]``, ``depths [T]``.
-
-One iteration, per row:
-
-1. Draft: one forward call per level (the root call also recomputes the last committed token,
-   see ``speculative``). Level ``l`` nodes attend to the committed prefix and their ancestors,
-   whose draft keys/values live in scratch slots after the draft cache's ``S`` regular slots.
-2. Target: ONE forward pass over all ``T`` nodes, positions ``length + depth``, tree-attention mask
-   (a node sees the committed prefix and its ancestors) built on device from ``parents``.
-3. Verify from the root (``walk_tree``): at the current node, its children are the candidates in
-   draw order (``verify_siblings``):
-     * MCSD Algorithm 1 (``replacement=True``): accept x w.p. ``min(1, p(x)/q(x))``; on reject
-       ``p <- norm(max(p - q, 0))``.
-     * MCSD Algorithm 2 (``replacement=False``): as above, and on reject also ``q <- q`` with x
-       removed, renormalised (the distribution the next sibling was drawn from).
-   On accept move to that child and continue; if every child was rejected draw from the current
-   ``p`` and stop; after the deepest level (or the token budget) draw a bonus token from the
-   target at the accepted node.
-4. Commit the accepted path EAGLE-style: target keys/values of ``[root, accepted nodes]`` and the
-   draft's scratch entries of the accepted nodes are copied into contiguous slots.
+The tree has ``tree_widths = (k_1 .. k_gamma)`` children per level, drawn from the draft's warped
+distribution (i.i.d., or without replacement); one target pass over every node with a tree mask;
+then the walk from the root verifies each node's children in draw order with the MCSD rules
+(``rules``), draws from the residual when all are rejected, and a bonus token after the deepest
+accepted node. The accepted path is copied into contiguous cache slots. The loop, state and
+bookkeeping are ``speculative``'s. Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
@@ -36,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.host.cpu_options import tuned_jit
 from dsbd_jax.models import cache as kvc
-from dsbd_jax.decoding import calls, common, drafting, inputs, speculative as spec
+from dsbd_jax.decoding import common, drafting, speculative as spec
+from dsbd_jax.decoding._jit import decoder
+from dsbd_jax.decoding._jit.inputs import with_prompt_rows
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import TreeConfig, check_config
 from dsbd_jax.decoding.warping import draw_from
-from dsbd_jax.decoding.verify import remove as remove_drawn  # without replacement: drop x from q, renormalise
+from dsbd_jax.decoding.rules import accept_test, remove, safe_residual
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,10 +92,10 @@ def verify_siblings(p: jax.Array, q: jax.Array, candidates: jax.Array, uniforms:
         x, u, i = xs
         q_x = q[x]
         live = (acc < 0) & (q_x > 0)
-        accept = live & spec.accept_test(u, p[x], q_x)
+        accept = live & accept_test(u, p[x], q_x)
         reject = live & ~accept
-        p_next = jnp.where(reject, spec.safe_residual(p, q), p)
-        q_next = q if replacement else jnp.where(reject, remove_drawn(q, x), q)
+        p_next = jnp.where(reject, safe_residual(p, q), p)
+        q_next = q if replacement else jnp.where(reject, remove(q, x), q)
         return (p_next, q_next, jnp.where(accept, i, acc)), None
 
     k = candidates.shape[0]
@@ -275,29 +258,15 @@ def tree_iteration(config: TreeConfig, params, state: spec.DecodeState) -> spec.
                                  emitted_logp, draft_calls=gamma)
 
 
-@calls.core("tree_speculative_sample")
-@functools.partial(tuned_jit, static_argnames=("config",))
 def _tree_core(params, prompt_ids, prompt_lengths, keys, config: TreeConfig):
-    invalid, prompt_ids, prompt_lengths = inputs.guard_inputs(
-        "tree_speculative_sample", config, params, prompt_ids, prompt_lengths)
-    params = inputs.with_prompt_rows(params, prompt_ids)
+    params = with_prompt_rows(params, prompt_ids)
     state = spec.init_state(config, params, prompt_ids, prompt_lengths, keys,
                             draft_extra_slots=draft_extra_slots(config))
     state = spec.decode_loop(config, state, functools.partial(tree_iteration, config, params))
-    return inputs.mark_invalid(spec.to_output(config, state), invalid, config.pad_id)
+    return spec.to_output(config, state)
 
 
-def _tree_call(params, prompt_ids, key, config: TreeConfig, prompt_lengths=None):
-    """``tree_speculative_sample``'s checked ``calls.CoreCall``, not run."""
-    check_config("tree_speculative_sample", config)
-    spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    keys = spec.row_keys(key, prompt_ids.shape[0])
-    return _tree_core.bind(params, prompt_ids, lengths, keys, config=config)
-
-
-@calls.prepared_by(_tree_call)
+@decoder(_tree_core)
 def tree_speculative_sample(params, prompt_ids, key, config: TreeConfig,
                             prompt_lengths=None) -> GenerateOutput:
     """Token-tree speculative sampling (SpecInfer / MCSD): exact samples from the warped target.
@@ -307,4 +276,9 @@ def tree_speculative_sample(params, prompt_ids, key, config: TreeConfig,
     children (MCSD Algorithm 1) or children without replacement (Algorithm 2).
     ``verified_tokens`` counts verified tree levels.
     """
-    return _tree_call(params, prompt_ids, key, config, prompt_lengths)()
+    check_config("tree_speculative_sample", config)
+    spec.check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    keys = spec.row_keys(key, prompt_ids.shape[0])
+    return (params, prompt_ids, lengths, keys), config

@@ -1,23 +1,11 @@
 """Warping (temperature, then top-k, then top-p) and sampling from warped distributions.
 
-Every function works on the **last axis** of its input, so the same code warps one token
-distribution per row (``[..., V]``) and the joint beam distribution (flatten beams x vocab to
-``[..., W * V]`` first: top-k = 10 then keeps 10 (beam, token) pairs in total).
-
-Exact rules (they match Hugging Face's ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
-``TopPLogitsWarper`` with ``min_tokens_to_keep=1``):
-
-* ``temperature``: logits / temperature. ``temperature == 0`` means greedy: only the largest
-  entry is kept (ties: the lowest index), regardless of top-k/top-p.
-* ``top_k``: keep every entry whose logit is >= the k-th largest logit (ties at the boundary are
-  all kept, so more than k may survive, as in HF). ``top_k is None``, ``0`` or ``>= N`` keeps all.
-* ``top_p``: sort ascending, drop the entries whose ascending cumulative probability is
-  ``<= 1 - top_p``; the largest entry is always kept. ``top_p == 1`` keeps all (nothing is dropped,
-  whatever the rounding). top-p is applied to the distribution that top-k left.
-* Removed entries get log-probability ``-inf`` and are never sampled. Entries that already had
-  probability zero (``-inf`` logits) stay at zero.
-
-The result is returned as normalised log-probabilities (float32).
+Every function works on the last axis, so the same code warps one token distribution per row
+and the joint beam distribution (``[..., W * V]``: top-k 10 keeps 10 (beam, token) pairs in all).
+The rules match Hugging Face's warpers with ``min_tokens_to_keep=1``: ties at the top-k boundary
+are all kept; top-p keeps the largest entry always and ``top_p == 1`` drops nothing; temperature
+0 is greedy. Removed entries get ``-inf`` and are never drawn. Results are normalised float32
+log-probabilities. Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
@@ -220,32 +208,6 @@ def sample(key: jax.Array, logprobs: jax.Array, shape=None) -> jax.Array:
     never drawn.
     """
     return jax.random.categorical(key, logprobs, axis=-1, shape=shape)
-
-
-def sample_without_replacement(key: jax.Array, logprobs: jax.Array, k: int) -> jax.Array:
-    """``k`` successive draws without replacement (Gumbel-top-k) over the last axis: ``[..., k]``.
-
-    The order of the result is the draw order. If fewer than ``k`` entries have non-zero
-    probability, the surplus draws are zero-probability entries: callers must ensure
-    ``k <= support`` or handle them (the support size is ``sum(isfinite(logprobs))``).
-    """
-    g = jax.random.gumbel(key, logprobs.shape, jnp.float32)
-    return jax.lax.top_k(logprobs + g, k)[1]
-
-
-def normalize(p: jax.Array) -> jax.Array:
-    """p / sum(p) over the last axis; an all-zero row stays all zero (no NaN)."""
-    s = jnp.sum(p, axis=-1, keepdims=True)
-    return jnp.where(s > 0, p / jnp.where(s > 0, s, 1.0), 0.0)
-
-
-def residual(p: jax.Array, q: jax.Array) -> jax.Array:
-    """Speculative-sampling residual ``norm(max(p - q, 0))`` over the last axis (probabilities).
-
-    If p == q exactly the residual is all zero; callers only sample from it after a rejection,
-    which has probability zero in that case.
-    """
-    return normalize(jnp.maximum(p - q, 0.0))
 
 
 # ---------------------------------------------------------------------------------------------

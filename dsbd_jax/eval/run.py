@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+import dsbd_jax
 from dsbd_jax.eval.plan import plan_prompts, plan_batches, prompt_keys
 from dsbd_jax.eval.records import record_of, resume_state
 from dsbd_jax.eval.summary import summary_of
@@ -28,7 +29,7 @@ logger = logging.getLogger("dsbd_jax")
 # measurement pieces
 class CompileClock:
     """Seconds JAX spends tracing, lowering and compiling, and reading decoder programs back
-    from the program store (``jax.monitoring`` events; :mod:`dsbd_jax.decoding.programs`)."""
+    from the program store (``jax.monitoring`` events; :mod:`dsbd_jax.decoding._jit.programs`)."""
 
     EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
               "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -58,7 +59,8 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
     to ``prompt_len``: shapes from ``jax.eval_shape`` of the method's own state initialisation."""
     import jax
     import jax.numpy as jnp
-    from dsbd_jax.decoding import common, inputs
+    from dsbd_jax.decoding import common
+    from dsbd_jax.decoding._jit import inputs
     cfg = decoder.config
     ids = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     lens = jax.ShapeDtypeStruct((batch,), jnp.int32)
@@ -75,7 +77,7 @@ def kv_cache_bytes(decoder, prompt_len: int, batch: int = 1) -> int:
         return jax.eval_shape(lambda: init(mc, jax.random.key(0)))
 
     if decoder.method == "dsbd":
-        from dsbd_jax.decoding.dsbd import init_state
+        from dsbd_jax.decoding.dsbd.state import init_state
         p = {"target": params_of(cfg.target), "draft": params_of(cfg.draft)}
         st = jax.eval_shape(lambda p, i, l, k: init_state(cfg, p, i, l, k), p, ids, lens, keys)
         return nbytes((st.target_cache, st.draft_cache))
@@ -363,7 +365,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     if not writer:
         return None
     summary = summary_of(records_path)
-    summary.update(compiles={k: v for k, v in common.compile_count().items()},
+    summary.update(compiles={k: v for k, v in dsbd_jax.compile_count().items()},
                    wall_s=time.perf_counter() - t_start)
     with open(out_dir / "summary.json", "w") as f:
         json.dump(summary, f, indent=2)

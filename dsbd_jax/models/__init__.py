@@ -21,12 +21,9 @@ Where weights come from (Hugging Face directories, GGUF files, presets, trained 
 DSBD's forest budget) is :mod:`dsbd_jax.host`.
 
 May import: jax, flax, numpy, and nothing else of ``dsbd_jax`` (the bottom layer; the
-contract in ``pyproject.toml`` enforces it). ``dsbd_jax.models.load_model``,
-``LoadedModel`` and ``list_presets`` still resolve, with a ``DeprecationWarning``, until 0.4.0
-(:mod:`dsbd_jax._moved`); use ``dsbd_jax.load_model``.
+contract in ``pyproject.toml`` enforces it).
 """
 
-from dsbd_jax import _moved
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.llama import causal_mask, convert_layout, forward, init_params, logits, params_layout
@@ -34,6 +31,3 @@ from dsbd_jax.models.llama import causal_mask, convert_layout, forward, init_par
 __all__ = ["KVCache", "ModelConfig", "causal_mask", "convert_layout", "empty_cache",
            "forward", "init_params", "logits", "params_layout"]
 
-
-def __getattr__(name):
-    return _moved.moved_name(__name__, name)

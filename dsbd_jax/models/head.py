@@ -44,7 +44,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax import _moved
 from dsbd_jax.models.cache import KVCache, empty_cache
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models import llama
@@ -300,11 +299,6 @@ def int8(params: dict) -> dict:
 __all__ = ["HeadConfig", "is_head", "forward", "target_features", "features_of_prompt",
            "init_params", "check_params", "num_params", "truncate", "int8",
            "VOCAB_HEAD"]
-
-
-def __getattr__(name):
-    # save, load, is_head_dir, in_host_form: dsbd_jax.loading.heads since 0.3.0
-    return _moved.moved_name(__name__, name)
 
 
 def truncate(config: HeadConfig, head_params, target_params, rows) -> dict:

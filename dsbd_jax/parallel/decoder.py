@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dsbd_jax.decoding import calls, common, inputs, programs
+from dsbd_jax.decoding import common
+
+from dsbd_jax.decoding._jit import calls, inputs, programs
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.models.fused import unfuse_projections
 from dsbd_jax.models.kinds import unblock_params
@@ -154,7 +156,7 @@ class ShardedDecoder:
         sharded arguments."""
         prepare = getattr(self.fn, "prepare", None)
         if prepare is None:
-            raise TypeError(f"{self.name} is not a decoder made with @calls.prepared_by")
+            raise TypeError(f"{self.name} is not a decoder made with @decoding._jit.decoder")
         if self.takes_key:
             call = prepare(params, ids, keys, self.config, prompt_lengths=lengths)
         else:

@@ -162,7 +162,7 @@ def key_parts(key, n: int):
     """``(kind, checksum, raw keys)`` of a decoder's ``key`` for ``n`` rows: kind 1 for one key
     (checksum of its bits; every process must pass the same), kind 2 for a batch of ``n`` keys
     (raw ``uint32 [n, 2]``, this process's rows). ``ValueError`` for anything else."""
-    from dsbd_jax.decoding import inputs
+    from dsbd_jax.decoding._jit import inputs
     inputs.check_key(key, n)
     raw = np.asarray(jax.random.key_data(key) if inputs.is_typed_key(key) else key, np.uint32)
     if raw.ndim == 1:

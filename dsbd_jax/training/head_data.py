@@ -265,7 +265,7 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
     first of them. ``store``: a :class:`~dsbd_jax.training.rollouts.BatchStore` keeping every
     finished batch (a stopped run computes only the batches it lacks; each batch's key is
     ``fold_in(key, its start)``, so the data is the same either way)."""
-    from dsbd_jax.decoding import inputs
+    from dsbd_jax.decoding._jit import inputs
     from dsbd_jax.training.rollouts import BatchStore, ready
     store = store if store is not None else BatchStore(None, "", "rollouts")
     fl = tuple(feature_layers) if feature_layers else None

@@ -20,8 +20,9 @@ from exact_reference import (beam_key, chi_square_test, exact_beam_sample_dist,
                              exact_sample_dist)
 from test_sampling import load_peer
 
+import dsbd_jax
 from dsbd_jax.decoding import beam, common
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import BeamSampleConfig, BeamSearchConfig
 from dsbd_jax.decoding.warping import warp_logits
 
 ROWS = 20000
@@ -85,8 +86,8 @@ def test_dead_beams(toy):
     """Without replacement, top-k 2 < W = 3 on the joint: both kept entries are taken, the third
     beam is dead (log-likelihood -inf, pad tokens)."""
     config, params, lp = toy
-    dc = DecodeConfig(target=config, max_new_tokens=1, num_beams=3, top_k=2, replacement=False,
-                      pad_token_id=5)
+    dc = BeamSampleConfig(target=config, max_new_tokens=1, num_beams=3, top_k=2,
+                          replacement=False, pad_token_id=5)
     out = beam.beam_sample(params, np.array([[2, 5], [0, 3]]), jax.random.PRNGKey(0), dc)
     for b, prompt in enumerate([(2, 5), (0, 3)]):
         ll = np.asarray(out.log_likelihoods[b])
@@ -114,9 +115,9 @@ CASES = {
 
 def decode_config(config, case):
     prompt, widths, t, k, p, rep, eos, pad = case
-    return DecodeConfig(target=config, max_new_tokens=len(widths), num_beams=widths[0],
-                        temperature=t, top_k=k, top_p=p, replacement=rep,
-                        eos_token_id=eos or None, pad_token_id=pad)
+    return BeamSampleConfig(target=config, max_new_tokens=len(widths), num_beams=widths[0],
+                            temperature=t, top_k=k, top_p=p, replacement=rep,
+                            eos_token_id=eos or None, pad_token_id=pad)
 
 
 def run_case(toy, case, seed=0, rows=ROWS):
@@ -184,13 +185,13 @@ def _unweighted_step(key_rows, scores, logp, config, W):
 ])
 def test_broken_rules_are_detected(toy, monkeypatch, broken, attr, name):
     """The exactness test has power: each rule broken on purpose gives a tiny p-value."""
-    beam._beam_sample_core.clear_cache()
+    beam.beam_sample.core.clear_cache()
     monkeypatch.setattr(beam, attr, broken)
     try:
         _, samples, exact = run_case(toy, CASES[name], rows=ROWS)
     finally:
         monkeypatch.undo()
-        beam._beam_sample_core.clear_cache()  # drop the broken trace
+        beam.beam_sample.core.clear_cache()  # drop the broken trace
     res = chi_square_test(samples, exact)
     print(f"broken rule {broken.__name__} on {name}: p = {res.pvalue:.3g}, "
           f"chi2 = {res.statistic:.1f}, dof = {res.dof}, outside support = {res.outside}")
@@ -228,9 +229,9 @@ def test_beam_search_equals_transformers(peer, length_penalty, early_stopping, e
         toks = np.concatenate([_hf_beam(model, p, W, N, 1.0, False, None)[0][:, :N - 1].ravel()
                                for p in prompts])
         eos = int(np.bincount(toks).argmax())
-    dc = DecodeConfig(target=config, max_new_tokens=N, num_beams=W, eos_token_id=eos,
-                      pad_token_id=0, length_penalty=length_penalty,
-                      early_stopping=early_stopping)
+    dc = BeamSearchConfig(target=config, max_new_tokens=N, num_beams=W, eos_token_id=eos,
+                          pad_token_id=0, length_penalty=length_penalty,
+                          early_stopping=early_stopping)
     out = beam.beam_search(params, ids, dc, lens)
     ended = 0
     for b, p in enumerate(prompts):
@@ -257,8 +258,10 @@ def test_batch_rows_equal_single_runs_and_no_recompile(toy):
     ids, lens = common.pad_prompts(prompts, length=8)
     ids2, lens2 = common.pad_prompts([[4], [1, 1, 1, 1, 1, 1, 1, 1], [2, 5], [3]], length=8)
     keys = jax.random.split(jax.random.PRNGKey(0), len(prompts))
-    dc = DecodeConfig(target=config, max_new_tokens=5, num_beams=2, top_k=10, top_p=0.95,
-                      eos_token_id=(4,), pad_token_id=5)
+    kw = dict(max_new_tokens=5, num_beams=2, top_k=10, top_p=0.95, eos_token_id=(4,),
+              pad_token_id=5)
+    dc = BeamSampleConfig(target=config, **kw)
+    sc = BeamSearchConfig(target=config, **kw)
     d = dc.replace(replacement=False)
     batch = beam.beam_sample(params, ids, keys, d, lens)
     # some rows stop early (all beams ended) while others run on: their results must not move
@@ -267,9 +270,9 @@ def test_batch_rows_equal_single_runs_and_no_recompile(toy):
         alone = beam.beam_sample(params, ids[b:b + 1], keys[b:b + 1], d, lens[b:b + 1])
         np.testing.assert_array_equal(alone.sequences[0], batch.sequences[b])
         np.testing.assert_allclose(alone.log_likelihoods[0], batch.log_likelihoods[b], atol=1e-5)
-    before = common.compile_count("beam_sample")
+    before = dsbd_jax.compile_count("beam_sample")
     beam.beam_sample(params, ids2, jax.random.PRNGKey(3), d, lens2).sequences.block_until_ready()
-    assert common.compile_count("beam_sample") == before
+    assert dsbd_jax.compile_count("beam_sample") == before
     # with replacement: row b of a batch equals row 0 of a batch whose other rows differ
     d = dc.replace(replacement=True)
     batch = beam.beam_sample(params, ids, keys, d, lens)
@@ -278,21 +281,22 @@ def test_batch_rows_equal_single_runs_and_no_recompile(toy):
         order = [b] + [i for i in range(len(prompts)) if i != b][::-1]
         other = beam.beam_sample(params, ids[order], keys[np.array(order)], d, lens[order])
         np.testing.assert_array_equal(other.sequences[0], batch.sequences[b])
-    bs = beam.beam_search(params, ids, dc, lens)
+    bs = beam.beam_search(params, ids, sc, lens)
     for b in range(len(prompts)):
         order = [b] + [i for i in range(len(prompts)) if i != b][::-1]
-        other = beam.beam_search(params, ids[order], dc, lens[order])
+        other = beam.beam_search(params, ids[order], sc, lens[order])
         np.testing.assert_array_equal(other.sequences[0], bs.sequences[b])
         np.testing.assert_allclose(other.stats["scores"][0], bs.stats["scores"][b], atol=1e-5)
-    before = common.compile_count("beam_search")
-    beam.beam_search(params, ids2, dc, lens2).sequences.block_until_ready()
-    assert common.compile_count("beam_search") == before
+    before = dsbd_jax.compile_count("beam_search")
+    beam.beam_search(params, ids2, sc, lens2).sequences.block_until_ready()
+    assert dsbd_jax.compile_count("beam_search") == before
 
 
 def test_bad_inputs_raise(toy):
     config, params, _ = toy
     ids = np.array([[1, 2, 3]], np.int32)
-    dc = DecodeConfig(target=config, max_new_tokens=3, num_beams=2)
+    dc = BeamSampleConfig(target=config, max_new_tokens=3, num_beams=2)
+    sc = BeamSearchConfig(target=config, max_new_tokens=3, num_beams=2)
     with pytest.raises(ValueError):
         beam.beam_sample(params, ids, jax.random.split(jax.random.PRNGKey(0), 2), dc)
     with pytest.raises(ValueError):
@@ -300,10 +304,11 @@ def test_bad_inputs_raise(toy):
     with pytest.raises(ValueError):
         beam.beam_sample(params, ids, jax.random.PRNGKey(0), dc, prompt_lengths=np.array([4]))
     with pytest.raises(ValueError):
-        beam.beam_search(params, np.array([[1, 9]]), dc)
+        beam.beam_search(params, np.array([[1, 9]]), sc)
     with pytest.raises(ValueError):
-        beam.beam_search(params, ids, dc.replace(early_stopping="sometimes"))
+        beam.beam_search(params, ids, sc.replace(early_stopping="sometimes"))
     with pytest.raises(ValueError):
-        beam.beam_search(params, ids, dc.replace(length_penalty=float("nan")))
-    with pytest.raises(ValueError):
-        DecodeConfig(target=config, num_beams=0)
+        beam.beam_search(params, ids, sc.replace(length_penalty=float("nan")))
+    for cls in (BeamSampleConfig, BeamSearchConfig):
+        with pytest.raises(ValueError):
+            cls(target=config, num_beams=0)

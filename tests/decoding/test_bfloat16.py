@@ -31,7 +31,8 @@ import pytest
 import exact_reference as ref
 from dsbd_jax.decoding import speculative as spec
 from dsbd_jax.decoding.beam import beam_sample
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import (BeamSampleConfig, SampleConfig, SpeculativeConfig,
+                                       TreeConfig)
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.tree import tree_speculative_sample
@@ -100,8 +101,9 @@ def _beam_check(out, lp, width, replacement=True, warp=WARP):
     return ref.chi_square_test(samples, exact)
 
 
-def _decode(tc, dc=None, **kw):
-    return DecodeConfig(target=tc, draft=dc, max_new_tokens=N, **{**WARP, **kw})
+def _decode(cls, tc, **kw):
+    """A ``cls`` config (a baseline decoder's own) with N new tokens and WARP."""
+    return cls(target=tc, max_new_tokens=N, **{**WARP, **kw})
 
 
 def _dsbd(tc, dc, **kw):
@@ -112,7 +114,7 @@ def _dsbd(tc, dc, **kw):
 
 def test_sampling_is_exact(pair, lp):
     tc, tp, _, _ = pair
-    out = sample({"target": tp}, _ids(), jax.random.key(1), _decode(tc))
+    out = sample({"target": tp}, _ids(), jax.random.key(1), _decode(SampleConfig, tc))
     res = _sample_check(out, lp)
     assert res.pvalue > P_MIN, res
     # log-likelihoods: the bfloat16 model's own (float32) log-probs of the tokens
@@ -123,7 +125,8 @@ def test_sampling_is_exact(pair, lp):
 
 def test_beam_sample_is_exact(pair, lp):
     tc, tp, _, _ = pair
-    out = beam_sample({"target": tp}, _ids(), jax.random.key(2), _decode(tc, num_beams=2))
+    out = beam_sample({"target": tp}, _ids(), jax.random.key(2),
+                      _decode(BeamSampleConfig, tc, num_beams=2))
     res = _beam_check(out, lp, 2)
     assert res.pvalue > P_MIN, res
 
@@ -133,10 +136,11 @@ def test_speculative_and_tree_are_exact(pair, lp, fn):
     tc, tp, dc, dp = pair
     if fn == "speculative":
         out = spec.speculative_sample({"target": tp, "draft": dp}, _ids(), jax.random.key(3),
-                                      _decode(tc, dc, gamma=2))
+                                      _decode(SpeculativeConfig, tc, draft=dc, gamma=2))
     else:
         out = tree_speculative_sample({"target": tp, "draft": dp}, _ids(), jax.random.key(4),
-                                      _decode(tc, dc, gamma=2, tree_widths=(2, 2)))
+                                      _decode(TreeConfig, tc, draft=dc, gamma=2,
+                                              tree_widths=(2, 2)))
     acc = float(out.stats["acceptance_rate"])
     assert 0.05 < acc < 0.97, acc  # partial acceptance: the rule is exercised
     res = _sample_check(out, lp)
@@ -166,7 +170,8 @@ def test_bfloat16_draft_for_a_float32_target():
     tc, tp = ref.toy_model(V, seed=0, eos_token_id=None)
     dc, dp = ref.toy_model(V, seed=7, dtype="bfloat16", eos_token_id=None)
     out = spec.speculative_sample({"target": tp, "draft": _rows_form(dp)}, _ids(),
-                                  jax.random.key(6), _decode(tc, dc, gamma=2))
+                                  jax.random.key(6),
+                                  _decode(SpeculativeConfig, tc, draft=dc, gamma=2))
     res = _sample_check(out, ref.make_lp_fn(tc, tp))
     assert res.pvalue > P_MIN, res
 
@@ -181,7 +186,7 @@ def test_truncated_bfloat16_draft_is_exact(pair, lp):
     draft = kinds.transpose_head(truncate_head(dp, dc, rows, prompt_rows=True))
     assert draft["vocab_head"]["kernel"].value.shape == (len(rows), dc.hidden_size)
     out = spec.speculative_sample({"target": tp, "draft": draft}, _ids(), jax.random.key(7),
-                                  _decode(tc, dc, gamma=2))
+                                  _decode(SpeculativeConfig, tc, draft=dc, gamma=2))
     res = _sample_check(out, lp)
     assert res.pvalue > P_MIN, res
 
@@ -191,10 +196,9 @@ def test_broken_rule_fails(pair, lp, monkeypatch):
     test above has the power to see a wrong rule on a bfloat16 pair."""
     tc, tp, dc, dp = pair
     # after a rejection, p itself instead of norm(max(p - q, 0))
-    monkeypatch.setattr(spec, "safe_residual_and_left",
-                        lambda p, q: (p, jnp.ones(p.shape[:-1] + (1,), bool)))
+    monkeypatch.setattr(spec, "safe_residual", lambda p, q: p)
     # another batch size: a new trace (the compiled program of the real rule is not reused)
     out = spec.speculative_sample({"target": tp, "draft": dp}, _ids(ROWS - 8), jax.random.key(3),
-                                  _decode(tc, dc, gamma=2))
+                                  _decode(SpeculativeConfig, tc, draft=dc, gamma=2))
     res = _sample_check(out, lp)
     assert res.pvalue < 1e-6, res

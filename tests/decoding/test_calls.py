@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dsbd_jax
 from dsbd_jax import (DSBDConfig, beam_sample, beam_search, dsbd_generate, sample,
                       speculative_sample, tree_speculative_sample)
-from dsbd_jax.decoding import calls, common, configs, methods
+from dsbd_jax.decoding import common, configs, methods
+from dsbd_jax.decoding._jit import calls
 from dsbd_jax.host import cpu_options as co
 from dsbd_jax.host import plan as host
 
@@ -67,16 +69,16 @@ def test_a_call_states_its_program_and_options_and_runs_once_compiled(bench_pair
     plan = host.plan(cfg.target, "float32", "plain")
     assert co.options_of((call.args, call.kwargs)) == plan.options == "single_thread_eigen"
     call.via.clear_cache()   # compiled by an earlier test of this process: drop it
-    before = common.compile_count(name)
+    before = dsbd_jax.compile_count(name)
     # ahead of time from the public function itself, as from a jax.jit: that compile is the
     # one the call then runs
     assert "while" in fn.lower(*args, cfg, prompt_lengths=lengths).as_text()
     call.compile()
-    assert common.compile_count(name) == before + 1
+    assert dsbd_jax.compile_count(name) == before + 1
     out = call()
-    assert common.compile_count(name) == before + 1
+    assert dsbd_jax.compile_count(name) == before + 1
     again = fn(*args, cfg, prompt_lengths=lengths)   # same bucket: no second compile
-    assert common.compile_count(name) == before + 1
+    assert dsbd_jax.compile_count(name) == before + 1
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(again.sequences))
 
 
@@ -91,7 +93,7 @@ def test_the_checks_run_when_the_call_is_prepared(bench_pair):
 def test_a_decoder_without_a_prepared_call_is_refused(bench_pair):
     cfg, params = _setup(bench_pair, "sample")
     dec = methods.Decoder("sample", lambda *a, **k: None, cfg)
-    with pytest.raises(TypeError, match="prepared_by"):
+    with pytest.raises(TypeError, match=r"_jit\.decoder"):
         dec.core_call(params, jnp.asarray([[5, 6]], jnp.int32), jax.random.PRNGKey(0))
 
 
@@ -111,11 +113,11 @@ def test_a_sharded_call_runs_the_decoders_own_program(bench_pair, name, forced_o
     assert call.options == forced_options
     assert all(isinstance(x.sharding, jax.sharding.NamedSharding)
                for x in jax.tree.leaves(call.args) if hasattr(x, "sharding"))
-    before, total = common.compile_count(name), sum(common.compile_count().values())
+    before, total = dsbd_jax.compile_count(name), sum(dsbd_jax.compile_count().values())
     k = None if name == "beam_search" else key
     out = sdec(placed, ids, k, prompt_lengths=lengths)
-    assert sdec.compiles == 1 and common.compile_count(name) == before + 1
-    assert sum(common.compile_count().values()) == total + 1     # no other decoder's
+    assert sdec.compiles == 1 and dsbd_jax.compile_count(name) == before + 1
+    assert sum(dsbd_jax.compile_count().values()) == total + 1     # no other decoder's
     # the program that ran is the core's own (its module is named after the core's jit)
     module = sdec.compiled(placed, ids, k, prompt_lengths=lengths).as_text().split()[1]
     assert module.rstrip(",") == f"jit_{call.via.__name__}", module
@@ -159,12 +161,12 @@ def _run_named(fn, args, params, ids, lengths, key, named, name, want, forced):
     call = fn.prepare(*args, named, prompt_lengths=lengths)
     assert call.options == {} != forced
     call.via.clear_cache()
-    before = common.compile_count(name)
+    before = dsbd_jax.compile_count(name)
     assert "while" in call.lower().as_text()
     out = fn(*args, named, prompt_lengths=lengths)
-    assert common.compile_count(name) == before + 1
+    assert dsbd_jax.compile_count(name) == before + 1
     fn(*args, named, prompt_lengths=lengths)                  # same bucket: no recompile
-    assert common.compile_count(name) == before + 1
+    assert dsbd_jax.compile_count(name) == before + 1
     np.testing.assert_array_equal(np.asarray(out.sequences), np.asarray(want.sequences))
     inner = jax.jit(lambda i, l: fn(params, i, key, named, prompt_lengths=l).sequences)
     np.testing.assert_array_equal(np.asarray(inner(ids, lengths)), np.asarray(want.sequences))

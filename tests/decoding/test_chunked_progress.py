@@ -10,13 +10,16 @@ import jax
 import numpy as np
 import pytest
 
-from dsbd_jax.decoding import calls, common, programs
+import dsbd_jax
+from dsbd_jax.decoding import common
+
+from dsbd_jax.decoding._jit import calls, programs
 
 from test_calls import DECODERS, _call
 
 
 def _chunked(cfg, every):
-    return cfg.replace(progress=calls.Progress(every=every))
+    return cfg.replace(progress=dsbd_jax.Progress(every=every))
 
 
 def _same(a, b):
@@ -51,11 +54,11 @@ def test_chunk_programs_have_no_callback_and_compile_once(bench_pair):
     chunked_cfg = _chunked(cfg, 1)
     call = fn.prepare(*args, chunked_cfg, prompt_lengths=lengths)
     call.via.clear_cache()
-    before = common.compile_count("dsbd_generate")
+    before = dsbd_jax.compile_count("dsbd_generate")
     first = call()
-    assert common.compile_count("dsbd_generate") == before + 3    # start, step, finish
+    assert dsbd_jax.compile_count("dsbd_generate") == before + 3    # start, step, finish
     again = fn(*args, _chunked(cfg, 1), prompt_lengths=lengths)   # a new channel, same every
-    assert common.compile_count("dsbd_generate") == before + 3
+    assert dsbd_jax.compile_count("dsbd_generate") == before + 3
     _same(first, again)
     plain = cfg.replace(progress=False)
     start, _ = call.via._chunks["start"]
@@ -69,7 +72,7 @@ def test_chunk_programs_have_no_callback_and_compile_once(bench_pair):
     entry = compiled[compiled.index("ENTRY"):]
     assert "wrapped_copy" not in entry[:entry.index("\n}\n")]
     # the callback form, for contrast: a program that calls back
-    hooked = fn.prepare(*args, cfg.replace(progress=calls.Progress()), prompt_lengths=lengths)
+    hooked = fn.prepare(*args, cfg.replace(progress=dsbd_jax.Progress()), prompt_lengths=lengths)
     assert programs._has_host_callbacks(hooked.lower()) is True
 
 
@@ -89,7 +92,7 @@ def test_under_the_callers_jit_the_call_is_one_program(bench_pair):
 @pytest.mark.parametrize("every", [0, -1, 1.5, True])
 def test_every_must_be_a_positive_int(every):
     with pytest.raises(ValueError, match="every"):
-        calls.Progress(every=every)
+        dsbd_jax.Progress(every=every)
 
 
 @pytest.mark.parametrize("name", [  # CI: DSBD (prompts finish apart), a one-token-per-step one
@@ -116,7 +119,7 @@ def test_prompts_are_told_when_done_with_their_final_outputs(bench_pair, name):
     if name in apart:             # one prompt told before the other, in an earlier chunk
         assert len(told) == 2 and len(told[0][0]) == 1
     # one program (a callback channel, or none reporting): every prompt told with the outputs
-    hooked, told = cfg.replace(progress=calls.Progress()), []
+    hooked, told = cfg.replace(progress=dsbd_jax.Progress()), []
     with hooked.progress.listen_done(tell):
         whole = fn(*args, hooked, prompt_lengths=lengths)
     assert [rs for rs, _ in told] == [list(range(ids.shape[0]))]

@@ -5,7 +5,11 @@ with the position check every decoder runs before compiling (one position more i
 import numpy as np
 import pytest
 
-from dsbd_jax.decoding import common, dsbd, sampling, speculative
+from dsbd_jax.decoding import common, sampling, speculative
+from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, DSBDConfig,
+                                       SampleConfig, SpeculativeConfig, TreeConfig)
+
+from dsbd_jax.decoding.dsbd import generate as dsbd
 from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.decoding.methods import build
 
@@ -63,18 +67,26 @@ def test_max_prompt_length_is_what_the_decoders_accept(method, settings):
         host_check(dec, np.ones((1, cap + 1), np.int32), np.array([cap - 3], np.int32))
 
 
-def test_a_config_keeps_its_eos_as_given_and_eos_ids_applies_it():
+@pytest.mark.parametrize("cls", [SampleConfig, BeamSampleConfig, BeamSearchConfig,
+                                 SpeculativeConfig, TreeConfig, DSBDConfig],
+                         ids=lambda c: c.__name__)
+def test_a_config_keeps_its_eos_as_given_and_eos_ids_applies_it(cls):
     """``eos_token_id=None`` stays ``None`` (the target's ids apply through ``eos_ids``); an int
-    or a list is only made a tuple (hashable); ``()`` is no EOS at all."""
+    or a list is only made a tuple (hashable); ``()`` is no EOS at all (every decoder's config)."""
     target = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1,
                          num_heads=2, num_kv_heads=1, head_dim=4, eos_token_id=(3, 7))
-    default = common.DecodeConfig(target=target)
+    drafted = cls in (SpeculativeConfig, TreeConfig, DSBDConfig)
+
+    def make(target, **kw):
+        return cls(target, **kw, **({"draft": target} if drafted else {}))
+
+    default = make(target)
     assert default.eos_token_id is None and default.eos_ids == (3, 7) and default.pad_id == 3
-    assert common.DecodeConfig(target=target, eos_token_id=5).eos_token_id == (5,)
-    given = common.DecodeConfig(target=target, eos_token_id=[9, 2])
+    assert make(target, eos_token_id=5).eos_token_id == (5,)
+    given = make(target, eos_token_id=[9, 2])
     assert given.eos_token_id == (9, 2) == given.eos_ids and hash(given)
-    none = common.DecodeConfig(target=target, eos_token_id=())
+    none = make(target, eos_token_id=())
     assert none.eos_ids == () and none.pad_id == 0
-    assert common.DecodeConfig(target=target.replace(eos_token_id=None)).eos_ids == ()
+    assert make(target.replace(eos_token_id=None)).eos_ids == ()
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        common.DecodeConfig(target=target.replace(eos_token_id=(99,)))
+        make(target.replace(eos_token_id=(99,)))

@@ -1,6 +1,5 @@
 """One config per decoder: each has the fields its decoder reads (the settings the command line
-and the harness may give it), each decoder takes its own config (and the baseline decoders
-``DecodeConfig``) and refuses the others, and the two give the same tokens."""
+and the harness may give it), and each decoder takes its own config and refuses the others."""
 
 import dataclasses
 
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax import (BeamSampleConfig, BeamSearchConfig, DecodeConfig, DSBDConfig, SampleConfig,
+from dsbd_jax import (BeamSampleConfig, BeamSearchConfig, DSBDConfig, SampleConfig,
                       SpeculativeConfig, TreeConfig, beam_sample, beam_search, dsbd_generate,
                       sample, speculative_sample, tree_speculative_sample)
 from dsbd_jax.decoding import configs, methods
@@ -71,7 +70,7 @@ def _run(fn, params, pair, config, ids, lens):
 @pytest.mark.parametrize("fn", [  # CI: a drafted and a plain decoder; the others extended
     pytest.param(f, id=f.__name__, marks=() if f.__name__ in ("dsbd_generate", "sample")
                  else pytest.mark.extended) for f in DECODERS])
-def test_a_decoder_takes_its_own_config_or_decodeconfig_and_refuses_others(fn):
+def test_a_decoder_takes_its_own_config_and_refuses_others(fn):
     config, params = ref.toy_model(vocab=16)
     pair = {"target": params, "draft": params}
     ids, lens = np.array([[1, 2, 3], [4, 5, 0]], np.int32), np.array([3, 2], np.int32)
@@ -81,11 +80,7 @@ def test_a_decoder_takes_its_own_config_or_decodeconfig_and_refuses_others(fn):
     if "draft" in OWN[own_cls]:
         extra.update(draft=config, gamma=2)
     own = own_cls(config, **kw, **extra)
-    out = _run(fn, params, pair, own, ids, lens)
-    if fn is not dsbd_generate:      # the baseline decoders also take the all-in-one config
-        old = DecodeConfig(target=config, **kw, **extra)
-        np.testing.assert_array_equal(np.asarray(_run(fn, params, pair, old, ids, lens).sequences),
-                                      np.asarray(out.sequences))
+    _run(fn, params, pair, own, ids, lens)
     for other_cls in OWN:
         if other_cls is own_cls:
             continue
@@ -96,26 +91,16 @@ def test_a_decoder_takes_its_own_config_or_decodeconfig_and_refuses_others(fn):
         other = other_cls(config, **kw, **given)
         with pytest.raises(ValueError, match=f"{fn.__name__} takes a {own_cls.__name__}"):
             _run(fn, params, pair, other, ids, lens)
-    assert configs.ACCEPTS[fn.__name__][0] is own_cls
+    assert configs.ACCEPTS[fn.__name__] == (own_cls,)   # its own config only
 
 
-def test_decodeconfig_is_deprecated_and_warns_once(monkeypatch):
-    """``DecodeConfig``'s first construction in a process warns, naming the configs that
-    replace it; later constructions (and ``replace``) do not; the per-decoder configs never
-    warn, nor does the library when it builds a decoder."""
+def test_the_configs_do_not_warn():
+    """The per-decoder configs never warn, nor does the library when it builds a decoder."""
     import warnings
     config, _ = ref.toy_model(vocab=12)
-    monkeypatch.setattr(configs, "_WARNED", [])
-    with pytest.warns(DeprecationWarning, match="DecodeConfig is deprecated.*SampleConfig.*"
-                                                "BeamSampleConfig.*TreeConfig"):
-        old = DecodeConfig(config, num_beams=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
-        old.replace(top_k=4)
-        DecodeConfig(config)
-        monkeypatch.setattr(configs, "_WARNED", [])
         for method in ("sample", "beam", "beam_search", "spec", "tree", "dsbd"):
             methods.build(method, config, config if method in ("spec", "tree", "dsbd")
                           else None)
         SampleConfig(config, num_beams=2)
-    assert configs._WARNED == []

@@ -25,7 +25,7 @@ import jax
 
 import exact_reference as ref
 from dsbd_jax.decoding import beam, tree
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import BeamSampleConfig, TreeConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
 PROMPT = (1, 2, 3)
@@ -83,8 +83,8 @@ def test_gemma_style_token_tree_is_exact_sampling():
     """gamma = 4: the draft's depth-3 queries must NOT see their depth-1 ancestors in the
     scratch slots (outside the window of 2), which only their passed positions tell."""
     tc, tp, dc, dp = pair(GEMMA_STYLE)
-    cfg = DecodeConfig(target=tc, draft=dc, max_new_tokens=4, gamma=4, tree_widths=(2, 1, 1, 1),
-                       pad_token_id=0)
+    cfg = TreeConfig(target=tc, draft=dc, max_new_tokens=4, gamma=4, tree_widths=(2, 1, 1, 1),
+                     pad_token_id=0)
     out = tree.tree_speculative_sample({"target": tp, "draft": dp},
                                        np.tile(np.asarray([PROMPT], np.int32), (ROWS, 1)),
                                        jax.random.key(2), cfg)
@@ -108,7 +108,7 @@ def test_dsbd_and_beam_sampling_run_on_each_family(family):
                      min_width=1, max_width=3, threshold=0.5)
     out = dsbd_generate({"target": tp, "draft": dp}, prompts, jax.random.PRNGKey(0), cfg)
     bs = beam.beam_sample(tp, prompts, jax.random.PRNGKey(1),
-                          DecodeConfig(target=tc, max_new_tokens=5, num_beams=3))
+                          BeamSampleConfig(target=tc, max_new_tokens=5, num_beams=3))
     for o in (out, bs):
         seqs, lls = np.asarray(o.sequences), np.asarray(o.log_likelihoods)
         assert seqs.min() >= 0 and seqs.max() < tc.vocab_size
@@ -128,8 +128,7 @@ def test_scratch_positions_change_the_draft():
     tc, tp, _, _ = pair(GEMMA_STYLE, vocab=11)
     params = {"target": tp, "draft": tp}
     prompts = np.random.default_rng(0).integers(0, 11, (64, 4)).astype(np.int32)
-    cfg = DecodeConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4,
-                       tree_widths=(2, 1, 1, 1))
+    cfg = TreeConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4, tree_widths=(2, 1, 1, 1))
     out = tree.tree_speculative_sample(params, prompts, jax.random.key(0), cfg)
     assert float(out.stats["acceptance_rate"]) == 1.0
     dcfg = DSBDConfig(target=tc, draft=tc, max_new_tokens=10, gamma=4, draft_width=2,

@@ -27,7 +27,8 @@ import pytest
 import exact_reference as ref
 import test_speculative as ts
 from head_toys import toy_head
-from dsbd_jax.decoding import dsbd, speculative as spec, tree
+from dsbd_jax.decoding import speculative as spec, tree
+from dsbd_jax.decoding.dsbd import generate as dsbd, steps
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
 ROWS = 10_000
@@ -46,8 +47,8 @@ def test_chain_and_tree_with_a_head_are_exact(decoder):
     """gamma 2, n = 3, EOS (speculative: the last-layer feature; tree: widths (2, 2) i.i.d. over
     fused features of layer 0)."""
     hc, params = _head_params(() if decoder == "speculative" else (0,))
-    cfg = ts.eos_config().replace(draft=hc)
     fn = spec.speculative_sample if decoder == "speculative" else tree.tree_speculative_sample
+    cfg = ts.eos_config(ts.OWN_CONFIG[fn.__name__]).replace(draft=hc)
     result, out = ts.run_exact(fn, cfg, params)
     ts.check_exact_case(f"{decoder} with a draft head", cfg, result, out)
 
@@ -109,24 +110,26 @@ def test_head_with_a_wrong_q_fails(decoder, monkeypatch):
                             lambda p, q, *a: orig(p, _sharpen(q), *a))
         hc, params = _head_params()
         cfg = ts.config(gamma=2, max_new_tokens=2).replace(draft=hc)
-        spec._speculative_core.clear_cache()
+        spec.speculative_sample.core.clear_cache()
         try:
             result, _ = ts.run_exact(spec.speculative_sample, cfg, params)
         finally:
-            spec._speculative_core.clear_cache()
+            spec.speculative_sample.core.clear_cache()
     else:
-        orig = dsbd.verify_forest
+        dense, tops = steps.verify_dense, steps.verify_tops
 
-        def broken(rand, joint, input_ok, q, *a, **kw):  # q [gamma, P * V]: one joint per layer
-            return orig(rand, joint, input_ok, _sharpen(q), *a, **kw)
+        def broken(orig):   # q [gamma, P * V] (on tops: [gamma, m]): one joint per layer
+            return lambda rand, joint, input_ok, q, *a, **kw: orig(rand, joint, input_ok,
+                                                                   _sharpen(q), *a, **kw)
 
-        monkeypatch.setattr(dsbd, "verify_forest", broken)
+        monkeypatch.setattr(steps, "verify_dense", broken(dense))
+        monkeypatch.setattr(steps, "verify_tops", broken(tops))
         config, params, exact = _dsbd_case(False, True)
-        dsbd._dsbd_core.clear_cache()
+        dsbd.dsbd_generate.core.clear_cache()
         try:
             _, samples = _dsbd_run(config, params)
         finally:
-            dsbd._dsbd_core.clear_cache()
+            dsbd.dsbd_generate.core.clear_cache()
         result = ref.chi_square_test(samples, exact)
     print(f"{decoder} with a head, wrong q on purpose: p={result.pvalue:.3g} "
           f"(chi2={result.statistic:.1f}, dof={result.dof})")

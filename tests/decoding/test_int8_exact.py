@@ -25,7 +25,8 @@ import pytest
 
 import exact_reference as ref
 import test_bfloat16 as tb
-from dsbd_jax.decoding import dsbd, speculative as spec
+from dsbd_jax.decoding import speculative as spec
+from dsbd_jax.decoding.dsbd import generate as dsbd, steps
 from dsbd_jax.decoding.beam import beam_sample
 from dsbd_jax.decoding.configs import (BeamSampleConfig, SampleConfig, SpeculativeConfig,
                                        TreeConfig)
@@ -180,25 +181,27 @@ def test_int8_draft_with_a_wrong_q_fails(pair, lp, decoder, monkeypatch):
     if decoder == "speculative":
         orig = spec.verify_chain
         monkeypatch.setattr(spec, "verify_chain", lambda p, q, *a: orig(p, _sharpen(q), *a))
-        spec._speculative_core.clear_cache()
+        spec.speculative_sample.core.clear_cache()
         try:
             out = spec.speculative_sample(params, _ids(ROWS - 8), jax.random.key(3),
                                           SpeculativeConfig(target=tc, draft=dc, gamma=2,
                                                             max_new_tokens=N, **WARP))
         finally:
-            spec._speculative_core.clear_cache()
+            spec.speculative_sample.core.clear_cache()
         res = _sample_check(out, lp)
     else:
-        orig = dsbd.verify_forest
+        dense, tops = steps.verify_dense, steps.verify_tops
 
-        def broken(rand, joint, input_ok, q, *a, **kw):  # q [gamma, P * V]: one joint per layer
-            return orig(rand, joint, input_ok, _sharpen(q), *a, **kw)
-        monkeypatch.setattr(dsbd, "verify_forest", broken)
-        dsbd._dsbd_core.clear_cache()
+        def broken(orig):   # q [gamma, P * V] (on tops: [gamma, m]): one joint per layer
+            return lambda rand, joint, input_ok, q, *a, **kw: orig(rand, joint, input_ok,
+                                                                   _sharpen(q), *a, **kw)
+        monkeypatch.setattr(steps, "verify_dense", broken(dense))
+        monkeypatch.setattr(steps, "verify_tops", broken(tops))
+        dsbd.dsbd_generate.core.clear_cache()
         try:
             out = dsbd_generate(params, _ids(ROWS - 8), jax.random.key(4), _dsbd(tc, dc))
         finally:
-            dsbd._dsbd_core.clear_cache()
+            dsbd.dsbd_generate.core.clear_cache()
         res = _beam_check(out, lp, 2)
     print(f"{decoder} with an int8 draft, wrong q on purpose: p={res.pvalue:.3g} "
           f"(chi2={res.statistic:.1f}, dof={res.dof})")
@@ -221,11 +224,11 @@ def test_same_context_maps_duplicates_to_their_first_node():
     anc_tok = jax.vmap(lambda t, a: t[a])(tokens, anc)
     ok = jnp.ones((1, 6), bool)
     fin = jnp.zeros((1, 6), bool)
-    canon = dsbd.same_context(seq_in, anc, anc_tok, depth, ok, fin)
+    canon = steps.same_context(seq_in, anc, anc_tok, depth, ok, fin)
     np.testing.assert_array_equal(np.asarray(canon), [[0, 0, 2, 2, 4, 5]])
     # other tokens in the beams: nothing is shared
-    other = dsbd.same_context(seq_in.at[0, 1, 1].set(8), anc, anc_tok, depth, ok, fin)
+    other = steps.same_context(seq_in.at[0, 1, 1].set(8), anc, anc_tok, depth, ok, fin)
     np.testing.assert_array_equal(np.asarray(other), [[0, 1, 2, 3, 4, 5]])
     # an invalid node reads its own row
-    bad = dsbd.same_context(seq_in, anc, anc_tok, depth, ok.at[0, 3].set(False), fin)
+    bad = steps.same_context(seq_in, anc, anc_tok, depth, ok.at[0, 3].set(False), fin)
     np.testing.assert_array_equal(np.asarray(bad), [[0, 0, 2, 3, 4, 5]])

@@ -25,8 +25,9 @@ from jax.experimental import checkify
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exact_reference import toy_model  # noqa: E402
 
+import dsbd_jax
 from dsbd_jax.decoding import common, methods  # noqa: E402
-from dsbd_jax.decoding import inputs
+from dsbd_jax.decoding._jit import inputs
 
 REFERENCE = Path(__file__).parent / "data" / "guard_reference.npz"
 V, P = 8, 8
@@ -110,7 +111,7 @@ def test_bad_prompts_inside_a_user_jit(models, method):
     good = plain(params, IDS, key, LENS)
     assert not np.any(good.invalid)
     checked(params, IDS, key, LENS)[0].throw()     # valid: no error
-    before = common.compile_count(d.fn.__name__)
+    before = dsbd_jax.compile_count(d.fn.__name__)
     for what, spoil in BAD.items():
         ids, lens = IDS.copy(), LENS.copy()
         spoil(ids, lens)
@@ -130,7 +131,7 @@ def test_bad_prompts_inside_a_user_jit(models, method):
         for f in ("sequences", "lengths", "log_likelihoods"):
             np.testing.assert_array_equal(np.asarray(getattr(o, f))[0],
                                           np.asarray(getattr(good, f))[0], err_msg=what)
-    assert common.compile_count(d.fn.__name__) == before
+    assert dsbd_jax.compile_count(d.fn.__name__) == before
 
 
 def test_guard_marks_what_the_host_check_refuses():
@@ -178,15 +179,15 @@ def test_compile_count_counts_the_user_jit_and_the_plain_call(models, caplog):
     again: both count, and each logs one short INFO line (method and shapes)."""
     tc, tp, dc, dp = models
     d, params = decoder("sample", tc.replace(rope_theta=12345.0), tp, dc, dp)  # a fresh program
-    before = common.compile_count("sample")
+    before = dsbd_jax.compile_count("sample")
     with caplog.at_level(logging.INFO, logger="dsbd_jax"):
         jax.jit(lambda p, i, k, l: d(p, i, k, l))(params, IDS, jax.random.key(0), LENS)
-        assert common.compile_count("sample") == before + 1
+        assert dsbd_jax.compile_count("sample") == before + 1
         d(params, IDS, jax.random.key(0), LENS)
-        assert common.compile_count("sample") == before + 2
+        assert dsbd_jax.compile_count("sample") == before + 2
         d(params, IDS, jax.random.key(1), LENS)   # same shapes: no compile
-    assert common.compile_count("sample") == before + 2
-    assert isinstance(common.compile_count(), dict)
+    assert dsbd_jax.compile_count("sample") == before + 2
+    assert isinstance(dsbd_jax.compile_count(), dict)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled sample")]
     assert len(lines) == 2 and all("batch 2, prompt 8" in s and len(s) < 100 for s in lines), lines
 
@@ -200,10 +201,10 @@ def test_compile_count_through_sharded_decoder(models):
     d, params = decoder("sample", tc.replace(rope_theta=23456.0), tp, dc, dp)
     sd = ShardedDecoder.of(d, make_mesh(1, 1))
     placed = sd.place(params)
-    before = common.compile_count("sample")
+    before = dsbd_jax.compile_count("sample")
     out = sd(placed, IDS, jax.random.key(0), LENS)
     sd(placed, IDS, jax.random.key(1), LENS)
-    assert common.compile_count("sample") == before + 1 and sd.compiles == 1
+    assert dsbd_jax.compile_count("sample") == before + 1 and sd.compiles == 1
     assert np.asarray(out.invalid).tolist() == [False, False]
 
 

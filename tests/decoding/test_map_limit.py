@@ -1,4 +1,4 @@
-"""The kernel's memory-map limit (``dsbd_jax/decoding/compiles.py``): every compiled XLA program
+"""The kernel's memory-map limit (``dsbd_jax/decoding/_jit/compiles.py``): every compiled XLA program
 holds memory maps, ``jax.clear_caches()`` gives them back, and a compilation past
 ``MAP_WARN_FRACTION`` of ``vm.max_map_count`` logs one WARNING that says what to do."""
 
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dsbd_jax.decoding import compiles
+from dsbd_jax.decoding._jit import compiles
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -25,7 +25,7 @@ def _compile_fresh(n, salt):
 
 _MAPS_PROBE = """
 import gc, json, jax, jax.numpy as jnp
-from dsbd_jax.decoding import compiles
+from dsbd_jax.decoding._jit import compiles
 def fresh(n):
     for i in range(n):
         jax.jit(lambda x, i=i: jnp.tanh(x @ x.T + i + 0.5).sum(0))(jnp.ones((4, 3 + i)))

@@ -21,7 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
-from dsbd_jax.decoding import inputs, methods
+from dsbd_jax.decoding import methods
+
+from dsbd_jax.decoding._jit import inputs
 
 V, B, P, N = 8, 3, 6, 3
 # name: (method, settings); greedy sampling and single-beam DSBD are decoders of their own here

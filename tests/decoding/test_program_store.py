@@ -1,4 +1,4 @@
-"""The program store (``dsbd_jax.decoding.programs``): a decoder core's compiled program is kept
+"""The program store (``dsbd_jax.decoding._jit.programs``): a decoder core's compiled program is kept
 beside JAX's compilation cache and a later process runs it without tracing or lowering it;
 every setting, shape and the library's own code are part of its key; a program with host
 callbacks is never stored; an unreadable entry is compiled again."""
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dsbd_jax.decoding import programs
+from dsbd_jax.decoding._jit import programs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,8 @@ def on_duration(name, duration, **kw):
         events["read"] += 1
 monitoring.register_event_duration_secs_listener(on_duration)
 from dsbd_jax import load_model
-from dsbd_jax.decoding import DSBDConfig, dsbd_generate, programs
+from dsbd_jax.decoding import DSBDConfig, dsbd_generate
+from dsbd_jax.decoding._jit import programs
 t, d, n, progress = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 target, draft = load_model(t, progress=False), load_model(d, progress=False)
 cfg = DSBDConfig(target=target.config, draft=draft.config, max_new_tokens=n, gamma=2,

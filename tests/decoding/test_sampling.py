@@ -20,8 +20,9 @@ import torch
 
 from exact_reference import chi_square_test, exact_sample_dist, hf_tiny_llama
 
+import dsbd_jax
 from dsbd_jax.decoding import common
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.loading.load import load_model
 from dsbd_jax.decoding.sampling import sample
 
@@ -41,7 +42,7 @@ def test_greedy_equals_transformers(tmp_path):
     prompts = [[5, 17, 3, 40, 22], [33, 2, 2, 7, 11, 30, 8]]
     ids, lens = common.pad_prompts(prompts, length=8)
     N = 12
-    dc = DecodeConfig(target=config, max_new_tokens=N, temperature=0.0)
+    dc = SampleConfig(target=config, max_new_tokens=N, temperature=0.0)
     out = sample({"target": params}, ids, jax.random.PRNGKey(0), dc, lens)
     for b, p in enumerate(prompts):
         with torch.no_grad():
@@ -69,7 +70,7 @@ def test_sampling_is_exact(toy, temperature, top_k, top_p, samples):
     independent (their pair follows the product distribution)."""
     config, params, lp = toy
     prompt, n = (2, 5), 3
-    dc = DecodeConfig(target=config, max_new_tokens=n, num_beams=samples,
+    dc = SampleConfig(target=config, max_new_tokens=n, num_beams=samples,
                       temperature=temperature, top_k=top_k, top_p=top_p)
     out, _ = draw(params, dc, prompt, rows=ROWS // samples, seed=1)
     seqs = np.asarray(out.sequences)
@@ -94,7 +95,7 @@ def test_sampling_with_eos_is_exact(toy):
     """EOS (token 0, ~25% per step here) inside the window: pad (5) after it, log-prob 0."""
     config, params, lp = toy
     prompt, n = (3,), 3
-    dc = DecodeConfig(target=config, max_new_tokens=n, eos_token_id=(0,), pad_token_id=5,
+    dc = SampleConfig(target=config, max_new_tokens=n, eos_token_id=(0,), pad_token_id=5,
                       top_p=0.95)
     out, samples = draw(params, dc, prompt)
     exact = exact_sample_dist(lp, prompt, n, 1.0, None, 0.95, eos_ids=(0,), pad_id=5)
@@ -114,7 +115,7 @@ def test_sampling_with_eos_is_exact(toy):
 
 def test_batch_rows_equal_single_runs_and_no_recompile(toy):
     config, params, _ = toy
-    dc = DecodeConfig(target=config, max_new_tokens=5, temperature=0.9, top_p=0.9,
+    dc = SampleConfig(target=config, max_new_tokens=5, temperature=0.9, top_p=0.9,
                       eos_token_id=(0,), pad_token_id=5)
     prompts = [[1, 2, 3, 4, 5, 1], [2], [3, 3, 1], [5, 4, 3, 2]]
     ids, lens = common.pad_prompts(prompts, length=8)
@@ -135,19 +136,19 @@ def test_batch_rows_equal_single_runs_and_no_recompile(toy):
     assert int(out.lengths[0, 0]) == 1 and int(out.stats["generated_tokens"][0]) == 1
     # a single key (row b uses fold_in(key, b)) and new prompts of other true lengths in the
     # same bucket: same results, no new compilation
-    before = common.compile_count("sample")
+    before = dsbd_jax.compile_count("sample")
     k = jax.random.PRNGKey(5)
     one = sample(params, ids, k, dc, lens)
     row2 = sample(params, ids[2:3], jax.random.fold_in(k, 2)[None], dc, lens[2:3])
     np.testing.assert_array_equal(np.asarray(one.sequences[2]), np.asarray(row2.sequences[0]))
     ids2, lens2 = common.pad_prompts([[4], [1, 1, 1, 1, 1, 1, 1, 1], [2, 5], [3]], length=8)
     sample(params, ids2, keys, dc, lens2).sequences.block_until_ready()
-    assert common.compile_count("sample") == before
+    assert dsbd_jax.compile_count("sample") == before
 
 
 def test_bad_inputs_raise(toy):
     config, params, _ = toy
-    dc = DecodeConfig(target=config, max_new_tokens=3)
+    dc = SampleConfig(target=config, max_new_tokens=3)
     key = jax.random.PRNGKey(0)
     ids = np.array([[1, 2, 3], [1, 2, 0]], np.int32)
     bad = [
@@ -161,9 +162,9 @@ def test_bad_inputs_raise(toy):
         dict(prompt_lengths=np.array([3])),                        # wrong shape
         dict(key=jax.random.split(key, 3)),                        # wrong number of keys
         dict(key=jnp.zeros((2,), jnp.float32)),                    # not a key
-        dict(config=dict(max_new_tokens=3)),                       # not a DecodeConfig
+        dict(config=dict(max_new_tokens=3)),                       # not a SampleConfig
         dict(params={"embed": {"embedding": jnp.zeros((7, 16))}}),  # wrong model
-        dict(config=DecodeConfig(target=config.replace(max_position_embeddings=4),
+        dict(config=SampleConfig(target=config.replace(max_position_embeddings=4),
                                  max_new_tokens=3)),               # positions past the model's
     ]
     for change in bad:
@@ -172,6 +173,6 @@ def test_bad_inputs_raise(toy):
         with pytest.raises(ValueError):
             sample(**args)
     with pytest.raises(ValueError):
-        DecodeConfig(target=config, max_new_tokens=0)
+        SampleConfig(target=config, max_new_tokens=0)
     with pytest.raises(ValueError):
-        DecodeConfig(target=config, eos_token_id=(6,))
+        SampleConfig(target=config, eos_token_id=(6,))

@@ -34,10 +34,11 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
+import dsbd_jax
 from dsbd_jax.decoding import common
 from dsbd_jax.models import llama as dmodel
 from dsbd_jax.decoding import speculative as spec
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import SpeculativeConfig, TreeConfig
 
 V = 6
 PROMPT = (1, 2)
@@ -67,8 +68,14 @@ def params_with(draft: str):
     return {"target": toy("target")[1], "draft": toy(draft)[1]}
 
 
-def config(**kw) -> DecodeConfig:
-    return DecodeConfig(target=toy("target")[0], draft=toy("target")[0], **kw)
+# the config each drafted decoder takes (check_greedy and check_bad_inputs build it by decoder)
+OWN_CONFIG = {"speculative_sample": SpeculativeConfig, "tree_speculative_sample": TreeConfig}
+
+
+def config(cls=SpeculativeConfig, **kw):
+    """A ``cls`` config (``SpeculativeConfig``; ``TreeConfig`` for the tree) of the toy target,
+    drafted by the toy target."""
+    return cls(toy("target")[0], draft=toy("target")[0], **kw)
 
 
 def eos_token(n_prefix=PROMPT, target_prob=0.3) -> int:
@@ -89,7 +96,7 @@ def expected_loglik(seq, eos_ids, n):
     return total, length
 
 
-def run_exact(fn, cfg: DecodeConfig, draft, key=0, batch=BATCH):
+def run_exact(fn, cfg, draft, key=0, batch=BATCH):
     """Sample ``batch`` copies of PROMPT; check log-likelihoods, lengths, padding and stats;
     return ``(ChiSquare against the exact distribution, output)``. ``draft``: a toy's name, or
     the ``{"target", "draft"}`` parameters themselves (a draft head's)."""
@@ -160,8 +167,8 @@ def check_greedy(fn, cfg_kw, name):
     different numbers of tokens. A second batch with other true lengths in the same padded
     shape must not recompile."""
     eos = pick_eos(GREEDY_PROMPTS, GREEDY_N)
-    cfg = config(temperature=0.0, max_new_tokens=GREEDY_N, eos_token_id=(eos,), pad_token_id=0,
-                 **cfg_kw)
+    cfg = config(OWN_CONFIG[fn.__name__], temperature=0.0, max_new_tokens=GREEDY_N,
+                 eos_token_id=(eos,), pad_token_id=0, **cfg_kw)
     params = params_with("far")
 
     def run_and_check(prompts):
@@ -177,9 +184,9 @@ def check_greedy(fn, cfg_kw, name):
 
     out = run_and_check(list(GREEDY_PROMPTS))
     print(f"greedy {name}: eos={eos}, lengths={np.asarray(out.lengths[:, 0]).tolist()}")
-    before = common.compile_count(name)
+    before = dsbd_jax.compile_count(name)
     run_and_check(list(GREEDY_PROMPTS_2))
-    assert common.compile_count(name) == before, "a batch of other true lengths recompiled"
+    assert dsbd_jax.compile_count(name) == before, "a batch of other true lengths recompiled"
 
 
 def check_bad_inputs(fn):
@@ -187,16 +194,17 @@ def check_bad_inputs(fn):
     params = params_with("far")
     ids = np.array([[1, 2], [3, 4]], np.int32)
     key = jax.random.key(0)
-    good = eos_config()
+    cls = OWN_CONFIG[fn.__name__]
+    good = eos_config(cls)
     # the same inputs with nothing wrong work (shape of the other tests: no new compilation)
     fn(params, np.tile(ids, (BATCH // 2, 1)), key, good, prompt_lengths=np.full(BATCH, 2))
     with pytest.raises(ValueError):
-        config(gamma=0)
+        config(cls, gamma=0)
     with pytest.raises(ValueError):  # no draft model
         fn(params, ids, key, good.replace(draft=None))
     c7, p7 = ref.toy_model(7, seed=3)
     with pytest.raises(ValueError):  # draft and target vocabularies differ
-        DecodeConfig(target=tc, draft=c7)
+        cls(tc, draft=c7)
     with pytest.raises(ValueError):  # parameters do not match the config's vocabulary
         fn({"target": tp, "draft": p7}, ids, key, good)
     with pytest.raises(ValueError):  # params without the draft
@@ -235,10 +243,11 @@ def test_verify_chain_rule():
     assert int(n) == 0 and np.allclose(nxt, p[0])
 
 
-def eos_config(**kw) -> DecodeConfig:
-    """gamma = 2, n = 3, with an EOS that ends a good share of the rows early. Shared by several
-    tests below (one compilation)."""
-    return config(gamma=2, max_new_tokens=3, eos_token_id=(eos_token(),), pad_token_id=0, **kw)
+def eos_config(cls=SpeculativeConfig, **kw):
+    """gamma = 2, n = 3, with an EOS that ends a good share of the rows early (a ``cls`` config,
+    as :func:`config`). Shared by several tests below (one compilation)."""
+    return config(cls, gamma=2, max_new_tokens=3, eos_token_id=(eos_token(),), pad_token_id=0,
+                  **kw)
 
 
 @pytest.mark.parametrize("name,draft", [("gamma1_topk_topp", "far"), ("gamma2_eos", "close")])
@@ -315,16 +324,16 @@ def test_bad_inputs_raise():
 @pytest.fixture
 def clear_chain_cache_after():
     yield
-    spec._speculative_core.clear_cache()  # the broken program must not be reused
+    spec.speculative_sample.core.clear_cache()  # the broken program must not be reused
 
 
 def test_power_chain_q_over_p(monkeypatch, clear_chain_cache_after):
     """Accepting with min(1, q/p) (docs/algorithm.md: the paper's typo) must fail the exactness test.
     The config is used by no other test, so the broken rule is traced anew (checked)."""
     monkeypatch.setattr(spec, "accept_test", lambda u, p_x, q_x: u * p_x < q_x)
-    before = common.compile_count("speculative_sample")
+    before = dsbd_jax.compile_count("speculative_sample")
     result, _ = run_exact(spec.speculative_sample, config(gamma=2, max_new_tokens=2), "far")
-    assert common.compile_count("speculative_sample") == before + 1
+    assert dsbd_jax.compile_count("speculative_sample") == before + 1
     print(f"broken rule (accept w.p. q/p): p={result.pvalue:.3g} (chi2={result.statistic:.1f}, "
           f"dof={result.dof}, {BATCH} samples)")
     assert result.pvalue < P_BROKEN, result

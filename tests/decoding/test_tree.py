@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
+import dsbd_jax
 from dsbd_jax.decoding import speculative as spec, tree
 import exact_reference as ref
 from dsbd_jax.decoding import common
+from dsbd_jax.decoding.configs import TreeConfig
 from test_speculative import (BATCH, P_BROKEN, P_EXACT, PROMPT, check_bad_inputs, check_exact_case,
                               check_identical, config, eos_config, params_with, run_exact,
                               target_lp)
@@ -39,7 +41,7 @@ def test_tree_structure_and_mask():
                 break
             j = parents[j]
     np.testing.assert_array_equal(anc, want)
-    assert tree.tree_widths(config(gamma=3)) == (2, 2, 2)
+    assert tree.tree_widths(config(TreeConfig, gamma=3)) == (2, 2, 2)
 
 
 TRIALS = 200_000
@@ -90,7 +92,7 @@ def test_verify_siblings_emits_p(replacement, q, k):
 
 @pytest.fixture
 def no_removal(monkeypatch):
-    monkeypatch.setattr(tree, "remove_drawn", lambda q, x: q)
+    monkeypatch.setattr(tree, "remove", lambda q, x: q)
 
 
 def test_power_algorithm2_without_removal(no_removal):
@@ -102,10 +104,11 @@ def test_power_algorithm2_without_removal(no_removal):
 
 # ---------------------------------------------------------------------------------------------
 CASES = {
-    # name: (config, draft); the first is shared with test_speculative (one compilation)
-    "w22_iid_eos": (lambda: eos_config(), "far"),
-    "w31_norepl_topk_temp": (lambda: config(gamma=2, max_new_tokens=3, tree_widths=(3, 1),
-                                            replacement=False, temperature=1.3, top_k=4), "far"),
+    # name: (config, draft); the first is shared with the tests below (one compilation)
+    "w22_iid_eos": (lambda: eos_config(TreeConfig), "far"),
+    "w31_norepl_topk_temp": (lambda: config(TreeConfig, gamma=2, max_new_tokens=3,
+                                            tree_widths=(3, 1), replacement=False,
+                                            temperature=1.3, top_k=4), "far"),
 }
 
 
@@ -127,21 +130,22 @@ def test_tree_identical_draft_accepts_everything():
     ancestors in the draft's scratch slots, n = 7 takes two iterations (the draft cache commit of
     the accepted path and the recomputed last token are used in the second)."""
     check_identical(tree.tree_speculative_sample,
-                    config(gamma=3, max_new_tokens=7, tree_widths=(2, 1, 2), replacement=False),
+                    config(TreeConfig, gamma=3, max_new_tokens=7, tree_widths=(2, 1, 2),
+                           replacement=False),
                     iterations=2)
 
 
 def test_tree_no_recompile_for_other_prompt_lengths():
     """Same padded shape, other true lengths (here some one-token prompts): no new compilation,
     and the one-token rows are still exact (chi-square against their own distribution)."""
-    cfg = eos_config()
+    cfg = eos_config(TreeConfig)
     ids = np.tile(np.asarray(PROMPT, np.int32)[None], (BATCH, 1))
     lens = np.where(np.arange(BATCH) % 2 == 0, 1, 2).astype(np.int32)
     tree.tree_speculative_sample(params_with("far"), ids, jax.random.key(1), cfg)
-    before = common.compile_count("tree_speculative_sample")
+    before = dsbd_jax.compile_count("tree_speculative_sample")
     out = tree.tree_speculative_sample(params_with("far"), ids, jax.random.key(1), cfg,
                                        prompt_lengths=lens)
-    assert common.compile_count("tree_speculative_sample") == before
+    assert dsbd_jax.compile_count("tree_speculative_sample") == before
     seqs = np.asarray(out.sequences[0::2, 0])
     exact = ref.exact_sample_dist(target_lp(), PROMPT[:1], cfg.max_new_tokens,
                                   eos_ids=cfg.eos_ids, pad_id=cfg.pad_id)

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
+import dsbd_jax
 from dsbd_jax.decoding import common, speculative as spec, tree
+from dsbd_jax.decoding.configs import TreeConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.models import llama as dmodel
 from dsbd_jax.models.vocab import head_rows, truncate_head
@@ -103,8 +105,8 @@ def _dsbd_cfg(**kw):
 IDENTITY = {
     "speculative": (spec.speculative_sample, eos_config),
     "tree": (tree.tree_speculative_sample,
-             lambda: config(gamma=2, max_new_tokens=3, tree_widths=(3, 1), replacement=False,
-                            temperature=1.3, top_k=4)),
+             lambda: config(TreeConfig, gamma=2, max_new_tokens=3, tree_widths=(3, 1),
+                            replacement=False, temperature=1.3, top_k=4)),
     "dsbd": (dsbd_generate, _dsbd_cfg),
     "dsbd_single_beam": (dsbd_generate,
                          lambda: _dsbd_cfg(single_beam=True, min_width=1, max_width=1)),
@@ -205,7 +207,7 @@ def _check_dsbd_beam(case, params, excluded, chunk=None):
 @pytest.fixture
 def clear_chain_cache_after():
     yield
-    spec._speculative_core.clear_cache()  # the broken program must not be reused
+    spec.speculative_sample.core.clear_cache()  # the broken program must not be reused
 
 
 def test_power_residual_over_the_subset_only(monkeypatch, clear_chain_cache_after):
@@ -221,11 +223,11 @@ def test_power_residual_over_the_subset_only(monkeypatch, clear_chain_cache_afte
     def over_subset(p, q):
         return right(np.where(inside, 1.0, 0.0) * p, q)
     monkeypatch.setattr(spec, "safe_residual", over_subset)
-    before = common.compile_count("speculative_sample")
+    before = dsbd_jax.compile_count("speculative_sample")
     cfg = config(gamma=2, max_new_tokens=2)
     ids = np.tile(np.asarray(PROMPT, np.int32)[None], (BATCH, 1))
     out = spec.speculative_sample(truncated_pair("close", rows), ids, jax.random.key(0), cfg)
-    assert common.compile_count("speculative_sample") == before + 1
+    assert dsbd_jax.compile_count("speculative_sample") == before + 1
     exact = ref.exact_sample_dist(target_lp(), PROMPT, 2)
     res = ref.chi_square_test([tuple(s) for s in np.asarray(out.sequences[:, 0]).tolist()], exact)
     print(f"broken rule (residual over the subset only): p={res.pvalue:.3g} "

@@ -11,9 +11,10 @@ from transformers.generation.logits_process import (TemperatureLogitsWarper, Top
 
 import jax.numpy as jnp
 
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, DSBDConfig,
+                                       SampleConfig, SpeculativeConfig, TreeConfig)
 from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.decoding.warping import sample_without_replacement, warp_logits
+from dsbd_jax.decoding.warping import warp_logits
 
 torch.set_num_threads(1)  # tiny tensors: a thread pool only adds overhead on shared cores
 
@@ -111,17 +112,12 @@ def test_invalid_settings_raise(kwargs):
         warp_logits(jnp.zeros((2, 5)), **args)
     cfg = ModelConfig(vocab_size=5, hidden_size=8, intermediate_size=8, num_layers=1,
                       num_heads=1, num_kv_heads=1, head_dim=8)
-    with pytest.raises(ValueError):
-        DecodeConfig(target=cfg, **args)
-
-
-def test_sample_without_replacement_distinct_and_in_support():
-    import jax
-    lw = warp_logits(jnp.asarray(np.random.default_rng(1).standard_normal((500, 10)), jnp.float32),
-                     1.0, 6, 1.0)
-    idx = np.asarray(sample_without_replacement(jax.random.PRNGKey(0), lw, 4))
-    assert all(len(set(r)) == 4 for r in idx)
-    assert np.isfinite(np.take_along_axis(np.asarray(lw), idx, -1)).all()
+    for cls in (SampleConfig, BeamSampleConfig, BeamSearchConfig):   # every decoder's config
+        with pytest.raises(ValueError):
+            cls(cfg, **args)
+    for cls in (SpeculativeConfig, TreeConfig, DSBDConfig):
+        with pytest.raises(ValueError):
+            cls(cfg, draft=cfg, **args)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from bench_setup import write_bench_config
-from dsbd_jax.decoding import calls, common
+import dsbd_jax
+from dsbd_jax.decoding import progress
+from dsbd_jax.decoding import common
+from dsbd_jax.decoding._jit import calls
 from dsbd_jax.eval import energy
 from dsbd_jax.eval.plan import expand_methods, load_config
 from dsbd_jax.eval.records import read_records
@@ -128,7 +131,7 @@ def test_bench_records_summary_and_plot(tmp_path, pair, gsm_file):
                {"method": "dsbd", "gamma": 2, "draft_width": 2, "threshold": 0.9, "min_width": 1,
                 "single_beam": True}]
     cfg = load_config(write_config(tmp_path, pair, gsm_file, methods))
-    before = common.compile_count()
+    before = dsbd_jax.compile_count()
     summary = run_bench(cfg, tmp_path / "out", progress=False, log=lambda s: None)
     recs = read_records(tmp_path / "out" / "records.jsonl")
     assert recs[0]["type"] == "run" and recs[0]["energy"]["source"] in (None, "rapl", "nvml")
@@ -146,7 +149,7 @@ def test_bench_records_summary_and_plot(tmp_path, pair, gsm_file):
     for r in samples:
         by.setdefault(r["label"], []).append(r)
     assert all(rs[0]["compile_s"] > 0 and rs[1]["compile_s"] == 0 for rs in by.values())
-    after = common.compile_count()
+    after = dsbd_jax.compile_count()
     assert sum(after.values()) - sum(before.values()) <= len(by)  # one per method and bucket
     rows = {r["label"]: r for r in summary["rows"]}
     b2 = rows["beam W=2"]
@@ -279,16 +282,16 @@ def test_progress_channel_and_jit(pair):
     params = {"target": T.params, "draft": D.params}
     kw = dict(max_new_tokens=7, eos_token_id=(), gamma=2, draft_width=3, top_k=10)
     plain = build("dsbd", T.config, D.config, **kw)
-    channel = calls.Progress()
+    channel = dsbd_jax.Progress()
     loud = build("dsbd", T.config, D.config, **kw, progress=channel)
     seen, later = [], []
     key = jax.random.key(3)
     with channel.listen(seen.append):
         a = jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
-    before = common.compile_count("dsbd_generate")
+    before = dsbd_jax.compile_count("dsbd_generate")
     with channel.listen(later.append):
         jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))
-    assert common.compile_count("dsbd_generate") == before and len(later) == len(seen)
+    assert dsbd_jax.compile_count("dsbd_generate") == before and len(later) == len(seen)
     jax.block_until_ready(loud(params, ids, key, prompt_lengths=lens))   # nobody listening
     assert len(later) == len(seen)
     with pytest.raises(ValueError, match="progress must be"):
@@ -296,7 +299,7 @@ def test_progress_channel_and_jit(pair):
     old = build("dsbd", T.config, D.config, **kw, progress=True)
     hooked = []
     calls._WARNED.clear()
-    with pytest.warns(DeprecationWarning, match="Progress"), calls.progress_hook(hooked.append):
+    with pytest.warns(DeprecationWarning, match="Progress"), progress.progress_hook(hooked.append):
         jax.block_until_ready(old(params, ids, key, prompt_lengths=lens))
     assert len(hooked) == len(seen)
     b = plain(params, ids, key, prompt_lengths=lens)

@@ -111,12 +111,12 @@ def test_sharded_decoder_takes_a_truncated_draft():
     """A truncated draft through ShardedDecoder (a (1, 1) mesh): the single-device result."""
     import jax
     from exact_reference import toy_model
-    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.configs import SpeculativeConfig
     from dsbd_jax.decoding.speculative import speculative_sample
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     tc, tp = toy_model(6, seed=1)
     dc, dp = toy_model(6, seed=2)
-    cfg = DecodeConfig(target=tc, draft=dc, gamma=2, max_new_tokens=4, eos_token_id=())
+    cfg = SpeculativeConfig(target=tc, draft=dc, gamma=2, max_new_tokens=4, eos_token_id=())
     ids = np.array([[1, 2, 3], [3, 2, 1]], np.int32)
     dec = ShardedDecoder(speculative_sample, cfg, make_mesh(1, 1))
     for prompt_rows in (False, True):  # with prompt rows, the full kernel is placed too

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsbd_jax import DSBDConfig, DecodeConfig, dsbd_generate, speculative_sample
+from dsbd_jax import DSBDConfig, SpeculativeConfig, dsbd_generate, speculative_sample
 from dsbd_jax.models import head as mhead
 from dsbd_jax.models import llama
 from dsbd_jax.models.config import ModelConfig
@@ -52,7 +52,7 @@ def test_dsbd_and_speculative_gather_rows_in_bfloat16(params):
     calls = [dsbd_generate.prepare({"target": t, "draft": d}, ids, key, DSBDConfig(
                  target=CFG, draft=CFG, gamma=2, draft_width=4, threshold=0.7, min_width=2,
                  **warp)),
-             speculative_sample.prepare({"target": t, "draft": d}, ids, key, DecodeConfig(
+             speculative_sample.prepare({"target": t, "draft": d}, ids, key, SpeculativeConfig(
                  target=CFG, draft=CFG, gamma=3, **warp))]
     for call in calls:
         text = call.compile().as_text()

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import DSBDConfig, SpeculativeConfig, TreeConfig
 from dsbd_jax.loading import heads
 from dsbd_jax.models import head as mh
 from dsbd_jax.models import llama
@@ -37,8 +37,9 @@ def test_config_reads_as_a_one_layer_model_and_checks_its_fields():
     with pytest.raises(ValueError, match="intermediate_size"):
         mh.HeadConfig(CFG, intermediate_size=0)
     other = CFG.replace(hidden_size=24)
-    with pytest.raises(ValueError, match="another target"):
-        DecodeConfig(target=other, draft=mh.HeadConfig(CFG))
+    for cls in (SpeculativeConfig, TreeConfig, DSBDConfig):   # every drafted decoder's config
+        with pytest.raises(ValueError, match="another target"):
+            cls(target=other, draft=mh.HeadConfig(CFG))
 
 
 def test_target_returns_features_and_the_head_started_from_the_last_layer_reproduces_it():

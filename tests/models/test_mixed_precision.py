@@ -12,7 +12,7 @@ import pytest
 
 import exact_reference as ref
 from dsbd_jax.host import forms
-from dsbd_jax.decoding import inputs
+from dsbd_jax.decoding._jit import inputs
 from dsbd_jax.models import products
 from dsbd_jax.host import cpu_options
 from dsbd_jax.host import plan as host

@@ -438,7 +438,7 @@ def test_layout_defaults_and_errors():
 
 def test_decoders_agree_across_layouts():
     """DSBD and beam sampling on a tiny pair give the same tokens with either layout."""
-    from dsbd_jax import DSBDConfig, DecodeConfig, beam_sample, dsbd_generate
+    from dsbd_jax import BeamSampleConfig, DSBDConfig, beam_sample, dsbd_generate
     from dsbd_jax.models import llama as M
     from dsbd_jax.models.config import ModelConfig
     t = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3,
@@ -453,7 +453,7 @@ def test_decoders_agree_across_layouts():
                            DSBDConfig(target=t, draft=d, max_new_tokens=8, gamma=2,
                                       draft_width=3, threshold=0.7, top_k=10))
         o2 = beam_sample(pt, ids, jax.random.PRNGKey(3),
-                         DecodeConfig(target=t, num_beams=3, max_new_tokens=8, top_k=10))
+                         BeamSampleConfig(target=t, num_beams=3, max_new_tokens=8, top_k=10))
         outs.append((np.asarray(o1.sequences), np.asarray(o2.sequences)))
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])

@@ -119,11 +119,11 @@ _GENERATE = r"""
 import json, sys
 import jax, numpy as np
 from dsbd_jax.decoding import beam
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding.configs import BeamSampleConfig
 from dsbd_jax.loading.load import load_model
 m = load_model(sys.argv[1], "float32", progress=False)
 ids = np.asarray([m.tokenizer("1, 2, 3, 4, 5,")["input_ids"]], np.int32)
-cfg = DecodeConfig(target=m.config, max_new_tokens=8, num_beams=2, temperature=0.5)
+cfg = BeamSampleConfig(target=m.config, max_new_tokens=8, num_beams=2, temperature=0.5)
 out = beam.beam_sample(m.params, ids, jax.random.PRNGKey(0), cfg)
 best = int(out.best[0])
 print("RESULT " + json.dumps(m.tokenizer.decode(np.asarray(out.sequences[0, best]))))

@@ -35,7 +35,8 @@ import numpy as np
 import pytest
 
 from dsbd_jax.decoding.beam import beam_sample
-from dsbd_jax.decoding.common import DecodeConfig, pad_prompts
+from dsbd_jax.decoding.common import pad_prompts
+from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig, TreeConfig
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.decoding.speculative import speculative_sample
@@ -240,17 +241,19 @@ def _run(case, name):
     ids, lens = pad_prompts(PROMPTS, pad_id=0, length=max(map(len, PROMPTS)))
     key = jax.random.key(3)
     if name == "sample":
-        return sample(case.target.params, ids, key, DecodeConfig(**base), lens)
+        return sample(case.target.params, ids, key, SampleConfig(**base), lens)
     if name == "beam_sample":
-        return beam_sample(case.target.params, ids, key, DecodeConfig(**base, num_beams=2), lens)
+        return beam_sample(case.target.params, ids, key, BeamSampleConfig(**base, num_beams=2),
+                           lens)
     draft = case.draft.params
     if name.endswith("_truncated"):
         draft = truncate_head(draft, dc, case.rows(), prompt_rows=name.startswith("dsbd"))
     pair = {"target": case.target.params, "draft": draft}
     if name == "speculative":
-        return speculative_sample(pair, ids, key, DecodeConfig(**base, draft=dc, gamma=1), lens)
+        return speculative_sample(pair, ids, key, SpeculativeConfig(**base, draft=dc, gamma=1),
+                                  lens)
     if name == "tree_truncated":
-        return tree_speculative_sample(pair, ids, key, DecodeConfig(**base, draft=dc, gamma=1),
+        return tree_speculative_sample(pair, ids, key, TreeConfig(**base, draft=dc, gamma=1),
                                        lens)
     return dsbd_generate(pair, ids, key, DSBDConfig(**base, draft=dc, gamma=1, draft_width=2,
                                                     single_beam=name == "dsbd_single_beam"), lens)

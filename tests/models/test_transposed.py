@@ -12,8 +12,8 @@ import pytest
 
 import exact_reference as ref
 from dsbd_jax.decoding.beam import beam_sample
-from dsbd_jax.decoding.common import DecodeConfig
-from dsbd_jax.decoding.inputs import check_params
+from dsbd_jax.decoding.configs import BeamSampleConfig, SpeculativeConfig
+from dsbd_jax.decoding._jit.inputs import check_params
 from dsbd_jax.models import weights
 from dsbd_jax.models import kinds
 from dsbd_jax.models.llama import convert_layout
@@ -140,7 +140,7 @@ def test_decoders_on_a_transposed_tree():
     from dsbd_jax.decoding.speculative import speculative_sample
     config, params = model()
     t = kinds.transpose_params(params, kinds.transposed_widths(config))
-    cfg = DecodeConfig(target=config, max_new_tokens=6, num_beams=3, top_k=6)
+    cfg = BeamSampleConfig(target=config, max_new_tokens=6, num_beams=3, top_k=6)
     ids = jnp.asarray([[1, 2, 3, 4], [5, 6, 7, 0]], jnp.int32)
     lens = jnp.asarray([4, 3], jnp.int32)
     want = beam_sample(params, ids, jax.random.key(0), cfg, prompt_lengths=lens)
@@ -149,7 +149,7 @@ def test_decoders_on_a_transposed_tree():
     np.testing.assert_allclose(np.asarray(got.log_likelihoods),
                                np.asarray(want.log_likelihoods), rtol=1e-5, atol=1e-5)
     dconfig, dparams = ref.toy_model(vocab=12, seed=4, layers=1, hidden=16, intermediate=32)
-    scfg = DecodeConfig(target=config, draft=dconfig, max_new_tokens=6, gamma=3, top_k=6)
+    scfg = SpeculativeConfig(target=config, draft=dconfig, max_new_tokens=6, gamma=3, top_k=6)
     one = ids[:1]
     want = speculative_sample({"target": params, "draft": dparams}, one, jax.random.key(1), scfg)
     got = speculative_sample({"target": params,

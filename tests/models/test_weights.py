@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import exact_reference as ref
-from dsbd_jax.decoding import inputs
-from dsbd_jax.decoding.common import DecodeConfig
+from dsbd_jax.decoding._jit import inputs
+from dsbd_jax.decoding.configs import SampleConfig
 from dsbd_jax.decoding.sampling import sample
 from dsbd_jax.models import weights
 from dsbd_jax.models import kinds
@@ -76,7 +76,7 @@ def test_a_new_kind_is_one_class(layout):
 def test_a_decoder_runs_on_a_new_kind_under_jit():
     config, params = ref.kernel_model()
     q = quantize_tree(params)
-    dc = DecodeConfig(target=config, max_new_tokens=5, temperature=0.0)
+    dc = SampleConfig(target=config, max_new_tokens=5, temperature=0.0)
     ids = np.asarray([[1, 2, 3], [4, 5, 6]], np.int32)
     got = sample(q, ids, jax.random.key(0), dc)
     want = sample(kinds.unblock_params(q), ids, jax.random.key(0), dc)

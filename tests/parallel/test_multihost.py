@@ -257,10 +257,10 @@ def test_env_settings():
 
 def test_gather_option_checked(toy):
     import jax
-    from dsbd_jax import DecodeConfig, sample
+    from dsbd_jax import SampleConfig, sample
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     config, params, _ = toy
-    dec = ShardedDecoder(sample, DecodeConfig(target=config, max_new_tokens=2), make_mesh(1, 1))
+    dec = ShardedDecoder(sample, SampleConfig(target=config, max_new_tokens=2), make_mesh(1, 1))
     with pytest.raises(ValueError, match="gather must be one of"):
         dec(dec.place(params), np.ones((1, 3), np.int32), jax.random.key(0), gather="some")
 

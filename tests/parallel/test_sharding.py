@@ -187,10 +187,10 @@ def test_expand_kv_heads_is_the_same_model():
 def test_one_device_mesh_runs(toy):
     """A (1, 1) mesh (what the notebook uses on one device) gives the single-device result."""
     import jax
-    from dsbd_jax import DecodeConfig, sample
+    from dsbd_jax import SampleConfig, sample
     from dsbd_jax.parallel import ShardedDecoder, make_mesh
     config, params, _ = toy
-    cfg = DecodeConfig(target=config, max_new_tokens=4, eos_token_id=())
+    cfg = SampleConfig(target=config, max_new_tokens=4, eos_token_id=())
     ids = np.array([[1, 2, 3], [3, 2, 1]], np.int32)
     dec = ShardedDecoder(sample, cfg, make_mesh(1, 1))
     out = dec(dec.place(params), ids, jax.random.key(3))

@@ -163,7 +163,7 @@ def test_distilled_draft_keeps_speculative_sampling_exact(tmp_path):
     """The output distribution of speculative sampling with the distilled draft is still the
     target's (chi-square against enumeration, as test_speculative.py)."""
     from dsbd_jax.decoding import speculative as spec
-    from dsbd_jax.decoding.common import DecodeConfig
+    from dsbd_jax.decoding.configs import SpeculativeConfig
     tc, tp = ref.toy_model(6, seed=1, scale=2.0)
     dcf, dp = ref.toy_model(6, seed=2, scale=2.0)
     dc = DistillConfig(**{**SMALL, "steps": 20, "learning_rate": 1e-2, "top_k": None,
@@ -172,7 +172,7 @@ def test_distilled_draft_keeps_speculative_sampling_exact(tmp_path):
                   progress=False)
     a0, a1 = res["heldout_acceptance"][0][1], res["heldout_acceptance"][-1][1]
     assert a1 > a0, (a0, a1)
-    cfg = DecodeConfig(target=tc, draft=dcf, gamma=2, max_new_tokens=3)
+    cfg = SpeculativeConfig(target=tc, draft=dcf, gamma=2, max_new_tokens=3)
     ids = np.tile(np.asarray([[1, 2]], np.int32), (20000, 1))
     out = spec.speculative_sample({"target": tp, "draft": res["params"]}, ids,
                                   jax.random.key(0), cfg)

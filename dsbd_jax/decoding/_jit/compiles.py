@@ -1,31 +1,13 @@
 """Compile counting: how many real XLA compilations each decoder caused, whoever triggered them.
 
-jax reports every backend compilation through ``jax.monitoring`` (the duration event
-``/jax/core/compile/backend_compile_duration`` with the compiled function's name as
-``fun_name``, e.g. ``jit(_dsbd_core)``). A compilation is attributed to a decoder when
-
-* ``fun_name`` is the name of a decoder's jitted core (``@calls.core("dsbd_generate")`` on
-  ``_dsbd_core``): the decoder was called directly and jax compiled its core; or
-* the core was called with traced arguments inside someone else's ``jax.jit`` (the user's
-  ``jax.jit(functools.partial(dsbd_generate, config=cfg))``, ``ShardedDecoder``'s): when that
-  outermost trace ends (jax's ``/jax/core/compile/jaxpr_trace_duration`` event, which fires for
-  top-level traces only, names the function), the decoders traced in it wait for that
-  function's compilation, which then counts as theirs.
-
-A user's jit and a plain call on the same shapes are two programs and count twice. A hit of
-jax's persistent compilation cache still passes through the backend-compile event and counts.
-Each counted compilation logs one INFO line on the ``dsbd_jax`` logger: method, shapes, time.
-
-**The kernel's memory-map limit.** Every compiled XLA:CPU program keeps a few memory maps of
-its own until jax frees it, and jax keeps every program its jit caches hold. A process that
-compiles thousands of programs (a long notebook, a sweep over many settings, a whole test suite
-in one process) reaches Linux's ``vm.max_map_count`` (65,530 by default), and the next
-compilation then dies with a segmentation fault, no Python error. After any backend compilation
-(at most once a second) this module compares the process's maps with the limit
-(:func:`map_usage`) and logs one WARNING on the ``dsbd_jax`` logger when they pass
-``MAP_WARN_FRACTION`` of it, saying what to do: ``jax.clear_caches()`` frees every cached
-program (they compile again on their next call), or run separate settings in separate
-processes, or raise the limit. It only logs; nothing is freed behind the caller's back.
+jax reports every backend compilation through ``jax.monitoring`` with the compiled function's
+name; a compilation counts for a decoder when it compiles the decoder's core (``_dsbd_core``), or
+the user's or ``ShardedDecoder``'s jit that traced the core. Each counted compilation logs one
+INFO line (method, shapes, time). After a compilation this module also compares the process's
+memory maps with ``vm.max_map_count`` (:func:`map_usage`) and warns past
+``MAP_WARN_FRACTION``: a process that compiles thousands of programs otherwise dies in a
+compilation. It only logs; nothing is freed behind the caller's back.
+Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DSBD on the entries a warp can keep (dsbd_jax/decoding/tops.py, warping.warp_sorted,
+"""DSBD on the entries a warp can keep (dsbd_jax/decoding/dsbd/tops.py, warping.warp_sorted,
 warping.draw_short).
 
 The short-row warp and draw against the vocabulary-length ones, the ``risk`` check of
@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 
 import exact_reference as ref
-from dsbd_jax.decoding import dsbd, tops, verify
+from dsbd_jax.decoding.dsbd import generate as dsbd, tops, verify
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
-from dsbd_jax.decoding.warping import (draw_from, draw_short, normalize, warp_logits,
+from dsbd_jax.decoding.rules import normalize
+from dsbd_jax.decoding.warping import (draw_from, draw_short, warp_logits,
                                        warp_sorted)
 
 PROMPT = (1, 2, 3)
@@ -165,13 +166,13 @@ def _run(vocab, warp, key=11, threshold=1.0):
                         min_width=2, threshold=threshold, replacement=True, eos_token_id=(4,),
                         pad_token_id=0, **warp)
     assert tops.sparse_applies(config)
-    dsbd._dsbd_core.clear_cache()
+    dsbd.dsbd_generate.core.clear_cache()
     try:
         out = dsbd_generate({"target": tp, "draft": dp},
                             np.tile(np.asarray([PROMPT], np.int32), (ROWS, 1)),
                             jax.random.PRNGKey(key), config)
     finally:
-        dsbd._dsbd_core.clear_cache()
+        dsbd.dsbd_generate.core.clear_cache()
     exact = ref.exact_beam_sample_dist(ref.make_lp_fn(tc, tp), PROMPT, [2] * 3, eos_ids=(4,),
                                        pad_id=0, **warp)
     rate = float(np.asarray(out.stats["layer_acceptance_rate"])[0])

@@ -1,17 +1,13 @@
 """DSBD's verification on the entries a warp can keep (``replacement=True`` with a top-k).
 
-The warp of a layer's joint keeps at most its ``top_k`` largest entries and those equal to the
-last; every other entry of ``p_beam`` is 0, and so is every entry of the residuals ``p'``
-(``max(p' - q, 0)`` is 0 where ``p'`` is). So the rule needs ``p_beam`` and ``p'`` only on the
-entries that can be kept: each parent row's ``K = top_k + SPARSE_EXTRA`` largest
-(:func:`row_tops`), ``P * K`` entries a layer instead of ``P * V``. On such short vectors the
-warp is one sort (``warping.warp_sorted``) and a draw one cumulative sum
-(``warping.draw_short``): a layer is a few dozen small operations where the ``[P * V]`` form
-runs each step over the whole vocabulary (docs/performance.md, *What an iteration executes*).
+A layer's warp keeps at most its ``top_k`` largest entries and those equal to the last, so
+``p_beam`` and every residual ``p'`` are zero elsewhere: the rule needs them only on each parent
+row's ``K = top_k + SPARSE_EXTRA`` largest entries (:func:`row_tops`), ``P * K`` a layer instead of
+``P * V``. There the warp is one sort and a draw one cumulative sum.
 
-What the rule computes is the same: the kept set, its probabilities, the residuals and the
-widths; only sums run in another order. Where equal entries could reach past a row's ``K``
-(:attr:`Tops.risk`), ``dsbd.iteration`` verifies on the ``[P * V]`` vectors instead.
+Invariant: the kept set, its probabilities, the residuals and the widths are the dense path's;
+only sums run in another order. Where equal entries could reach past a row's ``K``
+(:attr:`Tops.risk`), ``steps.verify`` verifies on the ``[P * V]`` vectors instead.
 """
 
 from __future__ import annotations

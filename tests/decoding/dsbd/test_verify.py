@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 
 import exact_reference as ref
-from dsbd_jax.decoding import verify
+from dsbd_jax.decoding import rules
+from dsbd_jax.decoding.dsbd import verify
 from dsbd_jax.decoding.warping import draw_from
 
 N_FLAT = 8
@@ -46,7 +47,7 @@ def _layer(key, p, q, m, width, replacement):
     if replacement:
         cand = draw_from(q, u[:C])
     else:
-        cand = verify.draw_gumbel(jnp.log(q), g[0], C)
+        cand = rules.draw_gumbel(jnp.log(q), g[0], C)
     res = verify.verify_candidates(u[C:2 * C], p, q, cand, jnp.arange(C) < m, width,
                                    replacement)
     c_flat, c_valid = verify.correct_layer(u[2 * C:], g[1], p, res, cand, width, W_out,
@@ -117,12 +118,12 @@ def test_rule_pieces():
     p = jnp.array([0.5, 0.3, 0.2, 0.0])
     q = jnp.array([0.25, 0.25, 0.25, 0.25])
     # accept w.p. min(1, p/q): x=0 always, x=3 never
-    assert bool(verify.accept_test(jnp.float32(0.999), p[0], q[0]))
-    assert not bool(verify.accept_test(jnp.float32(0.0), p[3], q[3]))
-    np.testing.assert_allclose(verify.reject_update(p, q), [0.25 / 0.3, 0.05 / 0.3, 0, 0],
+    assert bool(rules.accept_test(jnp.float32(0.999), p[0], q[0]))
+    assert not bool(rules.accept_test(jnp.float32(0.0), p[3], q[3]))
+    np.testing.assert_allclose(rules.safe_residual(p, q), [0.25 / 0.3, 0.05 / 0.3, 0, 0],
                                rtol=1e-6)
-    np.testing.assert_allclose(verify.reject_update(q, q), q)           # nothing left: keep p'
-    np.testing.assert_allclose(verify.remove(q, 1), [1 / 3, 0, 1 / 3, 1 / 3], rtol=1e-6)
+    np.testing.assert_allclose(rules.safe_residual(q, q), q)           # nothing left: keep p'
+    np.testing.assert_allclose(rules.remove(q, 1), [1 / 3, 0, 1 / 3, 1 / 3], rtol=1e-6)
     # q restricted to surviving parents (2 parents x 2 tokens), renormalised
     restricted = verify.restrict_draft(jnp.array([0.1, 0.3, 0.4, 0.2]), jnp.array([False, True]))
     np.testing.assert_allclose(restricted, [0, 0, 2 / 3, 1 / 3], rtol=1e-6)
@@ -139,9 +140,9 @@ def _candidate_by_candidate(u, p_beam, q, cand, cand_ok, width):
         p_res, n_acc = carry
         u_c, x, ok = xs
         live = ok & (n_acc < width)
-        acc = live & verify.accept_test(u_c, verify.pick(p_res, x), verify.pick(q, x))
+        acc = live & rules.accept_test(u_c, verify.pick(p_res, x), verify.pick(q, x))
         p_next = jnp.where(acc, p_beam,
-                           jnp.where(live & ~acc, verify.reject_update(p_res, q), p_res))
+                           jnp.where(live & ~acc, rules.safe_residual(p_res, q), p_res))
         return (p_next, n_acc + acc.astype(jnp.int32)), acc
 
     (p_res, n_acc), accepted = jax.lax.scan(step, (p_beam, jnp.int32(0)), (u, cand, cand_ok))

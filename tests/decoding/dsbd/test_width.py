@@ -14,7 +14,7 @@ import scipy.stats
 import jax
 import jax.numpy as jnp
 
-from dsbd_jax.decoding import width as dw
+from dsbd_jax.decoding.dsbd import width as dw
 
 _width_from_counts = jax.jit(dw.width_from_counts)     # threshold / widths traced: one compile
 _count_probs = jax.jit(dw.count_probs)
@@ -140,7 +140,7 @@ def test_rates_from_the_verification_chain_are_the_width_rates(case):
     ``acceptance_rates``' (up to the roundings of the residuals' sums), also once the plain
     residual empties, where the rule's safe residual keeps ``p'`` and the width's chain stays
     zero: every later alpha exactly 0."""
-    from dsbd_jax.decoding import verify
+    from dsbd_jax.decoding.dsbd import verify
     p, q = _pair(11)
     if case == "p_equals_q":
         q = p

@@ -1,28 +1,13 @@
-"""Compiled decoder programs kept on disk and read back without tracing.
+"""Compiled decoder programs kept on disk and read back without tracing (the program store).
 
-JAX's persistent compilation cache (:mod:`dsbd_jax.host.compilation_cache`) saves the
-compilation, but a process still traces and lowers a decoder's core before it can look the
-program up: seconds of Python for a decoder over two real models. Beside that cache, in
-``<jax_compilation_cache_dir>/programs``, a decoder core called at the top level (not under
-the user's own ``jax.jit``) keeps its compiled program, serialised with
-``jax.experimental.serialize_executable``, under a key of everything that decides the program:
-
-* the core's name, its ``jax.jit`` settings and the compiler options it runs under;
-* the call's static arguments (the decoder config) and the shape, dtype and sharding of every
-  other argument leaf, with the argument tree;
-* the source of the ``dsbd_jax`` package (a digest of every module), the versions of Python,
-  jax, jaxlib, flax and numpy, the devices, ``XLA_FLAGS`` and jax's configuration.
-
-A later process computes the key (milliseconds) and, on a hit, loads the program and runs it:
-no tracing, no lowering. Any change to the library's code, a setting or a shape is another key.
-A program that calls back to the host (a progress bar's ``--progress tokens``) is never
-written, as JAX's cache does not write one either. The store is on exactly when JAX's
-persistent cache is (``jax_compilation_cache_dir`` set and ``jax_enable_compilation_cache``
-true: the command line and ``load_model`` set it), unless ``DSBD_JAX_COMPILATION_CACHE=0``: that
-leaves the library's cache and this store off, while a JAX cache folder the user set
-(``JAX_COMPILATION_CACHE_DIR``) still serves JAX's own compilations (``scripts/test.sh`` runs the
-suite so: one fresh JAX cache per run, shared by its processes, and no store).
-``jax.clear_caches()`` also drops the programs loaded in this process.
+Beside JAX's persistent compilation cache, in ``<jax_compilation_cache_dir>/programs``, a decoder
+core called at the top level keeps its compiled program (``serialize_executable``) under a key
+of everything that decides it: the core's name, jit settings and compiler options, the static
+config, every argument's shape, dtype and sharding, a digest of the package's source, and the
+versions, devices, ``XLA_FLAGS`` and jax's configuration. A later process computes the key and
+loads the program: no tracing. A program that calls back to the host is never written. On
+exactly when JAX's persistent cache is, unless ``DSBD_JAX_COMPILATION_CACHE=0``.
+Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ import jax
 import jax.numpy as jnp
 
 import exact_reference as ref
-from dsbd_jax.decoding import common, dsbd
+import dsbd_jax
+from dsbd_jax.decoding import common
+from dsbd_jax.decoding.dsbd import generate as dsbd, state as dstate, steps
 from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
 
 PROMPT = (1, 2, 3)
@@ -257,11 +259,11 @@ def test_batch_eos_budget_and_single_prompt_equivalence():
         np.testing.assert_allclose(np.asarray(alone.log_likelihoods[0]),
                                    np.asarray(out.log_likelihoods[b]), rtol=1e-5, atol=1e-5)
     # a second batch of the same padded shape does not recompile
-    before = common.compile_count("dsbd_generate")
+    before = dsbd_jax.compile_count("dsbd_generate")
     ids2, lengths2 = common.pad_prompts([[3, 1], [2], [1, 1, 1, 1, 1, 1], [0, 4]], length=8)
     out2 = dsbd_generate(params, ids2, jax.random.PRNGKey(9), config, prompt_lengths=lengths2)
     _check_beams(out2, config, params, ids2, lengths2)
-    assert common.compile_count("dsbd_generate") == before
+    assert dsbd_jax.compile_count("dsbd_generate") == before
 
 
 @pytest.mark.skipif(not _JAX_0_12 or jax.default_backend() != "cpu",
@@ -311,8 +313,8 @@ def test_single_beam_keeps_one_cache_row():
     B, P = ids.shape
     key = jax.random.PRNGKey(6)
     for cfg, rows in ((config, 1), (full_config, full_config.beam_width)):
-        lay = dsbd.layout(cfg, P)
-        state = jax.eval_shape(lambda: dsbd.init_state(cfg, params, ids, lengths, key))
+        lay = dstate.layout(cfg, P)
+        state = jax.eval_shape(lambda: dstate.init_state(cfg, params, ids, lengths, key))
         after = jax.eval_shape(lambda s: dsbd.iteration(cfg, params, lengths, s), state)
         L, K, D = cfg.target.num_layers, cfg.target.num_kv_heads, cfg.target.head_dim
         for s in (state, after):

@@ -1,37 +1,20 @@
 """The draft forest of one DSBD iteration: layout, forest attention masks, drafting, commits.
 
-Per prompt there are ``Wc`` input beams (cache rows; ``max_width``, or 1 in single-beam mode),
-``C = W_S`` nodes per draft layer and ``G = gamma`` layers. Shapes below: ``B`` prompts, ``V``
-vocabulary, ``S`` cache slots per beam, ``P = max(Wc, C)`` padded parent slots.
-
-Node ids (the **target layout**, ``T = Wc + G * C`` nodes, the order of the target pass):
-``0 .. Wc-1`` are the input beams' *pending* tokens (depth 0: emitted, not yet run through the
-models), ``Wc + (l - 1) * C + j`` is node ``j`` of layer ``l`` (depth ``l``). A layer-``l`` node's
-parent *slot* is an input beam (``l = 1``) or a node of layer ``l - 1``; its flat index in the
-layer's joint is ``slot * V + token``.
-
-Caches are kept per prompt as ONE row: target ``[L, B, Wc * S, K, D]`` (beam ``r`` owns slots
-``r * S .. r * S + S - 1``; a free reshape of ``[L, B * Wc, S, K, D]``) and draft
-``[L, B, Wc * S + Td, K, D]`` whose tail of ``Td = 2 Wc + (G - 1) C`` slots is scratch for the
-forest's keys/values while drafting. Forest attention: a node sees its root beam's committed
-slots and its ancestors (and itself) among the forest nodes, nothing else; the masks are built on
-device from the ancestor table ``anc [B, T, G + 1]`` (``anc[t, k]`` = the node's ancestor at depth
-``k``; entries deeper than the node are the node itself). So each node runs once through the
-projections and MLP whatever its root.
-
-Slots: a beam with ``n`` new tokens has its pending token at slot ``base = prompt_len + n - 1``
-(position == slot). The target cache holds slots ``< base``. The draft cache holds slots
-``< base - 1``: like ``speculative.py``, each iteration's first draft call runs ``[prev, pending]``
-(``prev`` = the token at ``base - 1``), because when every layer was accepted the draft never ran
-the parent of the extra layer's token; this keeps the draft at ``gamma`` calls per iteration.
-
-Draft scratch ids: ``r`` = prev of beam ``r``; a target-layout node ``t`` (depth < G) has scratch
-id ``Wc + t``.
+Per prompt: ``Wc`` input beams (cache rows), ``G = gamma`` layers of ``C = W_S`` nodes; node ids in
+the target pass's order are the input beams' pending tokens, then layer by layer
+(:class:`Layout`). A layer's joint is flat over (parent slot, token). Caches are one row per
+prompt: beam ``r`` owns slots ``r * S ..``; the draft's row ends in scratch slots for the
+forest's keys and values. A node attends to its root beam's committed slots and its ancestors
+only (masks built on device from the ancestor table ``anc [B, T, G + 1]``), so each node runs
+once through the model whatever its root. The draft cache lags one slot behind the target's
+(each iteration's first draft call runs ``[prev, pending]``), keeping ``gamma`` draft calls an
+iteration. Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import flax.struct
@@ -41,8 +24,8 @@ import jax.numpy as jnp
 from dsbd_jax.decoding import common
 from dsbd_jax.models.cache import KVCache
 from dsbd_jax.decoding import drafting
-from dsbd_jax.decoding.verify import draw_gumbel
-from dsbd_jax.decoding.tops import parent_tops, row_size, sparse_applies, warp_layer
+from dsbd_jax.decoding.rules import draw_gumbel
+from dsbd_jax.decoding.dsbd.tops import parent_tops, row_size, sparse_applies, warp_layer
 from dsbd_jax.decoding.warping import draw_from, draw_short, warp_logits
 
 NEG_INF = -jnp.inf
@@ -237,72 +220,21 @@ def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
     Returns:
       ``(Forest, buffer)``; the buffer's scratch holds prev, pending and layers ``1 .. G-1``.
     """
-    Wc, C, G, S = lay.Wc, lay.C, lay.G, lay.S
-    Wp = min(config.draft_width, C)        # parents of the next layer in each layer
+    Wc, C, G = lay.Wc, lay.C, lay.G
     B = base.shape[0]
-    off = Wc * S
     has_prev = base >= 1
     draft_filled = jnp.maximum(base - 1, 0)
-
-    # call 0: [prev_r, pending_r] for every input beam r.
-    r = jnp.arange(Wc)
-    root0 = jnp.broadcast_to(jnp.concatenate([r, r])[None], (B, 2 * Wc))
-    eye = jnp.eye(2 * Wc, dtype=bool)
-    prev_of_pending = jnp.zeros((2 * Wc, 2 * Wc), bool).at[Wc + r, r].set(True)
-    new0 = eye[None] | (prev_of_pending[None] & has_prev[:, None, None])
-    mask0 = jnp.concatenate([root_slots(root0, draft_filled, Wc, S),
-                             jnp.zeros((B, 2 * Wc, lay.Td), bool), new0], axis=-1)
-    tokens0 = jnp.concatenate([prev, pending], axis=1)
-    pos0 = jnp.concatenate([jnp.broadcast_to(draft_filled[:, None], (B, Wc)),
-                            jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
-    key_pos = buffer_positions(lay, base)
-    feats0 = None if feats is None else jnp.concatenate([feats[:, :, 0], feats[:, :, 1]], 1)
-    logits0, buffer, out0 = _draft_forward(config, params, buffer, tokens0, feats0, pos0, mask0,
-                                           off, key_pos,
-                                           logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
-    first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
-                        lay.P)
-
-    # ancestors of the input beams: themselves at every depth.
-    anc_in = jnp.broadcast_to(r[None, :, None], (B, Wc, G + 1))
-
-    def new_anc(parent_anc, l, parent):
-        """Ancestors of layer-l nodes: the parent's, with the node itself from depth l on."""
-        a = jnp.take_along_axis(parent_anc, parent[..., None], axis=1)        # [B, C, G+1]
-        ids = lay.layer_start(l) + jnp.arange(C)
-        return jnp.where(jnp.arange(G + 1)[None, None, :] >= l, ids[None, :, None], a)
-
-    anc1 = new_anc(anc_in, 1, first["parent"])
+    r, key_pos, buffer, out0, first = _root_call(
+        config, lay, params, buffer, base, has_prev, draft_filled, prev, pending, feats,
+        (draft_u, draft_g, scores, finished, live))
+    anc_in = jnp.broadcast_to(r[None, :, None], (B, Wc, G + 1))   # input beams: themselves
+    anc1 = _new_anc(lay, anc_in, 1, first["parent"])
     # a head's layer-1 nodes read their root's output feature (from the pending row of call 0)
     d = drafting.feature_size(config)
     feat1 = (jnp.zeros((B, C, 0), jnp.float32) if out0 is None else
              jnp.take_along_axis(out0[:, Wc:], first["parent"][..., None], axis=1))
-
-    def step(carry, l):
-        buffer, cur, cur_anc, cur_feat = carry                # cur: layer l (1 .. G-1)
-        sid = jnp.where(jnp.arange(G + 1)[None, None, :] < l, cur_anc + Wc, 0)
-        sok = jnp.broadcast_to(jnp.arange(G + 1)[None, None, :] < l, sid.shape)
-        prev_id = cur_anc[:, :, :1]                           # scratch id of the root's prev
-        ids = jnp.concatenate([sid, prev_id], axis=-1)
-        ok = jnp.concatenate([sok, jnp.broadcast_to(has_prev[:, None, None], prev_id.shape)], -1)
-        mask = jnp.concatenate([root_slots(cur_anc[:, :, 0], draft_filled, Wc, S),
-                                visible(ids, ok, lay.Td),
-                                jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
-        pos = jnp.broadcast_to((base + l)[:, None], (B, C))
-        # the next layer's parents: the layer's first W_S nodes (all of it without a node
-        # budget); the budget's extra nodes are leaves, candidates of this layer only
-        logits, buffer, out = _draft_forward(
-            config, params, buffer, cur["token"], cur_feat if d else None, pos, mask,
-            off + 2 * Wc + (l - 1) * C, key_pos,
-            logits_at=None if Wp == C else jnp.broadcast_to(jnp.arange(Wp), (B, Wp)))
-        pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
-        nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"][:, :Wp],
-                          cur["finished"][:, :Wp], cur["valid"][:, :Wp], lay.P)
-        nxt_anc = new_anc(cur_anc, l + 1, nxt["parent"])
-        nxt_feat = (cur_feat if out is None else
-                    jnp.take_along_axis(out, nxt["parent"][..., None], axis=1))
-        return (buffer, nxt, nxt_anc, nxt_feat), (nxt, nxt_anc)
-
+    step = functools.partial(_layer_call, config, lay, params, base, has_prev, draft_filled,
+                             key_pos, draft_u, draft_g, d)
     layers = {k: v[:, None] for k, v in first.items()}                    # [B, 1, ...]
     anc = jnp.concatenate([anc_in, anc1], axis=1)
     if G > 1:
@@ -318,6 +250,73 @@ def build_forest(config, lay: Layout, params, buffer: KVCache, base: jax.Array,
                     node_tokens=jnp.concatenate([pending, tokens.reshape(B, G * C)], axis=1),
                     q_index=layers.get("q_index"))
     return forest, buffer
+
+
+def _root_call(config, lay: Layout, params, buffer, base, has_prev, draft_filled, prev, pending,
+               feats, layer0):
+    """The forest's first draft call, ``[prev_r, pending_r]`` for every input beam ``r``, and
+    layer 1 drawn from it (``layer0``: the draft's uniforms and Gumbel noise, and the input
+    beams' scores, finished and live). Returns ``(r, key positions, buffer, output features, layer 1)``."""
+    Wc, S = lay.Wc, lay.S
+    B = base.shape[0]
+    r = jnp.arange(Wc)
+    root0 = jnp.broadcast_to(jnp.concatenate([r, r])[None], (B, 2 * Wc))
+    eye = jnp.eye(2 * Wc, dtype=bool)
+    prev_of_pending = jnp.zeros((2 * Wc, 2 * Wc), bool).at[Wc + r, r].set(True)
+    new0 = eye[None] | (prev_of_pending[None] & has_prev[:, None, None])
+    mask0 = jnp.concatenate([root_slots(root0, draft_filled, Wc, S),
+                             jnp.zeros((B, 2 * Wc, lay.Td), bool), new0], axis=-1)
+    tokens0 = jnp.concatenate([prev, pending], axis=1)
+    pos0 = jnp.concatenate([jnp.broadcast_to(draft_filled[:, None], (B, Wc)),
+                            jnp.broadcast_to(base[:, None], (B, Wc))], axis=1)
+    key_pos = buffer_positions(lay, base)
+    feats0 = None if feats is None else jnp.concatenate([feats[:, :, 0], feats[:, :, 1]], 1)
+    logits0, buffer, out0 = _draft_forward(config, params, buffer, tokens0, feats0, pos0, mask0,
+                                           Wc * S, key_pos,
+                                           logits_at=jnp.broadcast_to(Wc + r, (B, Wc)))
+    draft_u, draft_g, scores, finished, live = layer0
+    first = draft_layer(config, draft_u[:, 0], draft_g[:, 0], logits0, scores, finished, live,
+                        lay.P)
+    return r, key_pos, buffer, out0, first
+
+
+def _new_anc(lay: Layout, parent_anc, l, parent):
+    """Ancestors of layer-``l`` nodes: the parent's, with the node itself from depth ``l`` on."""
+    C, G = lay.C, lay.G
+    a = jnp.take_along_axis(parent_anc, parent[..., None], axis=1)        # [B, C, G+1]
+    ids = lay.layer_start(l) + jnp.arange(C)
+    return jnp.where(jnp.arange(G + 1)[None, None, :] >= l, ids[None, :, None], a)
+
+
+def _layer_call(config, lay: Layout, params, base, has_prev, draft_filled, key_pos, draft_u,
+                draft_g, d, carry, l):
+    """One draft call over layer ``l``'s nodes (1 .. G-1) and layer ``l + 1`` drawn from it:
+    the body of ``build_forest``'s scan. The next layer's parents are the layer's first
+    ``W_S`` nodes (all of it without a node budget); the others are leaves."""
+    Wc, C, G, S = lay.Wc, lay.C, lay.G, lay.S
+    Wp = min(config.draft_width, C)        # parents of the next layer in each layer
+    B = base.shape[0]
+    buffer, cur, cur_anc, cur_feat = carry                # cur: layer l (1 .. G-1)
+    sid = jnp.where(jnp.arange(G + 1)[None, None, :] < l, cur_anc + Wc, 0)
+    sok = jnp.broadcast_to(jnp.arange(G + 1)[None, None, :] < l, sid.shape)
+    prev_id = cur_anc[:, :, :1]                           # scratch id of the root's prev
+    ids = jnp.concatenate([sid, prev_id], axis=-1)
+    ok = jnp.concatenate([sok, jnp.broadcast_to(has_prev[:, None, None], prev_id.shape)], -1)
+    mask = jnp.concatenate([root_slots(cur_anc[:, :, 0], draft_filled, Wc, S),
+                            visible(ids, ok, lay.Td),
+                            jnp.broadcast_to(jnp.eye(C, dtype=bool), (B, C, C))], axis=-1)
+    pos = jnp.broadcast_to((base + l)[:, None], (B, C))
+    logits, buffer, out = _draft_forward(
+        config, params, buffer, cur["token"], cur_feat if d else None, pos, mask,
+        Wc * S + 2 * Wc + (l - 1) * C, key_pos,
+        logits_at=None if Wp == C else jnp.broadcast_to(jnp.arange(Wp), (B, Wp)))
+    pick = lambda x: jax.lax.dynamic_index_in_dim(x, l, 1, keepdims=False)  # noqa: E731
+    nxt = draft_layer(config, pick(draft_u), pick(draft_g), logits, cur["dscore"][:, :Wp],
+                      cur["finished"][:, :Wp], cur["valid"][:, :Wp], lay.P)
+    nxt_anc = _new_anc(lay, cur_anc, l + 1, nxt["parent"])
+    nxt_feat = (cur_feat if out is None else
+                jnp.take_along_axis(out, nxt["parent"][..., None], axis=1))
+    return (buffer, nxt, nxt_anc, nxt_feat), (nxt, nxt_anc)
 
 
 # ---------------------------------------------------------------------------------------------

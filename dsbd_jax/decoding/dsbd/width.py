@@ -1,28 +1,12 @@
 """Dynamic width of a draft layer (DSBD Eq. 2-7, with the fixes of docs/algorithm.md).
 
-For one layer with target beam joint ``p = p_beam`` (warped, over accepted parents x V) and the
-draft distribution ``q`` its ``m`` candidates were drawn from (restricted to those parents):
+From the layer's ``p = p_beam`` and draft ``q``: ``alpha_j`` (acceptance after ``j - 1`` rejections,
+one residual update a step), ``P(m, k)`` (``k`` of ``m`` candidates accepted), ``W~ = max{K :
+P(m, >= K) >= t}`` (a tail sum, never negative) and ``W_L = min(max_width, max(min_width, W~))``.
+``t = 1`` is fixed width ``min_width``; ``t = 0`` allows every candidate.
 
-* ``alpha_j = sum_x min(p_j(x), q(x))`` with ``p_1 = p`` and ``p_{j+1} = norm(max(p_j - q, 0))``
-  (ONE residual update per step): the probability that a candidate is accepted after ``j - 1``
-  rejections since the last acceptance (the multi-candidate rule restarts from ``p`` after every
-  acceptance).
-* ``P(m, k)``, the probability that ``k`` of ``m`` candidates are accepted:
-  ``P(0, 0) = 1``, ``P(m, 0) = prod_{j<=m} (1 - alpha_j)``, ``P(m, k) = 0`` for ``k > m``,
-  ``P(m, k) = sum_{i=1..m} alpha_i prod_{j<i} (1 - alpha_j) P(m - i, k - 1)``.
-* ``W~ = max{K in 0..m : P(m, >= K) >= t}`` where ``P(m, >= K) = 1 - sum_{k<K} P(m, k)``
-  (computed as the tail sum ``sum_{k>=K} P(m, k)``, equal in exact arithmetic and never negative;
-  ``K = 0`` always qualifies).
-* ``W_L = min(max_width, max(min_width, W~))``: ``max_width`` caps the beams a layer can carry.
-
-Threshold semantics: ``t = 1`` is FIXED WIDTH: ``W_L = min_width`` at every layer, whatever the
-models (the formula would give ``W~ = m`` only when acceptance is certain, i.e. ``p == q`` to the
-last bit, which rounding makes arbitrary; so ``t = 1`` is defined as ``W~ = 0``). ``t = 0`` gives
-``W~ = m`` (all candidates may be accepted). Exactness never depends on the width: it only has to
-be a function of what is known before the layer is verified (``p``, ``q``, ``m``).
-
-The same formula is used with ``replacement=False`` (there it is the paper's model, an
-approximation of the true acceptance counts; it only steers efficiency).
+Invariant: exactness never depends on the width, which is a function only of what is known before
+the layer is verified (``p``, ``q``, ``m``). Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
@@ -31,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dsbd_jax.decoding.warping import residual
+from dsbd_jax.decoding.rules import residual
 
 
 def acceptance_rates(p: jax.Array, q: jax.Array, num: int) -> jax.Array:

@@ -1,33 +1,14 @@
 """DSBD verification of a draft forest (docs/algorithm.md, steps 3-4), one prompt at a time.
 
-Every function here is pure and works on ONE prompt (callers ``vmap`` over the batch). Joint
-distributions are flat ``[N] = [P * V]`` probability vectors over (parent slot, token); a flat index
-``x = parent * V + token``. ``P`` is the padded number of parent slots of a layer.
-
-Layer ``l`` (1..gamma):
-
-* candidates = the layer's nodes whose parent was ACCEPTED at layer ``l - 1`` (layer 1: every
-  valid input beam is a parent). Their drafting distribution restricted to the accepted parents
-  and renormalised (:func:`restrict_draft`) is the ``q`` of the rule: children of accepted parents
-  are i.i.d. draws from it (without replacement: successive draws without replacement from it).
-* ``p_beam`` (:func:`beam_distribution`): the warped joint over (accepted parents) x V with the
-  target's unwarped cumulative scores, warped exactly as beam sampling warps it.
-* width ``W_L`` (``width.layer_width``).
-* the multi-candidate rule (:func:`verify_candidates`): candidate ``x`` is accepted with probability
-  ``min(1, p'(x) / q(x))`` (:func:`accept_test`); on reject ``p' <- norm(max(p' - q, 0))``
-  (:func:`reject_update`); on accept ``p' <- p_beam``; stop at ``W_L`` accepted.
-  ``replacement=False`` (MCSD Algorithm 2): on reject also remove ``x`` from ``q`` and
-  renormalise; every verified candidate is removed from ``q`` (drafts are drawn without
-  replacement); on accept ``p'`` restarts from ``p_beam`` without every output taken so far.
-* fewer than ``W_L`` accepted -> correction layer (:func:`correct_layer`): one beam from ``p'``, the
-  rest from ``p_beam`` (without replacement: from ``p_beam`` minus the outputs taken); these
-  ``W_L`` beams are the iteration's output.
-* If every verified layer passed, the extra layer (:func:`draw_layer`) draws ``W`` beams from
-  ``p_beam^(gamma + 1)``. A layer that passes is also the output when no token budget is left
-  after it or when all its beams have finished (EOS).
-
-Dead beams (``replacement=False`` only): when fewer entries have positive probability than beams
-are wanted, the surplus draws are marked invalid (as ``beam.py`` / the exact reference do).
+Pure functions on ONE prompt (callers ``vmap``); a layer's joint is a flat ``[P * V]`` vector over
+(parent slot, token). Layer by layer: the candidates are the nodes whose parent was accepted;
+``q`` is their draft distribution restricted to those parents (:func:`restrict_draft`), ``p_beam``
+the warped joint (:func:`beam_distribution`); the width rule gives ``W_L``; the multi-candidate
+rule (the accept test and residuals of ``rules``) accepts up to ``W_L``; fewer -> the correction
+layer (:func:`correct_layer`) ends the iteration; all layers passed -> the extra layer.
+:func:`verify_dense` runs on the ``[P * V]`` vectors, :func:`verify_tops` on the rows' largest
+entries (module ``tops``); both share the layer loop and give the same :class:`Verdict`.
+Long form: docs/results/design_notes.md.
 """
 
 from __future__ import annotations
@@ -37,13 +18,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-# the single-candidate rule and the residual are speculative sampling's, shared with the chain
-# and tree samplers: accept iff u * q(x) < p'(x); reject -> norm(max(p' - q, 0)) (p' kept if empty)
-from dsbd_jax.decoding.speculative import accept_test, safe_residual as reject_update  # noqa: F401
-from dsbd_jax.decoding.speculative import safe_residual_and_left
-from dsbd_jax.decoding.tops import layer_on_tops, warp_layer
-from dsbd_jax.decoding.warping import draw_from, draw_short, normalize, warp_logits
-from dsbd_jax.decoding.width import layer_width, rates_from_chain
+from dsbd_jax.decoding.rules import (accept_test, draw_gumbel, normalize, remove, safe_residual,
+                                     safe_residual_and_left)
+from dsbd_jax.decoding.dsbd.tops import layer_on_tops, warp_layer
+from dsbd_jax.decoding.warping import draw_from, draw_short, warp_logits
+from dsbd_jax.decoding.dsbd.width import layer_width, rates_from_chain
 
 NEG_INF = -jnp.inf
 
@@ -102,19 +81,8 @@ def randoms_table(keys: jax.Array, iterations: int, size: int) -> jax.Array:
     return jax.vmap(lambda k: jax.vmap(lambda i: one(k, i))(jnp.arange(iterations)))(keys)
 
 
-def draw_gumbel(logp: jax.Array, g: jax.Array, k: int) -> jax.Array:
-    """``k`` successive draws without replacement (Gumbel-top-k) from log-probs ``logp [N]`` with
-    Gumbel noise ``g [N]``, in draw order. Surplus draws beyond the support have probability 0."""
-    return jax.lax.top_k(logp + g, k)[1].astype(jnp.int32)
-
-
 # ---------------------------------------------------------------------------------------------
 # the rules, one small function each
-def remove(dist: jax.Array, x: jax.Array) -> jax.Array:
-    """``dist`` with entry ``x`` set to 0, renormalised (without-replacement bookkeeping)."""
-    return normalize(jnp.where(one_hot(x, dist.shape[0]), 0.0, dist))
-
-
 def parent_mask(parent_ok: jax.Array, V: int) -> jax.Array:
     """``[P] -> [P * V]``: which flat entries belong to an allowed parent."""
     return jnp.repeat(parent_ok, V)
@@ -174,7 +142,7 @@ class CandidateResult(NamedTuple):
 
 def residual_chain(p: jax.Array, q: jax.Array, num: int):
     """The residuals a layer's rule can reach (``replacement=True``): ``p' = p_j`` after ``j``
-    rejections since the last acceptance, ``p_0 = p`` and ``p_{j+1} = reject_update(p_j, q)``.
+    rejections since the last acceptance, ``p_0 = p`` and ``p_{j+1} = safe_residual(p_j, q)``.
 
     Returns ``(chain, emptied)``: ``chain`` the list ``[p_0, ..., p_num]`` of ``[N]`` arrays,
     ``emptied [num]`` whether step ``j``'s plain residual was all zero (``reject_update`` kept
@@ -218,7 +186,7 @@ def verify_candidates(u: jax.Array, p_beam: jax.Array, q: jax.Array, cand: jax.A
         live = ok & (n_acc < width)
         acc = live & accept_test(u_c, pick(p_res, x), pick(q_cur, x))
         rej = live & ~acc
-        p_rej = reject_update(p_res, q_cur)
+        p_rej = safe_residual(p_res, q_cur)
         taken_next = taken | (one_hot(x, N) & acc)
         p_acc = normalize(jnp.where(taken_next, 0.0, p_beam))
         q_next = jnp.where(live, remove(q_cur, x), q_cur)
@@ -345,15 +313,22 @@ class Verdict(NamedTuple):
     accepted: jax.Array
 
 
-@jax.named_scope("verify")
 def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
                   cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
                   budget: jax.Array, config, tops=None, q_index=None) -> Verdict:
-    """Verify one prompt's forest layer by layer (``lax.scan`` over layers).
+    """Verify one prompt's forest layer by layer: :func:`verify_tops` where ``tops`` is given,
+    else :func:`verify_dense` (same arguments, same rule, same verdict)."""
+    args = (rand, joint, input_ok, q, cand, cand_ok, cand_finished, budget)
+    if tops is None:
+        return verify_dense(*args, config=config)
+    return verify_tops(*args, config=config, tops=tops, q_index=q_index)
 
-    The scan stays a loop (``gamma`` trips): unrolled, a small model's DSBD program took a
-    quarter to a third longer to compile on XLA:CPU for about one thunk in twenty fewer per
-    iteration; everything inside a layer is straight-line code.
+
+@jax.named_scope("verify")
+def verify_dense(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
+                 cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
+                 budget: jax.Array, config) -> Verdict:
+    """Verify one prompt's forest on the ``[P * V]`` vectors.
 
     Args:
       rand: this prompt's random numbers for the iteration (:func:`make_randoms`).
@@ -365,20 +340,75 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
         not dead; cand_finished: ``[gamma, C]`` nodes that are finished (EOS).
       budget: int32, tokens left for this prompt (layers deeper than it are not verified).
       config: a ``DSBDConfig`` (static): warping, replacement, widths, threshold.
-      tops: this prompt's ``tops.row_tops`` of ``joint`` without ``risk``
-        (``tops.sparse_applies`` only): then ``p_beam``, ``q`` and the residuals are vectors
-        over the rows' ``K`` largest entries, ``[P * K]``, instead of ``[P * V]`` (``joint``
-        is not read); the rule, the widths and the draws are the same (module ``tops``).
-        Then ``q [gamma, m]`` holds each layer's draft joint at ``q_index [gamma, m]``
-        (``forest.Forest``).
     """
     G, C = cand.shape
-    P, V = joint.shape[1], joint.shape[2]
-    W_out = config.beam_width
-    rep = config.replacement
+    V = joint.shape[2]
+    W_out, rep = config.beam_width, config.replacement
     warp = (config.temperature, config.top_k, config.top_p)
 
-    sparse = tops is not None
+    def weigh(parent_ok, par_ok, is_cand, m, xs):
+        joint_l, q_l, cand_l = xs[4], xs[5], xs[6]
+        chain = alphas = None
+        p_beam = beam_distribution(joint_l, parent_ok, *warp)
+        q_a = restrict_draft(q_l, parent_ok)
+        if rep:   # one residual chain for the width and the rule
+            chain, emptied = residual_chain(p_beam, q_a, C)
+            alphas = rates_from_chain(chain[:C], q_a, emptied)
+        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C, alphas)
+        res = verify_candidates(xs[1], p_beam, q_a, cand_l, is_cand, w, rep, chain)
+        return p_beam, w, res, None
+
+    def extra_layer(parent_ok):
+        return beam_distribution(joint[G], parent_ok, *warp), None
+    return _verify_layers(rand, input_ok, q, cand, cand_ok, cand_finished, budget, config, V,
+                          weigh, lambda: joint[:G], lambda: (), extra_layer)
+
+
+@jax.named_scope("verify")
+def verify_tops(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.Array,
+                cand: jax.Array, cand_ok: jax.Array, cand_finished: jax.Array,
+                budget: jax.Array, config, tops, q_index) -> Verdict:
+    """Verify one prompt's forest on each parent row's largest entries (module ``tops``):
+    ``p_beam``, ``q`` and the residuals are vectors over ``P * K`` entries instead of ``P * V``
+    (``joint`` is not read); the rule, the widths and the draws are :func:`verify_dense`'s.
+
+    Args: as :func:`verify_dense`, but ``q [gamma, m]`` holds each layer's draft joint at
+    ``q_index [gamma, m]`` (``forest.Forest``), and ``tops`` is this prompt's
+    ``tops.row_tops`` of ``joint`` without ``risk`` (``tops.sparse_applies`` only)."""
+    G, C = cand.shape
+    V = joint.shape[2]
+    W_out = config.beam_width
+
+    def weigh(parent_ok, par_ok, is_cand, m, xs):
+        q_l, cand_l = xs[5], xs[6]
+        v_l, f_l, qi_l = xs[9:]
+        lt = layer_on_tops(v_l, f_l, parent_ok, q_l, qi_l, cand_l, par_ok, V, config)
+        p_beam, q_a, index = lt.p_beam, lt.q, lt.index
+        chain, emptied = residual_chain(p_beam, q_a, C)
+        chain = jnp.stack(chain)       # short rows: one array, read at once
+        alphas = rates_from_chain(chain[:C], q_a, emptied)
+        w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C, alphas)
+        res = _verify_with_replacement(xs[1], p_beam, q_a, lt.at, is_cand, w, chain, lt.q_x,
+                                       lt.found)
+        return p_beam, w, res, index
+
+    def extra_layer(parent_ok):
+        lp, e_index, _ = warp_layer(tops.values[G], tops.flat[G], parent_ok, config)
+        return jnp.exp(lp), e_index
+    return _verify_layers(rand, input_ok, q, cand, cand_ok, cand_finished, budget, config, V,
+                          weigh, lambda: jnp.zeros((G,), joint.dtype),
+                          lambda: (tops.values[:G], tops.flat[:G], q_index), extra_layer)
+
+
+def _verify_layers(rand: Randoms, input_ok, q, cand, cand_ok, cand_finished, budget, config,
+                   V: int, weigh, layer_joint, layer_tops, extra_layer) -> Verdict:
+    """The layer loop both verifications share (``lax.scan`` over the ``gamma`` layers, kept a
+    loop: unrolled it compiles far longer for little), then the extra layer. ``weigh`` gives a
+    layer's ``(p_beam, W_L, candidate result, index)``; ``layer_joint`` / ``layer_tops`` the
+    scan's per-layer inputs; ``extra_layer(parent_ok)`` the extra layer's ``(p_beam, index)``."""
+    G, C = cand.shape
+    P = input_ok.shape[0]
+    W_out, rep = config.beam_width, config.replacement
 
     def layer(carry, xs):
         parent_ok, go, depth, out_flat, out_valid, last_w = carry
@@ -386,27 +416,7 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
         par_ok = pick(parent_ok, cand_l // V)
         is_cand = ok_l & par_ok
         m = jnp.sum(is_cand).astype(jnp.int32)
-        chain = alphas = index = None
-        if sparse:   # on the parents' largest entries (module tops)
-            v_l, f_l, qi_l = xs[9:]
-            lt = layer_on_tops(v_l, f_l, parent_ok, q_l, qi_l, cand_l, par_ok, V, config)
-            p_beam, q_a, index = lt.p_beam, lt.q, lt.index
-            chain, emptied = residual_chain(p_beam, q_a, C)
-            chain = jnp.stack(chain)       # short rows: one array, read at once
-            alphas = rates_from_chain(chain[:C], q_a, emptied)
-            w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C,
-                            alphas)
-            res = _verify_with_replacement(u_acc, p_beam, q_a, lt.at, is_cand, w, chain,
-                                           lt.q_x, lt.found)
-        else:
-            p_beam = beam_distribution(joint_l, parent_ok, *warp)
-            q_a = restrict_draft(q_l, parent_ok)
-            if rep:   # one residual chain for the width and the rule
-                chain, emptied = residual_chain(p_beam, q_a, C)
-                alphas = rates_from_chain(chain[:C], q_a, emptied)
-            w = layer_width(p_beam, q_a, m, config.threshold, config.min_width, W_out, C,
-                            alphas)
-            res = verify_candidates(u_acc, p_beam, q_a, cand_l, is_cand, w, rep, chain)
+        p_beam, w, res, index = weigh(parent_ok, par_ok, is_cand, m, xs)
         verified = go & (l <= budget)
         passed = res.num_accepted >= w
         c_flat, c_valid = correct_layer(u_corr, g_corr, p_beam, res, cand_l, w, W_out, rep,
@@ -430,22 +440,16 @@ def verify_forest(rand: Randoms, joint: jax.Array, input_ok: jax.Array, q: jax.A
 
     init = (input_ok, budget >= 1, jnp.zeros((), jnp.int32), jnp.zeros((W_out,), jnp.int32),
             jnp.zeros((W_out,), bool), jnp.zeros((), jnp.int32))
-    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g,
-          joint[:G] if not sparse else jnp.zeros((G,), joint.dtype), q, cand, cand_ok,
-          cand_finished)
-    if sparse:
-        xs = xs + (tops.values[:G], tops.flat[:G], q_index)
+    xs = (jnp.arange(1, G + 1), rand.accept_u, rand.corr_u, rand.corr_g, layer_joint(), q, cand,
+          cand_ok, cand_finished)
+    xs = xs + layer_tops()
     (parent_ok, go, depth, flat, valid, last_w), (widths, verified, passed, m, n_acc) = \
         jax.lax.scan(layer, init, xs)
 
     # extra layer: every layer passed and a token is left for it.
     extra = go & (budget >= G + 1)
     w_extra = last_w if config.num_beams is None else jnp.int32(config.num_beams)
-    if sparse:
-        lp, e_index, _ = warp_layer(tops.values[G], tops.flat[G], parent_ok, config)
-        p_beam = jnp.exp(lp)
-    else:
-        p_beam, e_index = beam_distribution(joint[G], parent_ok, *warp), None
+    p_beam, e_index = extra_layer(parent_ok)
     e_flat, e_valid = draw_layer(rand.extra_u, rand.extra_g, p_beam, w_extra, W_out, rep,
                                  e_index)
     depth = jnp.where(extra, G + 1, depth)
