@@ -346,8 +346,8 @@ def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> 
     ``dtype`` (``row_head``: its vocabulary head is stored as ``[V, d]`` rows, e.g. tied):
     :func:`choice` of the form, except that 16-bit and int8 kernels and row heads never run
     under a candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products: Eigen has
-    no 16-bit product on XLA:CPU, and ran the int8 products 9-25x slower at 1-16 rows:
-    ``benchmarks/int8_products.py``)."""
+    no 16-bit product on XLA:CPU, and runs the int8 products far slower:
+    ``docs/results/precision.md``, *Eight-bit products*)."""
     name = choice(form)
     if (jnp.dtype(dtype).itemsize <= 2 or row_head) and name in EIGEN_PRODUCTS:
         return "default"

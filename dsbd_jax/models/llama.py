@@ -209,7 +209,7 @@ def attend(q, keys, values, mask, scale: float, cap=None):
     are float32. The keys are the products' first operand, and the weights are normalised after
     the values product (on ``[.., D]``, not ``[.., S]``). A pass's time outside its products is
     this function on XLA:CPU; the former forms (``jax.nn.softmax`` first; a 16-bit cache
-    converted to float32 and joined with the new tokens) took DSBD 1.04-1.05x this form's time
+    converted to float32 and joined with the new tokens) were slower for DSBD
     (``docs/performance.md``, *The products floor*). ``jax.nn.softmax`` up to roundings."""
     keys = keys if isinstance(keys, tuple) else (keys,)
     values = values if isinstance(values, tuple) else (values,)
