@@ -36,7 +36,8 @@ chroot "$ROOT" bash -c "
   cd /repo
   export PYTHONPATH=/repo:/repo/tests HOME=/root
   if [ \$# -gt 0 ]; then exec /opt/v/bin/python -m pytest -q -p no:cacheprovider -rfE \"\$@\"; fi
-  for g in tests/decoding tests/models tests/training tests/parallel tests/eval tests/test_*.py; do
+  for g in tests/decoding tests/models tests/host tests/loading tests/training tests/parallel tests/eval \
+    tests/test_*.py; do
     echo \"== \$g\"
     /opt/v/bin/python -m pytest -q -p no:cacheprovider --continue-on-collection-errors -rfE \$g || true
   done

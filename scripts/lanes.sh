@@ -8,7 +8,7 @@
 #
 # Environment: PY (default .venv/bin/python); DSBD_TEST_LANES: the lanes, separated by ";", each
 # a space-separated list of folders or files (default: the two lanes below); DSBD_TEST_LANE_NAMES:
-# their prefixes (default "A B ...").
+# their prefixes (default "A B ..."); DSBD_TEST_LANES_LIST=1: print the lanes and run nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -18,14 +18,23 @@ PY=${PY:-.venv/bin/python}
 # host (the AVX2-only AMD EPYC; scripts/test.sh's CI selection, measured with both lanes
 # running): tests/decoding 2,340, tests/models 1,500, tests/parallel 660, tests/eval 620,
 # tests/training 320, the notebook 160, the docs 150, the generate cache 135, every other
-# top-level file under 60. Lane A: the models, the parallel and eval folders and the notebook;
-# lane B: the decoders' folder, training and every other top-level file.
+# top-level file under 60. Lane A: the model's rooms (models, host, loading: the host's and the
+# loaders' tests were part of tests/models' seconds), the parallel and eval folders and the
+# notebook; lane B: the decoders' folder, training, every other top-level file and any test
+# folder not named here (so that a new folder runs before it is placed).
+LANE_A_DIRS="tests/models tests/host tests/loading tests/parallel tests/eval"
+LANE_B_DIRS="tests/decoding tests/training"
 LANE_A_FILES="tests/test_notebooks.py"
 LANE_B_FILES=""
 for f in tests/test_*.py; do
   case " $LANE_A_FILES " in *" $f "*) ;; *) LANE_B_FILES="$LANE_B_FILES $f";; esac
 done
-DEFAULT_LANES="tests/models tests/parallel tests/eval $LANE_A_FILES;tests/decoding tests/training$LANE_B_FILES"
+for d in tests/*/; do
+  d=${d%/}
+  case " $LANE_A_DIRS $LANE_B_DIRS " in *" $d "*) continue;; esac
+  if [ -n "$(find "$d" -name 'test_*.py' -print -quit)" ]; then LANE_B_DIRS="$LANE_B_DIRS $d"; fi
+done
+DEFAULT_LANES="$LANE_A_DIRS $LANE_A_FILES;$LANE_B_DIRS$LANE_B_FILES"
 IFS=';' read -r -a LANES <<<"${DSBD_TEST_LANES:-$DEFAULT_LANES}"
 EXTRA=("$@")
 # DSBD_TEST_LANE_NAMES: the lanes' prefixes, space-separated (default A B C ...)
@@ -64,6 +73,8 @@ LOGS=(); PIDS=()
 for i in "${!LANES[@]}"; do
   echo "== lane ${NAMES[$i]}: ${LANES[$i]}"
 done
+# DSBD_TEST_LANES_LIST=1: name the lanes and stop (what tests/test_test_script.py checks)
+if [ "${DSBD_TEST_LANES_LIST:-0}" = 1 ]; then exit 0; fi
 for i in "${!LANES[@]}"; do
   log=$(mktemp); LOGS+=("$log")
   # sed -u: line by line, so the two lanes' lines interleave whole

@@ -5,7 +5,7 @@ import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # no persistent compilation cache: a test's compile counts and timings must not depend on what
-# an earlier run left on disk (tests/test_compilation_cache.py turns it on in a subprocess)
+# an earlier run left on disk (tests/host/test_compilation_cache.py turns it on in a subprocess)
 os.environ.setdefault("DSBD_JAX_COMPILATION_CACHE", "0")
 
 import pytest  # noqa: E402

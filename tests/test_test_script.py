@@ -122,3 +122,43 @@ def test_the_summary_names_the_failed_tests_and_the_host(tmp_path):
     assert re.fullmatch(r"FAILED .*test_mixed\.py::test_fails( - .*)?", text[2]), text
     assert text[3] == "FAILED tests/x.py::test_new - assert 1 == 2", text
     assert text[-1] == "10 passed, 2 failed, 1 skipped", text
+
+
+def _listed_lanes(repo: Path) -> list[list[str]]:
+    """The default lanes of ``repo/scripts/lanes.sh`` (``DSBD_TEST_LANES_LIST=1``: nothing runs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSBD_TEST_LANE")}
+    env["DSBD_TEST_LANES_LIST"] = "1"
+    proc = subprocess.run(["bash", str(repo / "scripts" / "lanes.sh")], env=env, text=True,
+                          capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line.split(": ", 1)[1].split() for line in proc.stdout.splitlines()
+            if line.startswith("== lane ")]
+
+
+def test_the_default_lanes_run_every_test_folder_and_file_once():
+    """Every folder of ``tests/`` that holds tests (``tests/host``, ``tests/loading``, ...) and
+    every top-level test file is in exactly one lane: a folder left out would never run."""
+    lanes = _listed_lanes(REPO)
+    assert len(lanes) == 2, lanes
+    named = [p for lane in lanes for p in lane]
+    assert len(named) == len(set(named)), named
+    tests = REPO / "tests"
+    want = {f"tests/{d.name}" for d in tests.iterdir()
+            if d.is_dir() and any(d.rglob("test_*.py"))}
+    want |= {f"tests/{f.name}" for f in tests.glob("test_*.py")}
+    assert set(named) == want, (set(named) ^ want)
+    assert {"tests/host", "tests/loading", "tests/models"} <= set(lanes[0]), lanes
+
+
+def test_a_new_test_folder_joins_lane_b(tmp_path):
+    """A test folder the script does not name yet still runs: it is added to lane B."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "lanes.sh").write_text(LANES.read_text())
+    for folder in ("models", "decoding", "newroom", "data_only"):
+        (tmp_path / "tests" / folder).mkdir(parents=True)
+    for name in ("models/test_m.py", "decoding/test_d.py", "newroom/test_n.py",
+                 "test_top.py", "data_only/table.json"):
+        (tmp_path / "tests" / name).write_text("")
+    lanes = _listed_lanes(tmp_path)
+    assert "tests/newroom" in lanes[1] and "tests/newroom" not in lanes[0], lanes
+    assert "tests/data_only" not in lanes[0] + lanes[1], lanes

@@ -12,6 +12,41 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 PROGRESS_MODES = ("time", "tokens", "none")
 
+# the top-level help (``dsbd --help``): every subcommand with an example, how ``generate`` runs,
+# and how to start many processes
+DESCRIPTION = """Command line (the ``dsbd`` console script, or ``python -m dsbd_jax``):
+
+    dsbd demo                                    # DSBD vs beam sampling on the default offline pair
+    dsbd generate --prompt "..." [--method dsbd|beam|sample|spec|tree|beam_search] [settings]
+    dsbd bench configs/quick_cpu.yaml --out runs/quick_cpu
+    dsbd plot runs/quick_cpu/records.jsonl
+    dsbd summary runs/quick_cpu               # the summary of a run, finished or not
+    dsbd make-tiny-pair /tmp/dsbd_tiny           # tiny random models for configs/tiny.yaml (torch)
+    dsbd vocab build --model M --task gsm8k:40:  # token-frequency table for a truncated draft head
+    dsbd vocab show TABLE                        # its coverage at N = 16k/32k/64k
+    dsbd distill configs/distill_qwen_fkl.yaml   # distil the draft towards the target (resumable)
+    dsbd train-head configs/head_qwen.yaml       # train a feature-level draft head (resumable)
+    dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
+
+``generate`` runs its decoder once, showing the elapsed seconds (``--progress time``, the
+default: the decoder carries no host callback, so the compilation cache keeps it) or a bar per
+decoder iteration (``--progress tokens``: new tokens, iterations, target calls and, for DSBD,
+the accepted draft candidates per verified layer; no rate; compiled on every run), then prints
+the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
+checked on their own before any model file is read, then against the models' configs before any
+weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
+(:mod:`dsbd_jax.host.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
+Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
+
+Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
+started once per process with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
+``JAX_PROCESS_ID`` set (``dsbd_jax.parallel.distributed.initialize``); with ``--mesh`` each
+process decodes its share of the prompts, only process 0 prints results and writes files, and
+progress bars are off. On one machine, N processes of 4 virtual CPU devices each::
+
+    N=2; for i in $(seq 0 $((N-1))); do JAX_COORDINATOR_ADDRESS=127.0.0.1:12345 JAX_NUM_PROCESSES=$N JAX_PROCESS_ID=$i XLA_FLAGS=--xla_force_host_platform_device_count=4 dsbd generate --mesh data=4,model=2 --no-progress --prompt hi & done; wait
+"""
+
 
 class CLIError(Exception):
     pass
@@ -101,8 +136,7 @@ def _mesh(text):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import dsbd_jax.cli
-    parser = argparse.ArgumentParser(prog="dsbd", description=dsbd_jax.cli.__doc__,
+    parser = argparse.ArgumentParser(prog="dsbd", description=DESCRIPTION,
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     # every subcommand's --help shows each option's default (HelpFormatter)

@@ -1,19 +1,13 @@
 """Evaluation: the tasks, the benchmark harness (``dsbd bench CONFIG``), its statistics and plots.
 
-- ``tasks`` / ``datasets``: the evaluation tasks (loaders of examples, scorers of a completion)
-  and prompts from the offline evaluation sets.
-- the harness, one concern per module: ``plan`` (the config file, whose keys it documents, the
-  prompts and their batches: :func:`load_config`, :func:`make_config`, :func:`plan_batches`),
-  ``run`` (:func:`run_bench` and its measurement pieces such as :func:`kv_cache_bytes`),
-  ``records`` (the JSON lines: :func:`read_records`, :func:`resume_state`) and ``summary``
-  (:func:`summarize`, :func:`comparisons`, :func:`quality_differences`, :func:`format_summary`).
-- ``stats``: Wilson and bootstrap 95% intervals, paired differences between methods.
-- ``plot``: Pareto fronts (speed / energy vs quality) and accepted width vs speed, PNG + SVG
-  (``dsbd plot RESULTS``).
-- ``energy``: NVML / RAPL joule counters (or the reason there is none).
-- ``timing``: ``timed``, ``compile_and_run``, ``run_over_prompts``, ``machine_info``, ... (shared
-  by the scripts in ``benchmarks/`` and the CLI).
-- ``profile``: where a decoder's time goes, phase by phase, under the XLA:CPU profiler.
+- ``tasks`` / ``datasets``: the tasks (examples, scorers) and the offline prompts; ``vocab``:
+  token-frequency tables for truncated draft heads.
+- the harness: ``plan`` (the config file, the prompts' batches), ``run`` (:func:`run_bench`),
+  ``records`` (the JSON lines, resuming) and ``summary`` (rows, comparisons, paired differences).
+- ``stats``: Wilson and bootstrap 95% intervals; ``plot``: Pareto fronts, PNG + SVG.
+- ``energy``: NVML / RAPL joule counters; ``timing``: timers and ``machine_info`` (shared by
+  ``benchmarks/`` and the CLI).
+- ``profile``, ``lowered``, ``hlo``: where a decoder's time goes and what its programs hold.
 
 May import: ``dsbd_jax.models``, ``dsbd_jax.decoding`` and ``dsbd_jax.parallel``; never ``cli``.
 """

@@ -1,25 +1,12 @@
-"""What a decoder's program holds for a platform this machine may not have: a decoder lowered
-for ``"cuda"`` (or any platform jax lowers for) without a GPU, its operations counted per
-iteration of the decode loop.
+"""What a decoder's program holds for a platform this machine may not have.
 
-``lowered_text(decoder, params, prompt_ids, key, prompt_lengths, platform)`` lowers the call the
-public decoder would make (:meth:`dsbd_jax.decoding.methods.Decoder.core_call`, the same host
-checks) for ``platform``, as HLO text with each instruction's scope (``op_name``). ``params``
-may be abstract (:func:`abstract_params`: ``jax.ShapeDtypeStruct`` leaves), so the program of a
-model of any size is had without its weights. Nothing is compiled or run.
-
-:func:`static_counts` reads that text. The program is XLA's input, before its passes: its
-operations are not the kernels a GPU launches (XLA fuses many into one) but what XLA starts
-from, the same on every platform but for the platform's own lowerings (threefry random bits:
-a loop on the CPU, straight-line code on GPUs). Per iteration of the decode loop (the entry
-computation's ``while`` that holds the most operations), split into the phases of
-:mod:`dsbd_jax.eval.profile`: the operations (every instruction but parameters, constants,
-tuples and their elements, bitcasts and the containers ``while`` / ``call`` / ``conditional``),
-those whose result has a vocabulary-sized axis, and the loops inside the iteration with their
-trip counts where the program fixes them (a ``scan``'s condition compares its counter with a
-constant); an operation in an inner loop's body counts once per trip. Beside the executed
-counts of a CPU profile (:func:`dsbd_jax.eval.profile.executed_counts`), this says whether the
-program an accelerator would get has the same loops and the same proportions.
+:func:`lowered_text` lowers the call the public decoder would make for ``platform`` (``"cuda"``
+without a GPU, or any platform jax lowers for) as HLO text with each instruction's scope;
+``params`` may be abstract (:func:`abstract_params`), so a model of any size needs no weights.
+Nothing is compiled or run. :func:`static_counts` counts, per iteration of the decode loop and
+per phase of :mod:`dsbd_jax.eval.profile`, the operations of that program (XLA's input, before
+its passes: not the kernels a GPU launches), those with a vocabulary-sized axis, and the inner
+loops with their trip counts. What is counted and why: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

@@ -1,72 +1,15 @@
 """The benchmark harness's plan: the config file, its prompts and how they run in batches.
 
-The harness (``dsbd bench CONFIG``: methods x settings x prompts from one config file -> JSON lines
-+ summary) is four modules: this one (the config file, the prompts, :func:`plan_batches`,
-:func:`prompt_keys`), :mod:`.run` (:func:`.run.run_bench`), :mod:`.records` (the JSON lines and
-resuming) and :mod:`.summary` (rows, comparisons, paired differences).
+The harness (``dsbd bench CONFIG``) is four modules: this one (the config file, the prompts,
+:func:`plan_batches`, :func:`prompt_keys`), :mod:`.run` (:func:`.run.run_bench`), :mod:`.records`
+(the JSON lines and resuming) and :mod:`.summary` (rows, comparisons, paired differences). The
+config's keys (``configs/quick_cpu.yaml``) and what each record holds:
+``docs/results/design_notes.md``.
 
-    dsbd bench configs/quick_cpu.yaml --out runs/quick_cpu      # or python -m dsbd_jax bench
-    dsbd plot runs/quick_cpu/records.jsonl
-
-Config file (YAML; see ``configs/quick_cpu.yaml``)::
-
-    name: quick_cpu
-    models: models/qwen_offline.yaml     # or target: / draft: (preset, HF directory or .gguf)
-    dtype: float32
-    weights: float                       # the target's weights: float (default) or int8
-    draft_weights: int8                  # the draft model's: float (default) or int8
-    datasets:                            # tasks of dsbd_jax.eval.tasks, each with limit / path / ...
-      - {task: humaneval, limit: 20}
-      - {task: gsm8k, limit: 20}
-    max_new_tokens: 64
-    warping: {temperature: 1.0, top_k: 10, top_p: 0.8}
-    eos: true                            # stop at the target's EOS (false: always max_new_tokens)
-    seed: 0
-    warmup: 1                            # untimed runs per method and bucket (0: compile only)
-    batch_size: 4                        # prompts per call (default: 4 on CPU, 16 on GPU/TPU)
-    profile: false                       # true: phase profile of each method's first prompt per bucket
-    methods:                             # lists expand to their product (min_width > draft_width skipped)
-      - {method: beam, num_beams: [1, 2, 3]}
-      - {method: spec, gamma: 4}
-      - {method: dsbd, gamma: [2, 3], draft_width: 3, threshold: 0.9, min_width: 1}
-
-Prompts run in batches of ``batch_size`` (default :func:`default_batch_size`: 4 on CPU, 16 on
-GPU/TPU) prompts of one power-of-two length bucket, with the target's chat template; a short last
-batch of a bucket is filled up with copies of its last prompt (no records for those), so each
-method compiles once per bucket. The loop is batches outer, methods inner, so slow drifts of the
-machine hit every method alike and a run stopped part way has covered every method on the same
-problems. Each prompt has its own PRNG key (:func:`prompt_keys`), so its sample does not depend on
-its batch mates. Per (method, setting, prompt) one JSON line (``type: "sample"``) holds:
-its share of its batch's wall seconds (``seconds`` = ``batch_seconds`` / prompts in the batch;
-``block_until_ready``; compile and warm-up runs excluded, compile seconds reported apart on the
-line that paid them; with ``warmup: 0`` each method's program is compiled ahead of time for each
-bucket (``Decoder.compiled``) and nothing runs untimed, and a timed call that compiled anyway is run
-and timed again) and of the prompt passes timed alone (``prefill_s``), new tokens of the
-returned best beam, target and draft forward calls of the batch and ``row_target_calls`` (the
-target passes this prompt took part in), iterations, DSBD's average accepted width and layers per
-iteration, the best beam's unwarped target log-likelihood per token, the task metric
-(``score``), the completion text, the KV-cache bytes per prompt (and per batch), the process's
-peak device memory where JAX reports it (``memory_stats``; none on CPU, where peak RSS is
-recorded) and the joules of the call (:mod:`.energy`; ``null`` with the reason in the header
-line where no counter is readable).
-
-**Resuming.** Records are written batch by batch (flushed and synced). Started again with the
-same config and output folder, a run keeps what was written, skips the (method, prompt) pairs
-done, drops a last line cut off by a kill, and appends a ``type: "resume"`` line; a different
-config is refused, naming the keys that differ (:func:`.records.resume_state`; ``warmup`` may
-change, as it decides only how compiling is kept out of the timings). A progress bar shows
-done/total with an estimate of the time left. ``dsbd summary OUT`` summarises a run at any point.
-With ``profile: true``, the first line of each method and bucket also holds ``profile``: one extra
-untimed run of that prompt under the XLA:CPU profiler (:mod:`.profile`), with milliseconds per
-iteration of each phase and ``overhead_frac`` (the share of the loop's time outside the forward
-passes); the summary averages ``overhead_frac`` per method setting.
-
-The first line (``type: "run"``) records the machine, the resolved config, the energy and memory
-sources and the prompt buckets. In :mod:`.summary`, ``summarize`` turns the lines into one row
-per method and setting (task metrics with Wilson 95% intervals, log-likelihoods with bootstrap
-intervals, see :mod:`.stats`), ``comparisons`` into DSBD's speed-up over beam sampling at matched
-quality and single-beam DSBD against speculative sampling, and ``quality_differences`` into
-paired differences between DSBD and each baseline on the same problems.
+Invariant: prompts run in batches of one power-of-two length bucket (a short last batch filled
+with copies of its last prompt), batches outer and methods inner, so each method compiles once
+per bucket and every method covers the same problems; each prompt has its own PRNG key
+(:func:`prompt_keys`), so its sample does not depend on its batch mates.
 """
 
 from __future__ import annotations

@@ -1,47 +1,14 @@
 """Where a decoder's time goes: a profile of the real compiled decode loop, phase by phase.
 
-``profile_decoder(decoder, params, prompt_ids, key, prompt_lengths)`` compiles the decoder's
-jitted core once, runs it once untimed, then once under ``jax.profiler`` tracing. XLA:CPU records
-one event per executed thunk (a fusion, a dot, a copy, ...) with its HLO instruction name; the
-compiled program's metadata gives each instruction's ``op_name``, the path of ``jax.named_scope``
-scopes it was traced under. Each thunk's time goes to the innermost scope of :data:`PHASES`
-(``prefill`` wins over everything inside it):
-
-============== ====================================================================
-phase          scope in the library
-============== ====================================================================
-prefill        ``common.prefill`` (both models' prompt passes)
-target forward ``model.forward`` of the target (``forward_L{layers}_d{hidden}``)
-draft forward  ``model.forward`` of the draft
-warp           ``warping.warp_logits``
-log-softmax    ``jax.nn.log_softmax`` outside the warp (normalising model outputs)
-random         random numbers and draws (``verify.make_randoms``, ``beam.draw_beams``, ...)
-verify         verification rules (``verify.verify_forest``, ``speculative.verify_chain``, ...)
-width          ``width.layer_width`` (DSBD's dynamic width)
-cache          KV-cache commits and reorders (``cache.write*``, ``gather_rows``, ``commit_rows``)
-other          everything else: log-softmax, joints, masks, bookkeeping, loop control
-============== ====================================================================
-
-The two models' passes are told apart by their scope names, which hold the layer count and width:
-a draft of the target's exact shape is counted as ``target forward``.
-
-Thunks of ``while`` / ``conditional`` / ``call`` instructions contain other thunks and are not
-counted.
-
-Beside the times, what ran (:func:`executed_counts`; these counts do not depend on the host's
-load, so they can be taken beside other work): the executed thunks per phase; the ones whose
-result has a vocabulary-sized axis (sorts, top-k, softmax, cumulative sums over ``V``) per phase;
-and every ``while`` loop's executions and trips (a trip is one run of its body: the loop's
-condition runs once per trip and once more per execution, so its count less the executions
-counts them; where the condition left no events, the body's most frequent instruction does,
-although a few thunks, XLA:CPU's sort among them, leave two events a run), with the loop's
-phase (its instruction's scope).
-
-``overhead`` = decode time (the traced wall time minus prefill) minus the forward passes.
-XLA:CPU runs independent thunks on both cores at once, so thunk times add up to more than the
-wall time; ``overhead_frac`` is therefore the share of the decode loop's thunk time
-spent outside the forward passes. The traced wall time includes the tracer's own cost (a few
-microseconds per thunk): compare it with ``untraced_s``.
+:func:`profile_decoder` compiles the decoder's core once, runs it untimed, then once under
+``jax.profiler`` tracing; each executed thunk's time goes to the innermost scope of
+:data:`PHASES` its HLO instruction was traced under (``prefill`` wins over everything inside
+it; ``while`` / ``conditional`` / ``call`` thunks contain others and are not counted).
+:func:`executed_counts` gives what ran (thunks per phase, the vocabulary-sized ones, loop
+trips), counts that do not depend on the host's load. ``overhead_frac`` is the share of the
+decode loop's thunk time outside the forward passes (thunks run on both cores at once, so it is
+a share of thunk time, not of wall time). The phases and their scopes:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Confidence intervals for the benchmark's quality figures.
 
 * :func:`wilson_interval` -- a 0/1 task metric (pass@1, exact match): the Wilson score interval,
-  which keeps its coverage near 95% for small ``n`` and rates near 0 or 1, where the normal
-  ("Wald") interval collapses to a point.
+  which keeps its coverage near 95% for small ``n`` and rates near 0 or 1.
 * :func:`bootstrap_interval` -- the mean of a continuous figure (log-likelihood per token):
   percentile bootstrap over prompts.
 * :func:`paired_difference` -- two methods on the same prompts: the mean of the per-prompt
-  differences with a percentile bootstrap interval that resamples prompts, so the variation
-  between problems, which both methods share, cancels. This is the interval that says whether
-  one method beats another.
+  differences with a bootstrap interval that resamples prompts, so the variation between
+  problems, which both methods share, cancels: the interval that says whether one method wins.
 
 Every bootstrap uses its own fixed-seed generator, so a summary is reproducible to the digit.
 """

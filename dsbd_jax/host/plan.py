@@ -1,37 +1,15 @@
 """How this host runs a model: one answer for the dtype, the kernel form and the compiler options.
 
-Three per-host choices decide how fast a model runs on XLA:CPU, each measured once per host and
-shape and cached in one file under one key, the host's
-(``$DSBD_JAX_CACHE/host_plan.json``, default ``~/.cache/dsbd_jax``;
-:func:`dsbd_jax.host.cpu_options.cached_choice`):
-
-* **the dtype** (:func:`choose_dtype`): float32, or bfloat16 storage with float32 accumulation.
-  A bfloat16 model stores its weights and KV cache in 16 bits and runs every projection and the
-  head as a mixed-precision product (:func:`dsbd_jax.models.products.is_mixed`: the input cast
-  to 16 bits, float32 accumulation, a float32 result); the norms, RoPE, attention, softmax and
-  the logits stay float32, and so do warping, beam scores and verification. On hosts with fast
-  16-bit products (AMX-BF16; accelerators) a 2-16-row product then costs about what one row
-  does, at half the memory; AVX512-BF16's bfloat16 dot products are not flat in rows, but a
-  forest still runs faster than in float32; on hosts without either it can be slower than
-  float32. So ``"auto"`` starts from the host's flags (:func:`prior_dtype`: bfloat16 where the
-  CPU has AMX-BF16 or AVX512-BF16, else float32) and times both dtypes on the passes the
-  decoders run, at the model's shapes cut to a few blocks (:func:`measure_dtypes`: one new
-  token and a 12-node forest over a cache); the other dtype wins only when it is
-  ``DECISIVE`` faster over both passes together, a margin that run-to-run noise does not
-  cross, so the choice is the same on every run of a host. Off
-  the CPU (GPU, TPU) it is bfloat16; models whose MLP has
-  under :data:`dsbd_jax.host.forms.MIN_ELEMENTS` weights (the tests' tiny models) stay
-  float32 on the CPU. ``$DSBD_JAX_DTYPE``
-  (``auto``, ``float32``, ``bfloat16``) forces one.
-* **the kernel form** (:func:`dsbd_jax.host.forms.choose_form`): projection kernels as
-  ``[in, out]`` or as ``[out, in]`` rows, measured for the chosen dtype. A 16-bit model in the
-  transposed form also stores its vocabulary head as ``[V, d]`` rows
-  (:func:`dsbd_jax.models.kinds.transpose_head`).
-* **the compiler options** (:func:`dsbd_jax.host.cpu_options.choice`), per kernel form.
-
-:func:`plan` answers all three for a config (:class:`HostPlan`); :func:`dsbd_jax.loading.load.load_model`
-applies it (``dtype="auto"``, ``kernel_blocks="measured"``, the defaults), and ``dsbd host``
-prints it with the figures behind it.
+:func:`plan` answers three per-host choices for a config (:class:`HostPlan`), each measured once
+per host and shape and cached under the host's key in ``$DSBD_JAX_CACHE/host_plan.json``: the
+dtype (:func:`choose_dtype`: float32, or bfloat16 storage with float32 accumulation), the kernel
+form (:func:`dsbd_jax.host.forms.choose_form`) and the compiler options
+(:func:`dsbd_jax.host.cpu_options.choice`). ``dtype="auto"`` starts from the CPU's flags
+(:func:`prior_dtype`) and the other dtype wins only when it is ``DECISIVE`` faster, a margin
+run-to-run noise does not cross, so every run of a host chooses the same; off the CPU it is
+bfloat16, and tiny models stay float32. ``$DSBD_JAX_DTYPE`` forces one.
+:func:`dsbd_jax.loading.load.load_model` applies the plan and ``dsbd host`` prints it. More:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

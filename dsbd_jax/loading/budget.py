@@ -1,17 +1,13 @@
 """Accelerator memory budget of a model from its config: parameters + KV cache (+ one pass's
 logits), so one can check before loading whether a model fits a device.
 
-* parameters: every parameter of :func:`dsbd_jax.loading.checkpoint.param_shapes` times the
-  dtype's bytes;
-* KV cache: keys and values ``[L, rows, slots, K, D]`` in the model's dtype, for ``beams`` rows
-  of ``slots`` slots each (a decoder keeps one row per beam; ``slots`` = prompt + new tokens +
-  lookahead);
-* logits: one forward pass's ``[tokens, V]`` float32 logits (DSBD's target pass over its forest:
-  ``Wc + gamma * draft_width`` tokens per prompt).
-
-Run it as ``python -m dsbd_jax.loading.budget SOURCE_OR_CONFIG_JSON --dtype bfloat16 --beams 4
---slots 2048 --device-gb 16`` (see ``docs/models.md``). Compiled programs' workspace and the
-runtime's own reserve come on top; keep a margin.
+Parameters: every shape of :func:`dsbd_jax.loading.checkpoint.param_shapes` times the dtype's
+bytes; KV cache: keys and values ``[L, rows, slots, K, D]`` in the model's dtype for ``beams``
+rows of ``slots`` slots (prompt + new tokens + lookahead); logits: one pass's ``[tokens, V]``
+float32 (DSBD's target pass: ``Wc + gamma * draft_width`` tokens per prompt). Run it as
+``python -m dsbd_jax.loading.budget SOURCE_OR_CONFIG_JSON --dtype bfloat16 --beams 4 --slots
+2048 --device-gb 16`` (see ``docs/models.md``). Compiled programs' workspace and the runtime's
+own reserve come on top; keep a margin.
 """
 
 from __future__ import annotations

@@ -5,12 +5,11 @@
   config, and :func:`check_no_unexpected` for tensors a checkpoint has but the model ignores.
 * :func:`assemble_params`: the parameter pytree from any tensor getter in HF layout, one
   stacked tensor at a time (used by :mod:`dsbd_jax.loading.hf` and :mod:`dsbd_jax.loading.gguf`).
-* The preset cache's format: :func:`config_to_json` / :func:`config_from_json` and
+* The preset cache's format: :func:`config_to_json`, :func:`config_from_json`,
   :func:`load_saved_params`.
 
-Layout (see :func:`dsbd_jax.models.llama.init_params`): Dense kernels are ``[in, out]`` (the HF
-weight transposed) with a leading layer axis under ``params['layers']``; norms ``weight``; the
-embedding ``embed/embedding [V, d]``; ``lm_head/kernel [d, V]`` only for untied models.
+Layout (:func:`dsbd_jax.models.llama.init_params`): Dense kernels ``[in, out]`` (the HF weight
+transposed) with a leading layer axis under ``params['layers']``; ``lm_head`` only if untied.
 """
 
 from __future__ import annotations

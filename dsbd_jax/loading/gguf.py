@@ -1,17 +1,13 @@
 """Reading llama.cpp GGUF files: model config from the metadata, tensors in Hugging Face layout.
 
-Supported architectures: ``llama`` (Llama 2/3, SmolLM), ``qwen2`` and ``gemma3`` (text; the
-local/global layer pattern and the local RoPE base are what llama.cpp hard-codes, and the
-norm weights are stored plus one, which :meth:`GGUFSource.get` takes off). Any tensor type that
-``gguf.quants.dequantize`` handles (F32, F16, BF16, Q4_0 .. Q8_0, K-quants, ...) is read as
-float32. llama.cpp's converter stores the rows of the q and k projections of ``llama`` models
-permuted (interleaved RoPE pairs, see ``convert_hf_to_gguf.py: LlamaModel.permute``);
-:func:`unpermute_rows` undoes that so the weights match the HF (rotate-half) layout.
-``qwen2`` files are written without the permutation.
-
-:func:`load_gguf` builds a :class:`LoadedModel` from a file (through
-:func:`dsbd_jax.loading.checkpoint.assemble_params`); :func:`gguf_config` and
-:func:`tokenizer_from_gguf` read its config and tokenizer without the weights.
+Architectures ``llama`` (Llama 2/3, SmolLM), ``qwen2`` and ``gemma3`` (text; the local/global
+layer pattern and the local RoPE base are what llama.cpp hard-codes, and the norm weights are
+stored plus one, which :meth:`GGUFSource.get` takes off); any tensor type that
+``gguf.quants.dequantize`` handles is read as float32. llama.cpp's converter stores the rows of
+the q and k projections of ``llama`` models permuted (interleaved RoPE pairs);
+:func:`unpermute_rows` undoes that, so the weights match the HF (rotate-half) layout (``qwen2``
+files are written without it). :func:`load_gguf` builds a :class:`LoadedModel`;
+:func:`gguf_config` and :func:`tokenizer_from_gguf` read the config and tokenizer alone.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """Load real weights into the Flax model: Hugging Face checkpoints, GGUF files, named presets.
 
 ``load_model(source, dtype)`` returns a :class:`LoadedModel` (config, parameter pytree,
-tokenizer). ``source`` is one of
-
-* a local Hugging Face checkpoint directory (``config.json`` + ``model.safetensors`` or a
-  sharded ``model.safetensors.index.json``) of a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``
-  (see :mod:`dsbd_jax.loading.hf`);
-* a GGUF file (architectures ``llama`` and ``qwen2``, any quantisation ``gguf`` dequantises;
-  see :mod:`dsbd_jax.loading.gguf`);
-* a preset name from :func:`list_presets` (offline weights shipped as pip packages; see
-  :mod:`dsbd_jax.loading.presets`);
-* a Hugging Face hub id ``"org/name"`` (``revision=`` or ``"org/name@rev"``), resolved to a
-  local checkpoint directory by ``huggingface_hub`` (:mod:`dsbd_jax.loading.hub`: config,
-  tokenizer and safetensors only; ``HF_HOME``, ``HF_TOKEN``, ``HF_HUB_OFFLINE`` honoured).
-
-:func:`read_config` and :func:`load_tokenizer` give a source's config and tokenizer without
-its weights.
-
-Parameters are built one stacked tensor at a time (all layers of e.g. ``q_proj``), converted to
-``dtype`` and put on the device before the next is read, so the host holds at most one stacked
-float32 tensor besides the finished parameters (:func:`dsbd_jax.loading.checkpoint.assemble_params`,
-which also describes the layout).
-
-The modules below this one import in one direction only: ``checkpoint`` <- ``hf``, ``gguf`` <-
-``presets`` <- ``loading``.
+tokenizer); ``source`` is a local Hugging Face checkpoint directory (:mod:`dsbd_jax.loading.hf`),
+a GGUF file (:mod:`dsbd_jax.loading.gguf`), a preset of :func:`list_presets`
+(:mod:`dsbd_jax.loading.presets`) or a hub id ``"org/name"`` or ``"org/name@rev"``
+(:mod:`dsbd_jax.loading.hub`). :func:`read_config` and :func:`load_tokenizer` read a source's
+config and tokenizer without its weights. Invariant: parameters are built one stacked tensor at
+a time, converted and put on the device before the next is read, so the host holds at most one
+stacked float32 tensor besides the finished parameters. The modules below this one import in
+one direction only: ``checkpoint`` <- ``hf``, ``gguf`` <- ``presets`` <- ``load``.
 """
 
 from __future__ import annotations

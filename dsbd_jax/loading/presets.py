@@ -1,23 +1,13 @@
 """Named offline models: GGUF weights shipped as pip packages, joined, verified and cached.
 
-Each preset's GGUF is split into raw chunks, one per pip package (see ``docs/models.md``).
-Loading a preset never installs or imports those packages: it finds their files with
-``importlib.metadata``, concatenates the chunks in part order into
-``<cache>/<preset>/model.gguf``, checks size and sha256, dequantises it once and caches
-
-* the parameters in the dtype of the load: float32 in ``<cache>/<preset>/params-v1/`` (one
-  ``<param.path>.npy`` each + ``config.json``), a 16-bit model's in ``params-v1-bfloat16/``
-  (half the disk; built from the float32 cache when that exists, else from the GGUF), so a
-  bfloat16 host keeps only the 16-bit copy (:func:`params_dir_name`);
-* the tokenizer: ``<cache>/<preset>/tokenizer/`` (built from the GGUF once, then
-  ``save_pretrained``; at the latest when a host form is written); once a host form is
-  written, the joined GGUF goes (:func:`drop_joined_gguf`).
-
-The cache directory is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``. Building is guarded by a
-file lock and every result is published by an atomic rename, so concurrent processes are safe.
-
-``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps only the GGUF and the tokenizer
-and dequantises the GGUF on every load (``docs/models.md``); a built cache is still used.
+Loading a preset never installs or imports its packages: it finds their files with
+``importlib.metadata``, joins the chunks into ``<cache>/<preset>/model.gguf``, checks size and
+sha256, dequantises it once and caches the parameters in the load's dtype
+(:func:`params_dir_name`) and the tokenizer; once a host form is written the joined GGUF goes
+(:func:`drop_joined_gguf`). The cache is ``$DSBD_JAX_CACHE`` or ``~/.cache/dsbd_jax``.
+Invariant: building holds a file lock and every result is published by an atomic rename, so
+concurrent processes are safe. ``cache_params=False`` (or ``DSBD_JAX_CACHE_PARAMS=0``) keeps
+only the GGUF and the tokenizer. The cache's folders: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

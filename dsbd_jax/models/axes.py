@@ -1,22 +1,13 @@
 """Logical axis names, and the one function that states an array's layout: :func:`constrain`.
 
 Arrays made in this package name their axes (``CACHE = ("layers", "batch", "slots",
-"kv_heads", "head_dim")`` for a KV cache) and pass through ``constrain(x, names)`` where they are
-made. What that does is decided by the **caller's** context at trace time, the way Flax and
-maxtext do it, never by state of this package:
-
-- the mesh: ``with jax.set_mesh(mesh):`` (read back with ``jax.sharding.get_abstract_mesh()``);
-- the rules, logical name -> mesh axis: ``with flax.linen.logical_axis_rules((("batch",
-  "data"), ("kv_heads", "model"))):``.
-
-With both, ``constrain`` pins ``x`` to the partition the rules give, keeping an axis on its mesh
-axis only where the mesh axis divides it. Without a mesh or without rules it returns ``x``
-unchanged, so single-device programs are untouched. ``dsbd_jax.parallel.ShardedDecoder`` enters
-both contexts around its trace; nothing else needs to.
-
-The mesh is part of JAX's trace context, so a jitted decoder traced under a mesh is cached apart
-from its single-device trace. The rules are not: callers must derive them from the mesh and the
-input shapes only (as ``ShardedDecoder`` does), so that one trace never serves two layouts.
+"kv_heads", "head_dim")``) and pass through ``constrain(x, names)`` where they are made. What
+that does is decided by the caller's context at trace time (``jax.set_mesh`` and
+``flax.linen.logical_axis_rules``), never by state of this package: with both, ``x`` is pinned
+to the rules' partition where the mesh axis divides it; without, ``x`` is returned unchanged.
+Invariant: the rules are not part of JAX's trace context, so callers derive them from the mesh
+and the input shapes only (as ``ShardedDecoder`` does), and one trace never serves two layouts.
+More: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

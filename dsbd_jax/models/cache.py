@@ -1,17 +1,13 @@
 """Preallocated, fixed-shape KV cache and the operations the decoders need on it.
 
-A cache is a plain pytree (``KVCache``) with the **batch axis at position 1**:
-``k, v: [layers, batch, slots, kv_heads, head_dim]``. It does not record how many slots are
-filled; the decoders keep per-row lengths and build attention masks from them. The model never
-writes to it: ``forward`` returns the new tokens' keys/values and the functions below commit
-them (all shapes static, per-row offsets as arrays, so nothing recompiles).
-
-Layout: every cache these functions return states its axes, :data:`dsbd_jax.models.axes.CACHE`
-(``layers, batch, slots, kv_heads, head_dim``), through :func:`dsbd_jax.models.axes.constrain`.
-That is the identity unless the caller traces under a mesh and logical-axis rules (as
-:class:`dsbd_jax.parallel.ShardedDecoder` does: batch over ``data``, KV heads over ``model``
-where they divide); then the decode loop carries the caches in that layout, and ``gather_rows``
-reselects rows within each batch shard (no cache crosses devices).
+A cache is a plain pytree (``KVCache``) with the batch axis at position 1: ``k, v: [layers,
+batch, slots, kv_heads, head_dim]``. It does not record how many slots are filled (the decoders
+keep per-row lengths and build masks from them), and the model never writes to it: the
+functions below commit the new keys and values (static shapes, per-row offsets as arrays, so
+nothing recompiles). Every cache they return states its axes (:data:`dsbd_jax.models.axes.CACHE`)
+through :func:`dsbd_jax.models.axes.constrain`: the identity unless the caller traces under a
+mesh and logical-axis rules (as :class:`dsbd_jax.parallel.ShardedDecoder` does), and then
+``gather_rows`` reselects rows within each batch shard (no cache crosses devices).
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Fused projections: one kernel for q, k and v, one for gate and up.
 
-A block's attention runs three products on the same input (``q_proj``, ``k_proj``,
-``v_proj``) and its MLP two (``gate_proj``, ``up_proj``). Stored concatenated along their
-outputs, as ``attn/qkv_proj`` (``[d, (H + 2K) D]``, the bias likewise) and ``mlp/gate_up_proj``
-(``[d, 2F]``), they run as two products whose outputs are sliced apart
-(:class:`dsbd_jax.models.llama.Attention` and ``MLP`` take either tree): each output column is
-the same dot product of the same operands, so the model is the same one, and on a GPU a layer
-launches fewer kernels. ``load_model(fused_projections=...)`` stores them so (by default on an
-accelerator; ``docs/performance.md``, *Fused projections*).
-
-* :func:`fuse_projections` / :func:`fuse_projections_` (in place, one block at a time: a load's
-  peak is the model plus one block's kernels): separate -> fused, either layout (a stacked
-  layer axis is kept in front), plain ``[in, out]`` kernels and
-  :class:`~dsbd_jax.models.weights.Int8` ones (codes and per-output scales concatenated: the
-  same codes as quantising the fused kernel). Transposed row blocks have no fused form: load
-  plain kernels (``kernel_blocks=None``) to fuse.
-* :func:`unfuse_projections`: fused -> separate (sharding rules, LoRA targets and exports name
-  the separate projections).
-* :func:`is_fused`: whether a tree holds fused kernels.
+Stored concatenated along their outputs, as ``attn/qkv_proj`` (``[d, (H + 2K) D]``, the bias
+likewise) and ``mlp/gate_up_proj`` (``[d, 2F]``), they run as two products whose outputs are
+sliced apart. Invariant: each output column is the same dot product of the same operands, so the
+model is the same one (on a GPU a layer launches fewer kernels). :func:`fuse_projections` and
+:func:`fuse_projections_` (in place, one block at a time) fuse either layout, plain and
+:class:`~dsbd_jax.models.weights.Int8` kernels; transposed row blocks have no fused form.
+:func:`unfuse_projections` goes back (sharding rules, LoRA and exports name the separate
+projections); :func:`is_fused` tells which a tree holds. ``load_model(fused_projections=...)``
+stores them so (by default on an accelerator; ``docs/performance.md``, *Fused projections*).
 """
 
 from __future__ import annotations

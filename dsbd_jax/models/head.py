@@ -1,34 +1,14 @@
 """Feature-level draft heads: a draft that reads the target's own hidden states (EAGLE-style).
 
 A head is one decoder block of the target's family. To propose the token after ``x_j`` it reads
-``x_j``'s embedding (the target's own embedding table) and a *feature* ``f_{j-1}``: the hidden
-state the target computed at the position before, which is what the target's vocabulary head
-reads to predict ``x_j``. The block's output, normed, is the head's guess of ``f_j``; the
-target's vocabulary head (or a truncated head of ``N`` rows, :mod:`dsbd_jax.models.vocab`) turns
-it into logits, and the guess is the feature of the next draft step. So a chain or a forest of
-drafts costs one small block per layer plus the vocabulary rows the head keeps::
-
-    f_{j-1} [F] --fuse (F > d only)--> [d] --+
-                                             +-- concat [2d] -- fc --> [d] -- block -- norm --> f_j
-    x_j --- target's embedding ----------> [d] --+                                    |
-                                                                       vocabulary head (target's or truncated)
-                                                                                     v
-                                                                          logits of x_{j+1}
-
-Features: ``feature_layers = ()`` (the default) reads the target's final-normed hidden state;
-a tuple of layer indices reads the residual streams after those layers, concatenated
-(``F = len(layers) * d``, EAGLE-3's fusion of low, middle and high layers), mapped to ``d`` by
-the head's ``fuse`` projection. The target returns them from the pass it runs anyway
-(:func:`dsbd_jax.models.llama.forward`'s ``feature_layers``), so roots cost no extra pass.
-
-The head's parameters are a plain pytree that holds only its own weights (``fc``, ``fuse`` when
-fused, ``layers_0``, ``final_norm``, optionally ``vocab_head``); the embedding and the full
-vocabulary head are read from the target's parameters at call time (shared, never copied). Its
-KV cache has one layer: ``KVCache [1, B, S, K, D]``.
-
-Exactness does not depend on the head: the decoders verify every drafted token against the
-draft distribution the head reported, so the output keeps the target's distribution (beam
-sampling's, for DSBD) whatever the head's weights (``tests/decoding/test_head_exact.py``).
+``x_j``'s embedding and the target's feature ``f_{j-1}`` (its final-normed hidden state or, with
+``feature_layers``, the residual streams of chosen layers fused to ``d``); its normed output is
+its guess of ``f_j``, turned into logits by the target's vocabulary head (or a truncated one)
+and read as the feature of the next draft step. Its parameters hold only its own weights (the
+embedding and the vocabulary head are the target's, read at call time); its KV cache has one
+layer. Invariant: exactness does not depend on the head, since every drafted token is verified
+against the distribution the head reported (``tests/decoding/test_head_exact.py``). The data
+flow, drawn: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

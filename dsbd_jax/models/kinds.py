@@ -1,33 +1,14 @@
 """The kinds of projection kernel a model's parameter tree may hold, and the conversions between them.
 
-A projection ``y = x @ W`` with ``W [in, out]`` (Flax's layout, what every loader makes) can be
-stored in several kinds; each is a kind of kernel leaf (:mod:`dsbd_jax.models.weights`), and the
-model's projections call :func:`dsbd_jax.models.weights.product`, so a parameter tree may mix
-them; a stacked tree (``params["layers"]``) carries the layer axis in front of any.
-
-* **Plain**: the ``[in, out]`` array.
-* **Transposed**: :func:`transpose_params` stores a projection's kernel as its ``[out, in]``
-  rows, cut into blocks ``[out / n, n, in]`` (:func:`transposed_widths`), a
-  :class:`~dsbd_jax.models.weights.RowBlocks`; :func:`dsbd_jax.models.products.project_t` runs
-  one row as a matrix-vector product over contiguous rows and more rows as one batched product
-  per block. :func:`transpose_head` stores a 16-bit vocabulary head as its rows
-  (:class:`~dsbd_jax.models.weights.Rows`).
-* **Eight-bit** (:data:`INT8`): :func:`int8_params` stores every projection and the vocabulary
-  head as :class:`~dsbd_jax.models.weights.Int8` codes with a float32 scale per output.
-
-:func:`unblock_params` converts every typed kernel back to ``[in, out]``; code that needs plain
-kernels (distillation, export to Hugging Face files, sharding over a mesh) calls it first, and
-``ShardedDecoder.place`` and ``distill`` do it themselves.
-
-Which kind a host runs fastest is not the model's business: :mod:`dsbd_jax.host.forms` measures
-that, and :func:`dsbd_jax.load_model` applies its choice. A new kind of kernel goes here (its leaf
-type in :mod:`dsbd_jax.models.weights`, its product in :mod:`dsbd_jax.models.products`), its
-per-host choice in :mod:`dsbd_jax.host`, and its loading option in :mod:`dsbd_jax.loading`.
-
-Blocked kernels (``[out / n, in, n]`` column blocks, one batched product over the blocks) were
-removed after 0.2.0: measured side by side they made sampling slower in both dtypes and beam
-sampling slower in bfloat16, gaining a few percent only in float32 beam sampling
-(``results/kernel_blocks_*_epyc.json``; ``docs/results/cpu.md``).
+Each kind is a kernel leaf (:mod:`dsbd_jax.models.weights`) and the model's projections call
+:func:`dsbd_jax.models.weights.product`, so a tree may mix them: plain ``[in, out]`` arrays;
+transposed ``[out / n, n, in]`` row blocks (:func:`transpose_params`) and a 16-bit vocabulary
+head as rows (:func:`transpose_head`); eight-bit codes with a float32 scale per output
+(:func:`int8_params`). :func:`unblock_params` converts every typed kernel back to ``[in, out]``
+(distillation, export and sharding call it first). Which kind a host runs fastest is
+:mod:`dsbd_jax.host.forms`'s business, not the model's. A new kind goes here, its leaf type in
+:mod:`dsbd_jax.models.weights`, its product in :mod:`dsbd_jax.models.products`. Why 0.2.0's
+blocked column kernels were removed: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """Flax implementation of the Llama family (Llama 2/3, Qwen2/3, SmolLM, Mistral, Gemma 2/3).
 
-The families are switches of :class:`ModelConfig` on this one model (see its docstring).
-
-The forward pass takes, besides token ids, **explicit positions** and an **explicit boolean
-attention mask over [cached keys ; new keys]**, and a fixed-shape KV cache that it only reads.
-It returns the keys/values of the new tokens instead of writing them, so the caller decides what
-to commit (a prefill writes all of them, a speculative verifier copies only the accepted path).
-With this one entry point the decoders run prefill, one-token decode and a whole draft
-tree/forest of tokens in one call.
-
-Shapes (B = batch rows, T = new tokens, S = cached slots, L = layers, K = kv heads, D = head dim):
-  tokens    [B, T] int32
-  positions [B, T] int32           RoPE position of each new token
-  mask      [B, T, S + T] bool     True = query t may attend to that key
-  cache     KVCache(k, v)          each [L, B, S, K, D] (keys stored after RoPE)
-  returns   logits [B, T, V] float32 and KVCache of the new tokens, each [L, B, T, K, D]
-
-Two weight layouts (:data:`LAYOUTS`), told apart by the parameter tree itself:
-
-* ``"stacked"``: the transformer blocks' weights share a leading layer axis under
-  ``params["layers"]`` and run with ``nn.scan``; compile time does not grow with depth. The
-  default on TPU (not measured there).
-* ``"per_layer"``: block ``i`` has its own arrays under ``params["layers_{i}"]`` and the layer loop
-  is unrolled. A stacked layer's weight slice is copied before its matmul, on XLA:CPU and on
-  a GPU alike (``benchmarks/forward.py`` and ``benchmarks/accelerator.py`` measure both
-  layouts), so this is the default on CPU and GPU.
-
-:func:`default_layout` picks by backend; :func:`convert_layout` converts a tree between them
-(the logits are the same, see ``tests/models/test_model_parity.py``).
+The families are switches of :class:`ModelConfig` on this one model. :func:`forward` takes token
+ids ``[B, T]``, explicit positions ``[B, T]``, an explicit boolean mask over [cached keys ; new
+keys] ``[B, T, S + T]`` and a fixed-shape KV cache ``[L, B, S, K, D]`` that it only reads; it
+returns the logits ``[B, T, V]`` (float32) and the new tokens' keys and values, so the caller
+decides what to commit. With this one entry point the decoders run prefill, one-token decode and
+a whole draft forest in one call. Two weight layouts (:data:`LAYOUTS`): ``"stacked"`` (a leading
+layer axis, run with ``nn.scan``) and ``"per_layer"`` (unrolled; the default on CPU and GPU);
+:func:`default_layout` picks by backend and :func:`convert_layout` converts exactly (the same
+logits, ``tests/models/test_model_parity.py``). Shapes and layouts in full:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations
@@ -227,7 +209,7 @@ def attend(q, keys, values, mask, scale: float, cap=None):
     are float32. The keys are the products' first operand, and the weights are normalised after
     the values product (on ``[.., D]``, not ``[.., S]``). A pass's time outside its products is
     this function on XLA:CPU; the former forms (``jax.nn.softmax`` first; a 16-bit cache
-    converted to float32 and joined with the new tokens) took DSBD 1.04-1.05x this form's time
+    converted to float32 and joined with the new tokens) were slower for DSBD
     (``docs/performance.md``, *The products floor*). ``jax.nn.softmax`` up to roundings."""
     keys = keys if isinstance(keys, tuple) else (keys,)
     values = values if isinstance(values, tuple) else (values,)

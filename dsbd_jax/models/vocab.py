@@ -1,39 +1,14 @@
 """Vocabulary-truncated draft heads (FR-Spec, Zhao et al. 2025) and token-frequency tables.
 
-A truncated draft proposes only from ``N`` chosen tokens (the most frequent ones of a corpus or
-of the models' own generations). :func:`truncate_head` gathers the draft's vocabulary projection
-**once** to those rows and stores them in the parameter tree as one extra entry::
-
-    params["vocab_head"] = {"rows": int32 [N],             # token ids, ascending, unique
-                            "kernel": [d, N]}               # untied head: lm_head columns
-                     (or) {"rows": int32 [N],                # (or the kernel kind the head had,
-                           "kernel": Rows([N, d])}          #  e.g. [N, d] rows: models.weights)
-                     (or) {"rows": int32 [N],
-                           "embedding": [N, d]}             # tied head: embedding rows
-
-(the untied ``lm_head`` is dropped: its ``V - N`` other columns are never read again; a tied
-model keeps its full embedding, the inputs still need every token). :func:`dsbd_jax.models.llama.forward`
-then multiplies by the ``N`` rows only and returns the logits scattered back to ``[.., V]`` with
-``-inf`` elsewhere, so every decoder's draft distribution ``q`` is zero outside the subset and
-nothing else changes: verification against the untouched target is the same, the output
-distribution is the target's (tokens outside the subset still come out through the residual
-``max(p - q, 0)``). With ``N = V`` (rows ``0 .. V-1``) the logits are bit-identical to the
-untruncated model's.
-
-**Prompt rows** (``truncate_head(..., prompt_rows=True)``): targets copy identifiers from the
-prompt, and a corpus table cannot hold every user's identifiers (a truncated head loses its
-acceptance mostly where the target copies a prompt token outside the rows:
-``docs/results/draft.md``). With prompt rows the head also keeps the full matrix
-(``"full_kernel" [d, V]``, the dropped ``lm_head`` kernel, or ``"full_embedding"`` for a tied
-head: the embedding itself), and every drafted decoder calls :func:`with_prompt_rows` at the
-start of its program: the head's rows become the ``N`` rows plus every token of the batch's
-prompts (``N + B * P`` rows, a fixed shape per prompt bucket). A prompt token already among the
-rows appears twice with the same column; the scatter keeps one. Exact like any draft: ``q`` is
-whatever the draft computes, and verification uses that same ``q``.
-
-Frequency tables are ``.npz`` files with ``counts`` (int64 ``[V]``) and ``meta`` (a JSON string:
-what was counted); :func:`top_rows` picks the ``N`` most frequent ids (ties: the lower id),
-always including ``keep`` (e.g. the EOS ids).
+:func:`truncate_head` gathers the draft's vocabulary projection once to ``N`` chosen rows
+(``params["vocab_head"]``: ``rows`` int32 ``[N]``, ascending, and the kernel or embedding rows);
+the forward pass multiplies by those rows only and scatters the logits back to ``[.., V]`` with
+``-inf`` elsewhere. Invariant: the draft's ``q`` is zero outside the rows and nothing else
+changes, so the output distribution stays the target's; with ``N = V`` the logits are
+bit-identical to the untruncated model's. Prompt rows (:func:`with_prompt_rows`) add every token
+of the batch's prompts at the start of each drafted program. Frequency tables are ``.npz`` files
+(``counts`` int64 ``[V]``, ``meta``); :func:`top_rows` picks the ``N`` most frequent ids. The
+parameter entries in full: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

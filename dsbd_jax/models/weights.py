@@ -1,35 +1,15 @@
 """Typed projection weights: a kernel leaf that says its own form.
 
-A projection kernel in a parameter tree is either a plain ``jax.Array`` ``[..., in, out]``
-(Flax's ``nn.Dense`` layout, what every loader makes) or a :class:`Kernel`: a small registered
-pytree whose class is its form (``[out, in]`` rows, row blocks, or any kind a user adds) and
-whose arrays are its children. Code that multiplies, checks, truncates, shards or exports a
-kernel asks the leaf, through the functions below, never a dict key or an array's rank:
-
-* :func:`product` ``(x, kernel)``: ``x [..., in]`` times the kernel, ``[..., out]`` (the one
-  product rule per kind: :meth:`Kernel.product`); a 16-bit kernel runs in mixed precision
-  (float32 accumulation and result, :func:`dsbd_jax.models.products.is_mixed`);
-* :func:`plain` ``(kernel)``: the ``[..., in, out]`` array (sharding, export, distillation);
-* :func:`shape_of` ``(kernel)``: the plain shape (the parameter checks);
-* :func:`take_outputs` ``(kernel, idx)``: the kernel of the outputs ``idx`` only, in the same
-  form where the kind keeps it (a truncated vocabulary head).
-
-Leading axes in front of a kind's own array (a stacked layer axis) pass through every function;
-``lax.scan`` over a stacked tree slices them like any other leaf.
-
-Adding a kind is one subclass: name its array fields in ``fields`` and give its
-:meth:`~Kernel.product` and :meth:`~Kernel.plain`; :meth:`~Kernel.__init_subclass__` registers
-it as a pytree and by name (:func:`kind`), and no other module changes
-(``tests/models/test_weights.py`` adds a kind that way). The built-in kinds:
-
-* a plain array ``[in, out]``: what the loaders and ``init_params`` make;
-* :class:`Rows` ``[out, in]``: a 16-bit vocabulary head
-  (:func:`dsbd_jax.models.kinds.transpose_head`);
-* :class:`RowBlocks` ``[out / n, n, in]``: transposed kernels
-  (:func:`dsbd_jax.models.kinds.transpose_params`);
-* :class:`Int8` ``codes [out, in]`` and ``scales [out]``: eight-bit weights, multiplied by XLA's
-  integer product (:func:`dsbd_jax.models.kinds.int8_params`; ``load_model(...,
-  weights="int8")``).
+A projection kernel is a plain ``jax.Array`` ``[..., in, out]`` (Flax's ``nn.Dense`` layout) or
+a :class:`Kernel`: a small registered pytree whose class is its form (:class:`Rows`,
+:class:`RowBlocks`, :class:`Int8`, or a kind a user adds). Code that multiplies, checks,
+truncates, shards or exports a kernel asks the leaf, through :func:`product`, :func:`plain`,
+:func:`shape_of` and :func:`take_outputs`, never a dict key or an array's rank; leading axes (a
+stacked layer axis) pass through each. A 16-bit kernel runs in mixed precision (float32
+accumulation and result). Adding a kind is one subclass naming its ``fields`` and giving
+:meth:`~Kernel.product` and :meth:`~Kernel.plain`; it registers itself, and no other module
+changes (``tests/models/test_weights.py`` adds one). Each built-in kind:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

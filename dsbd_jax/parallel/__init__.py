@@ -1,19 +1,15 @@
 """Parallel: every decoder sharded over a ``(data, model)`` device mesh.
 
 - ``mesh``: building and naming the mesh (``make_mesh``, ``parse_mesh``, ``mesh_label``).
-- ``rules``: which mesh axis each logical axis of the parameters, caches and inputs lives on,
-  for a given model config (indivisible dimensions replicated, or KV heads repeated).
-- ``decoder``: :class:`ShardedDecoder`, a decoder jitted with those shardings. It states the
-  cache layout by tracing under the mesh and the logical-axis rules (``flax.linen.
-  logical_axis_rules``), which ``dsbd_jax.models.axes`` resolves where the caches are made; no
-  module of the package holds a switch. Under many processes (JAX's multi-controller runtime)
-  each process passes its own prompts and gets its own rows back.
-- ``distributed``: joining the processes (``initialize``: environment variables, gloo, short
-  fault timeouts) and the small host-side exchange ``ShardedDecoder`` uses.
+- ``rules``: the mesh axis of each logical axis of the parameters, caches and inputs, per model
+  config (indivisible dimensions replicated, or KV heads repeated).
+- ``decoder``: :class:`ShardedDecoder`, a decoder jitted with those shardings, traced under the
+  mesh and the logical-axis rules (no module of the package holds a switch).
+- ``distributed``: joining the processes, and the small host-side exchange of ``ShardedDecoder``.
 
 May import: ``dsbd_jax.models`` and ``dsbd_jax.decoding``; never ``eval`` or ``cli``. The HLO
-reading that tests and benchmarks use (collectives in the decode loop) is
-``dsbd_jax.eval.hlo``, not part of this runtime API.
+reading that tests and benchmarks use (collectives in the decode loop) is ``dsbd_jax.eval.hlo``,
+not part of this runtime API.
 """
 
 from dsbd_jax.parallel.decoder import UNEVEN_BATCH, ShardedDecoder, sharded

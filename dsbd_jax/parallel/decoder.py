@@ -1,19 +1,14 @@
 """Sharded decoding over a device mesh (``jax.sharding``): data parallel over prompts, tensor
 parallel over the model, for every decoder (DSBD included).
 
-    mesh = make_mesh(data=2, model=4)                   # 8 devices: 2 prompt shards x 4 model shards
-    dec = ShardedDecoder(dsbd_generate, config, mesh)
+    dec = ShardedDecoder(dsbd_generate, config, make_mesh(data=2, model=4))   # 8 devices
     params = dec.place({"target": target.params, "draft": draft.params})   # device_put, once
     out = dec(params, prompt_ids, key, prompt_lengths=lengths)             # same tokens as 1 device
 
-Parameters are placed by the rules of ``dsbd_jax.parallel.rules``; prompts, lengths and keys are
-split over ``data``; the decode loop's state follows by XLA's sharding propagation, and the KV
-caches by the layout they state where they are made (``dsbd_jax.models.axes``), resolved by the
-mesh and logical-axis rules this class enters around its own trace only.
-
-Many processes (JAX's multi-controller runtime, ``parallel.distributed``): each process passes
-its own prompts and gets its own rows back as numpy (``gather="all"``: every row); the global
-batch is every process's rows in process order, decoded exactly as one process would decode it.
+Parameters are placed by :mod:`dsbd_jax.parallel.rules`, prompts split over ``data``, and the
+KV caches take the layout they state where they are made, resolved under the mesh and rules
+this class enters around its own trace only. Under many processes each passes its own prompts
+and gets its own rows back; the global batch decodes exactly as one process would decode it.
 """
 
 from __future__ import annotations

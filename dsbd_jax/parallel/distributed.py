@@ -1,19 +1,14 @@
 """Many processes: JAX's multi-controller runtime (``jax.distributed``), one process per host (or
 several on one machine), one global mesh, every process running the same program.
 
-    # on every process, before anything else touches JAX:
-    from dsbd_jax.parallel import distributed
-    distributed.initialize()   # reads JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
-
-:func:`initialize` wraps ``jax.distributed.initialize`` with short fault timeouts (a process that
-dies is noticed by the others within about ``heartbeat_timeout_seconds``, see
-:data:`HEARTBEAT_TIMEOUT_S`) and, on CPU, the gloo cross-process collectives. Measured on one
-machine: a collective in flight fails at once with :class:`PeerFailure` when the dead process's
-sockets close, and the coordination service ends the survivor 7-10 s after the kill. The rest of
-this module is the small host-side exchange :class:`~dsbd_jax.parallel.ShardedDecoder` uses to turn
-each process's own prompts into one global batch: a check that every process agrees on the
-settings, and an allgather of kilobytes of prompt ids / lengths / keys (the model and caches are
-never exchanged this way).
+Call :func:`initialize` on every process before anything else touches JAX (it reads
+``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``): it wraps
+``jax.distributed.initialize`` with short fault timeouts (:data:`HEARTBEAT_TIMEOUT_S`) and, on
+CPU, gloo collectives; a collective in flight when a peer dies fails with :class:`PeerFailure`.
+The rest is the small host-side exchange :class:`~dsbd_jax.parallel.ShardedDecoder` uses: a
+check that every process agrees on the settings and an allgather of prompt ids, lengths and keys
+(kilobytes; the model and caches are never exchanged this way). How fast a failure is noticed:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

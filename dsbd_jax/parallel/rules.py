@@ -1,61 +1,13 @@
-"""Sharding rules (logical axis -> mesh axis), decided per model config, for both weight layouts
-(``"layers"`` with a leading layer axis, or ``"layers_0" .. "layers_{L-1}"`` without):
+"""Sharding rules (logical axis -> mesh axis), decided per model config, for both weight layouts.
 
-==============================  ==============================  ===============================
-parameter (path suffix)         logical axes                    mesh axes
-==============================  ==============================  ===============================
-embed/embedding [V, d]          (vocab, embed)                  (model, -)
-lm_head/kernel [d, V]           (embed, vocab)                  (-, model)
-vocab_head/rows [N]             (head_rows)                     (-)
-vocab_head/kernel [d, N]        (embed, head_rows)              (-, -)
-vocab_head/embedding [N, d]     (head_rows, embed)              (-, -)
-attn/q_proj/kernel [d, H*D]     (embed, q_heads)                (-, model)
-attn/{k,v}_proj/kernel [d, K*D] (embed, kv_heads)               (-, model)
-attn/*_proj/bias                (q_heads) / (kv_heads)          (model)
-attn/o_proj/kernel [H*D, d]     (q_heads, embed)                (model, -)
-mlp/{gate,up}_proj/kernel       (embed, mlp)                    (-, model)
-mlp/down_proj/kernel [F, d]     (mlp, embed)                    (model, -)
-*norm/weight [d] or [D]         (norm)                          (-)
-KV cache [L, B, S, K, D]        (layers, batch, slots, kv, hd)  (-, data, -, model, -)
-prompts [B, P], lengths, keys   (batch, ...)                    (data, ...)
-==============================  ==============================  ===============================
-
-Stacked leaves (under ``"layers"``) get a replicated leading layer axis. Weights are replicated
-over ``data`` (no FSDP): every data shard holds one model-sharded copy. The draft model follows
-the same rules with its own head counts. A truncated draft head (``vocab_head``,
-:mod:`dsbd_jax.models.vocab`) is replicated: its ``N`` rows are a fraction of the vocabulary and
-the scatter back to ``V`` then needs no communication.
-
-Heads: query head ``h`` uses KV head ``h // (H / K)`` (grouped-query attention), so the model axis
-splits attention by **KV-head groups**: with ``m`` model shards, shard ``i`` holds KV heads
-``i*K/m .. (i+1)*K/m - 1`` and exactly the query heads that use them (a contiguous block of
-``q_proj``'s output columns, as HF orders them). Attention then runs locally and only
-``o_proj``'s partial sums are all-reduced (Megatron-style); the MLP likewise (``gate/up``
-column-split, ``down`` row-split, one all-reduce).
-
-Indivisible dimensions:
-
-- ``m`` does not divide ``K`` (e.g. 2 KV heads, model axis 4): :class:`ShardedDecoder` repeats
-  every KV head ``r = lcm(K, m) / K`` times (:func:`expand_kv_heads`: ``k_proj``/``v_proj``
-  columns, and so the KV cache, hold ``K*r`` heads, ``K*r/m`` per shard), provided ``K*r``
-  divides ``H``. Query head ``h`` then uses a copy of its own KV head, so the model computes the
-  same function (vLLM and Megatron do the same). This costs ``r`` times the K/V projection
-  weights in total but no more KV cache per device than replicating, and every shard attends
-  locally. Without it XLA's propagation keeps the cache split over part of the model axis and
-  all-gathers it every step (we measured that; the tests guard against it).
-- Otherwise (``K*r`` does not divide ``H``; ``V`` or ``F`` not divisible by ``m``) that logical
-  axis is **replicated** over the model axis and the reason is recorded in
-  ``ShardingRules.notes`` and logged at INFO. ``strict=True`` raises a ``ValueError`` naming the
-  dimension instead.
-- A prompt batch that does not divide the data axis is padded by :class:`ShardedDecoder` with
-  copies of its last prompt (``uneven_batch="pad"``), or run replicated over the data axis
-  (``"replicate"``), or refused (``"error"``); see :class:`ShardedDecoder`.
-
-KV caches ``[L, B, S, K, D]`` name their axes where they are made (``dsbd_jax.models.axes.CACHE``);
-:meth:`ShardingRules.logical_rules` maps those names to mesh axes (``batch`` -> ``data`` when the
-prompt batch is split, ``kv_heads`` -> ``model``), and :class:`dsbd_jax.parallel.ShardedDecoder`
-traces under them, so the decode loop carries the caches as ``P(None, data, None, model, None)``
-(each axis where it divides).
+The model axis splits attention by KV-head groups: with ``m`` model shards, shard ``i`` holds KV
+heads ``i*K/m .. (i+1)*K/m - 1`` and exactly the query heads that use them, so attention runs
+locally and only ``o_proj``'s (and the MLP's ``down_proj``'s) partial sums are all-reduced.
+Weights are replicated over ``data``; a truncated draft head is replicated. Where ``m`` does not
+divide ``K``, :func:`expand_kv_heads` repeats each KV head (the same function); any other
+indivisible axis is replicated, the reason in ``ShardingRules.notes`` (``strict=True`` raises
+instead). KV caches follow :meth:`ShardingRules.logical_rules` (``batch`` -> ``data``,
+``kv_heads`` -> ``model``). The table of every parameter's axes: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

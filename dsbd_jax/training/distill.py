@@ -1,37 +1,14 @@
 """Draft distillation with optax (``dsbd distill CONFIG``): on-policy data, warped divergences,
 full fine-tuning or LoRA, AdamW + warm-up + cosine, clipping, resumable checkpoints.
 
-1. **Data** (:func:`make_rollouts`, once per run, stored in ``RUN/data_{train,heldout}.npz``):
-   each prompt is continued by multinomial sampling from the draft (``policy: draft``,
-   on-policy for the initial draft) or the target, at the decoding's warping; one target pass
-   over prompt + continuation then stores the target's warped distribution at every
-   continuation position as its ``store_k`` largest entries (:func:`losses.target_topk`).
-2. **Step** (:func:`make_step`, one ``jax.jit``): draft forward over the stored sequences,
-   the divergence at the stored positions (mean over them), gradients of the trainable tree
-   (the whole draft, or LoRA adapters ``W + A @ B * alpha / r`` on the attention and MLP
-   projections), ``optax.clip_by_global_norm`` then ``optax.adamw`` with
-   ``warmup_cosine_decay_schedule``. ``compute_dtype: bfloat16`` runs the forward in bfloat16
-   from float32 master weights.
-3. **Held-out acceptance**: the mean over held-out positions of ``sum_x min(p(x), q(x))`` on the
-   warped distributions (one minus the TV loss), reported on the progress bar and in
-   ``RUN/log.jsonl``.
-4. **Checkpoints**: ``RUN/state.npz`` (every leaf of the trainable tree and optimizer state, and
-   the step) every ``checkpoint_every`` steps and at the end; a killed run started again with
-   the same config resumes from it and reaches the same parameters as an uninterrupted run
-   (batches are a pure function of ``seed`` and the step). ``RUN/model`` is the merged draft as
-   a Hugging Face checkpoint directory (``config.json``, ``model.safetensors``, the tokenizer
-   when the source has one) that ``load_model("RUN/model")`` reads back.
-
-Memory for the 0.5B draft (Qwen2.5-Coder-0.5B: 494M parameters, tied head; an estimate from
-the shapes, not measured): float32 weights are 2.0 GB. Full fine-tuning adds gradients and two
-AdamW moments (6 GB more) and, at batch 4 x ~384 tokens, about 4.3 GB of float32 activations for
-the backward pass (24 layers) plus ~1 GB for the head (logits only at the 128 stored positions
-per row, ``forward(logits_at=...)``): ~13 GB, so it fits in 24 GB. LoRA rank 16 trains 8.8M
-parameters: weights + activations, ~7 GB (bfloat16 forward: about half the activations).
-The target (7.1 GB in float32 for the offline pair) is needed only for the rollouts:
-``dsbd distill`` (:func:`dsbd_jax.training.recipe.run_recipe`) makes them with
-:func:`prepare_data`, frees the target, then trains. Each ``log.jsonl`` step record holds the
-process's RSS (``rss_gb``).
+:func:`make_rollouts` samples each prompt's continuation once per run (from the draft or the
+target, at the decoding's warping) and stores the target's warped distribution at every
+continuation position (``RUN/data_{train,heldout}.npz``); :func:`make_step` is one ``jax.jit``
+step over the stored sequences. The held-out acceptance ``sum_x min(p(x), q(x))`` is logged to
+``RUN/log.jsonl``. Invariant: batches are a pure function of ``seed`` and the step, so a killed
+run resumed from ``RUN/state.npz`` reaches the parameters of an uninterrupted one. ``RUN/model``
+is the merged draft as a Hugging Face checkpoint. Each step and the memory each mode takes:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

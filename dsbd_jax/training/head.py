@@ -1,58 +1,14 @@
 """Training a feature-level draft head (:mod:`dsbd_jax.models.head`) with optax.
 
-``dsbd train-head CONFIG`` (:func:`run_recipe`) reads a YAML recipe (``configs/head_qwen.yaml``)::
-
-    name: head_qwen
-    target: qwen2.5-coder-1.5b-instruct     # preset, HF directory, hub id or .gguf
-    dtype: float32
-    run_dir: runs/head_qwen                 # default runs/<name>; resumable
-    train_rollouts:   [{task: gsm8k, start: 40, stop: 120}, {task: humaneval, start: 40, stop: 100}]
-    heldout_rollouts: [{task: gsm8k, start: 1300, stop: 1310}]
-    rollout_tokens: 96                      # the target's continuation of each prompt
-    max_prompt_tokens: 192                  # drop longer prompts (after the chat template)
-    head: {intermediate_size: 2048, feature_layers: [], init: target_last,
-           vocab_rows: 32768, vocab_table: qwen2.5-coder-0.5b-instruct}   # a truncated head
-    train: {steps: 300, batch_size: 4, ...}  # HeadTrainConfig fields
-
-**Data** (what the target writes or scores, never an evaluation prompt), from two sources, each
-for training and held out:
-
-* ``*_rollouts``: the target's own continuations (``rollout_tokens`` sampled with the recipe's
-  warping, ``rollout_batch`` prompts at a time) of a task's prompts, sent as the benchmarks send
-  them (chat template). The loss and the acceptance count over the continuation only: the text
-  the head drafts while decoding.
-* ``*_texts``: a task's prompt followed by the dataset's own answer (GSM8K's worked solution,
-  HumanEval's canonical solution) as the assistant's turn; every position counts (``text_loss:
-  all``, the default), or the answer's alone (``answer``, as a rollout counts its continuation).
-
-Per position the data holds the target's features (what the head reads) and, where the loss
-counts, its warped next-token distribution (temperature / top-k / top-p of the recipe: at most
-``store_k`` tokens; warped top-k 10 keeps 10), from ONE target pass over each text; a rollout's
-come from the passes that sample it (``rollout_data: own_passes``, the default), or from one
-more pass over the finished text (``rollout_data: rescore``: the same values, one more pass).
-Stored once in ``RUN/data.npz``; texts are cut to ``max_tokens``.
-
-**Loss** per position ``j`` (the head reads ``x_j`` and the feature of ``j - 1``):
-
-* ``kl``: ``KL(p_warped || q)``, the target's warped distribution against the head's
-  (the tokens outside a truncated head's rows are floored at ``log q = -30``);
-* ``feature``: smooth-L1 between the head's output and the target's feature at ``j``
-  (``feature_weight``; for the final-hidden-state head only);
-* ``unroll`` steps of "training-time test" (EAGLE-3, HASS): step ``k > 1`` reads the head's
-  own outputs of step ``k - 1`` as features, as the deeper draft layers do while decoding. With
-  ``unroll_context: target`` (the default) it attends as a depth-``k`` draft token does: to the
-  keys step 1 made from the target's features up to ``j - k + 1``, then to one key of each
-  deeper step along its own chain (:func:`unrolled_mask`); with ``own``, step ``k`` runs over
-  the head's outputs alone, its whole context made of them (what heads trained before
-  2026-11-27 did; the held-out acceptance is always counted the ``target`` way).
-
-**Held-out acceptance**: ``mean sum_v min(p_w(v), q_w(v))`` over held-out positions, both
-warped with the recipe's warping (the speculative acceptance of a first draft token; the second
-unrolled step's too), logged every ``eval_every`` steps with the losses to ``RUN/log.jsonl``,
-plotted to ``RUN/training.png``. Checkpoints (``RUN/checkpoint.msgpack``) every
-``checkpoint_every`` steps: a killed run resumes. The result is ``RUN/head`` (safetensors and a
-config next to it), registered as ``CACHE/heads/NAME`` (``save_as``, default the recipe's
-name): ``load_head(NAME)`` and ``dsbd generate --draft NAME`` find it.
+``dsbd train-head CONFIG`` (:func:`run_recipe`) reads a YAML recipe (``configs/head_qwen.yaml``):
+the target, the rollouts and texts to train on and hold out, the head's shape and
+``HeadTrainConfig``. The data (the target's features and its warped next-token distribution, at
+most ``store_k`` tokens, from one target pass per text) is stored once in ``RUN/data.npz``. The
+loss is ``KL(p_warped || q)`` with optional feature and unrolled ("training-time test") terms;
+the held-out acceptance ``mean sum_v min(p_w(v), q_w(v))`` is logged every ``eval_every`` steps.
+Checkpoints let a killed run resume; the result ``RUN/head`` is registered under ``save_as``, so
+``load_head(NAME)`` and ``--draft NAME`` find it. The recipe's keys and each loss term:
+``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

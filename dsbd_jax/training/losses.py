@@ -1,32 +1,12 @@
 """Distillation targets and divergences on **warped** distributions (DistillSpec, Zhou et al. 2024).
 
-What is stored per position (:func:`target_topk`): the target's warped distribution (the
-decoding's temperature / top-k / top-p, :func:`dsbd_jax.decoding.warping.warp_logits`) as its
-``store_k`` largest entries, ``idx [.., k]`` int32 and ``p [.., k]`` float32 (zero where the
-warping removed a token). With top-k warping at ``top_k <= store_k`` this is the whole warped
-distribution (boundary ties kept by HF rules can add entries; ``dropped_mass`` reports what
-fell outside, zero in that case).
-
-Divergences (per position, :func:`divergence`), ``q`` the draft's distribution:
-
-* ``"tv"``: total variation between the warped target and the **warped** draft,
-  ``1 - sum_x min(p(x), q(x))``: one minus the speculative acceptance probability of a
-  draft token at that position (only ``p``'s support contributes to the sum);
-* ``"fkl"``: forward KL ``sum_x p(x) log(p(x) / q_T(x))`` with ``q_T`` the draft at the
-  temperature only (the warped draft can be zero where ``p`` is not, making it infinite);
-* ``"rkl"``: reverse KL ``KL(q_S || p)`` with ``q_S`` the draft at the temperature restricted to
-  ``p``'s stored support and renormalised (outside it ``p`` is zero).
-
-What each gradient can do (how much of it shows on the offline pair: ``benchmarks/probes/distill_losses.py``,
-``docs/results/draft.md``): ``"tv"`` is the quantity acceptance is one minus, but its gradient passes
-through the draft's warping. Top-k / top-p make the warped ``q`` constant outside the draft's
-kept tokens, so nothing pushes ``q`` towards a token the target keeps and the draft cut, and
-where the draft keeps one token (common at top-p 0.8) ``q`` is 1 whatever its logits: no
-gradient at all. What gradient it
-has raises kept tokens with no view of the top-p boundary. ``"fkl"`` compares the draft at the
-temperature only, so every logit gets a gradient, and ``q_T = p`` minimises it, which also makes
-the warped draft equal the warped target (``"rkl"`` sees only ``p``'s support). ``"tv"`` is sound
-where the draft's warping keeps every token (temperature only).
+:func:`target_topk` stores the target's warped distribution (the decoding's temperature, top-k
+and top-p) per position as its ``store_k`` largest entries (``idx``, ``p``; ``dropped_mass``
+reports what fell outside). :func:`divergence` compares the draft's ``q`` with it: ``"tv"``
+(one minus the speculative acceptance, against the warped draft), ``"fkl"`` (forward KL against
+the draft at the temperature only, so every logit gets a gradient and ``q_T = p`` minimises it)
+or ``"rkl"`` (reverse KL on ``p``'s stored support). ``"tv"`` is sound only where the draft's
+warping keeps every token. What each gradient can and cannot do: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""``dsbd distill CONFIG``: a distillation recipe in YAML (``configs/distill_qwen.yaml``)::
+"""``dsbd distill CONFIG``: a distillation recipe in YAML (``configs/distill_qwen.yaml``).
 
-    name: distill_qwen
-    models: models/qwen_offline.yaml       # target + draft (relative to the config's folder),
-    # or target: SOURCE / draft: SOURCE
-    dtype: float32
-    run_dir: runs/distill_qwen             # default runs/<name>; resumable
-    train_prompts:   [{task: gsm8k, start: 40, stop: 440}, {file: prompts.txt}]
-    heldout_prompts: [{task: gsm8k, start: 1279, stop: 1319}]
-    distill: {steps: 500, mode: lora, ...}  # DistillConfig fields
-    max_prompt_tokens: 192                 # optional: drop longer prompts (after the template)
-
-
-Prompts: ``task`` slices of the offline datasets are sent as the benchmarks send them (chat
-template); a ``file`` holds one prompt per line. Every stored sequence is padded to the longest
-prompt plus ``max_new_tokens``, so one long prompt makes every training step longer:
-``max_prompt_tokens`` drops the prompts (train and held-out) whose encoded length exceeds it. The result is ``RUN/model`` (``load_model`` reads
-it; ``dsbd generate --draft RUN/model``), also registered under a preset-like name, ``save_as``
-(default ``<draft>-<name>``, e.g. ``qwen2.5-coder-0.5b-instruct-distill_qwen``): a link
-``CACHE/models/NAME`` that ``load_model(NAME)`` and ``--draft NAME`` resolve.
+A recipe names the models, the dtype, the run folder (resumable), the train and held-out
+prompts (``task`` slices sent with the chat template, as the benchmarks send them, or a ``file``
+of one prompt per line), ``DistillConfig`` fields, and ``max_prompt_tokens`` (longer prompts are
+dropped: every stored sequence is padded to the longest prompt plus ``max_new_tokens``). The
+result is ``RUN/model``, also registered as ``save_as`` (default ``<draft>-<name>``) under
+``CACHE/models/NAME``, which ``load_model(NAME)`` and ``--draft NAME`` resolve. The recipe's
+keys: ``docs/results/design_notes.md``.
 """
 
 from __future__ import annotations

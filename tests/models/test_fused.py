@@ -125,7 +125,7 @@ def test_sharding_rules_and_lora_refuse_fused_trees():
 
 
 def test_load_model_fuses_on_request(tmp_path):
-    from test_loading import hf_config, hf_tensors, write_hf
+    from hf_files import hf_config, hf_tensors, write_hf
 
     from dsbd_jax.loading.load import load_model
     write_hf(tmp_path / "m", hf_config("Qwen2ForCausalLM"), hf_tensors(seed=4, bias=True))

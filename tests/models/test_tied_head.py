@@ -95,7 +95,7 @@ def test_untie_head_same_logits_and_truncation():
 
 
 def test_load_model_untie_head(tmp_path):
-    from test_loading import hf_config, hf_tensors, write_hf
+    from hf_files import hf_config, hf_tensors, write_hf
 
     from dsbd_jax.loading.load import load_model
     write_hf(tmp_path / "m", hf_config(tie_word_embeddings=True), hf_tensors(seed=1, tied=True))

@@ -1,4 +1,4 @@
-"""DSBD's node budget (``models.forest_budget``): the rule, the cache and its key, the CLI."""
+"""DSBD's node budget (``host.forest_budget``): the rule, the cache and its key, the CLI."""
 
 import json
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # a program that takes over MIN_COMPILE_S to compile is written; the child reports the cache
 # folder, the entries in it and jax's own count of cache hits (its monitoring events)

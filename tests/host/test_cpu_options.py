@@ -1,4 +1,4 @@
-"""Per-host XLA:CPU compiler options (``models.cpu_options``): the choice (forced, cached,
+"""Per-host XLA:CPU compiler options (``host.cpu_options``): the choice (forced, cached,
 measured), its one-line errors, candidates the installed XLA rejects, and what the candidates
 may change: nothing at all (``SAME_BITS``) or float rounding only (``eigen_dot``)."""
 
