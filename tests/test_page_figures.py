@@ -216,7 +216,7 @@ def table_numbers(text: str):
 
 
 def figures_on(path: Path):
-    text = path.read_text()
+    text = pf.hand_written(path.read_text())   # rendered blocks: tests/test_rendered_pages.py
     found = {m.start(): m.group() for m in RATIO.finditer(text)}
     if path.parent == ROOT / "docs" / "results":
         found.update(dict(table_numbers(text)))
