@@ -1,6 +1,6 @@
 """Render the results tables of README.md and docs/ from the committed JSON under results/.
 
-A page marks each rendered block with two comments::
+A page (README.md, CHANGELOG.md, docs/**/*.md) marks each rendered block with two comments::
 
     <!-- render:NAME -->
 
@@ -272,10 +272,24 @@ def verdict(r: Results) -> str:
         f"or on the AVX2-only host ({span([row[2] for row in avx2])}).\n")
 
 
+def changelog_speed(r: Results) -> str:
+    """One row per host class: the release's speed in one table."""
+    point, default = method_label(BEAM_W4_POINT), method_label(DEFAULT)
+    rows = []
+    for host, (title, dtype, _) in HOSTS.items():
+        got = {(label, batch): e2e for label, batch, e2e, *_ in headline_rows(r, host)}
+        rows.append([f"{title} ({dtype})",
+                     x(got[(point, 1)]) if (point, 1) in got else "",
+                     x(got[(default, 1)]) if (default, 1) in got else "",
+                     x(got[(point, 4)]) if (point, 4) in got else ""])
+    return table(["host class", "beam-W4 point", "default", "beam-W4 point, batch 4"], rows)
+
+
 # --- the blocks ------------------------------------------------------------------------------
 
 BLOCKS = {
     "headline-verdict": verdict,
+    "changelog-speed": changelog_speed,
     "headline-amx": lambda r: headline(r, "amx"),
     "headline-avx512bf16": lambda r: headline(r, "avx512bf16"),
     "headline-avx2": lambda r: headline(r, "avx2"),
@@ -294,6 +308,7 @@ BLOCKS = {
 
 def pages(root: Path = ROOT):
     yield root / "README.md"
+    yield root / "CHANGELOG.md"
     yield from sorted(p for p in (root / "docs").rglob("*.md") if "_build" not in p.parts)
 
 
