@@ -189,6 +189,37 @@ def llama_cpp(r: Results, source: str) -> str:
                   "decode tok/s", "over llama.cpp (decode)"], rows)
 
 
+# --- the node budget (benchmarks/forest_budget.py, retired) ----------------------------------
+
+def forest_curve(r: Results, source: str) -> str:
+    """The target's pass over a forest as a multiple of its one-token pass, per size."""
+    doc = r(source)
+    sizes = sorted({int(n) for dt in doc["curve"].values() for n in dt["over_one_token"]})
+    rows = [[dt] + [x(v["over_one_token"][str(n)]) for n in sizes]
+            for dt, v in doc["curve"].items()]
+    rows += [[f"{dt}, the probe"] + [x(v["over_one_token"][str(n)]) for n in sizes]
+             for dt, v in doc.get("probe", {}).items()]
+    return table(["forest nodes"] + [str(n) for n in sizes], rows)
+
+
+def forest_decoders(r: Results, source: str) -> str:
+    """DSBD at the beam-W4 point with each node budget, against beam sampling W=4."""
+    doc = r(source)
+    rows = []
+    for key, v in doc["decoders"].items():
+        if not key.startswith("dsbd_w4_budget_"):
+            continue
+        budget = key[len("dsbd_w4_budget_"):]
+        rows.append(["none (12 nodes)" if budget == "off" else budget, v["layer_width"],
+                     f"{v['vs_beam_W4']:.3f}x", f"{v['tokens_per_target_call']:.2f}",
+                     f"{v['loglik_per_token']:.3f}"])
+    beam = doc["decoders"].get("beam_W4")
+    if beam:
+        rows.append(["beam sampling W=4", "", "1.000x", "1.00", f"{beam['loglik_per_token']:.3f}"])
+    return table(["node budget", "nodes per layer", "DSBD / beam sampling W=4",
+                  "tokens per target pass", "loglik/tok"], rows)
+
+
 # --- the README's headline: one table per host class -----------------------------------------
 
 # (title, dtype, [(source, batch)]): a speed JSON gives batch 1, a draft_terms JSON its batches
@@ -303,6 +334,12 @@ BLOCKS = {
     "speed-int8-target-epyc": lambda r: speed_target_kinds(
         r, "results/speed_int8_target_avx512bf16_epyc.json"),
     "llama-cpp-amx": lambda r: llama_cpp(r, "results/llama_cpp_amx_xeon.json"),
+    "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
+    "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
+    "forest-draft-model-epyc": lambda r: forest_decoders(
+        r, "results/forest_budget_epyc_draft_model.json"),
+    "forest-no-replacement-epyc": lambda r: forest_decoders(
+        r, "results/forest_budget_epyc_no_replacement.json"),
 }
 
 

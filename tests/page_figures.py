@@ -1291,7 +1291,6 @@ ALLOWED = [
      "an int8 target, settings"),
     ("docs/results/precision.md", "far from the issue's 1.5x", "the int8 issue's target, a setting"),
     ("docs/results/precision.md", "have reached 1.5x in decode", "the same target, a setting"),
-    ("docs/performance.md", "a ratio near 1.15x", "the products-floor issue's target, a setting"),
     ("docs/results/draft.md", "the 1.3x of the hosts where the head issue asks DSBD with a head "
      "for 1.5x", "the head issue's host condition and target, settings"),
     ("*", "1.5-1.9x", "the paper's published speed-up (Qin et al., AAAI 2025)"),
@@ -1959,5 +1958,23 @@ def _rendered(entry) -> bool:
             and f'"{source}"' in renderer and head not in hand_written(full))
 
 
-FIGURES[:] = [e for e in FIGURES if e[0] != README and not _rendered(e)]
-ALLOWED[:] = [a for a in ALLOWED if a[0] != README]
+# pages whose every figure is rendered (or gone): README.md, the speed page
+_RENDERED_PAGES = (README, SPEED_MD)
+# superseded runs, deleted once no page cited them (git keeps them)
+_GONE = ("results/draft_terms_int8_avx512bf16_epyc_earlier.json",
+         "results/draft_terms_int8_epyc_code_20261202.json",
+         "results/draft_terms_int8_epyc_code_current.json",
+         "results/profile_bfloat16_epyc_before_embed_rows.json",
+         "results/demo_memory_float32_amx_xeon_again.json",
+         "results/pass_floor_epyc_earlier.json")
+_GONE_NAMES = [k for k, v in dict(globals()).items() if isinstance(v, str) and v in _GONE]
+
+
+def _gone(entry) -> bool:
+    _, source, text, _ = entry
+    return source in _GONE or any(g in text for g in _GONE + tuple(_GONE_NAMES))
+
+
+FIGURES[:] = [e for e in FIGURES
+              if e[0] not in _RENDERED_PAGES and not _rendered(e) and not _gone(e)]
+ALLOWED[:] = [a for a in ALLOWED if a[0] not in _RENDERED_PAGES]
