@@ -1958,8 +1958,8 @@ def _rendered(entry) -> bool:
             and f'"{source}"' in renderer and head not in hand_written(full))
 
 
-# pages whose every figure is rendered (or gone): README.md, the speed page
-_RENDERED_PAGES = (README, SPEED_MD)
+# pages whose every measured figure is rendered (or gone): README.md, the speed and quality pages
+_RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD)
 # superseded runs, deleted once no page cited them (git keeps them)
 _GONE = ("results/draft_terms_int8_avx512bf16_epyc_earlier.json",
          "results/draft_terms_int8_epyc_code_20261202.json",
@@ -1977,4 +1977,4 @@ def _gone(entry) -> bool:
 
 FIGURES[:] = [e for e in FIGURES
               if e[0] not in _RENDERED_PAGES and not _rendered(e) and not _gone(e)]
-ALLOWED[:] = [a for a in ALLOWED if a[0] not in _RENDERED_PAGES]
+ALLOWED[:] = [a for a in ALLOWED if a[0] not in (README, SPEED_MD)]
