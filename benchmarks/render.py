@@ -253,6 +253,39 @@ def quality_against(r: Results, run: str) -> str:
                   "GSM8K exact match, points [95%]", "pooled, points [95%]"], out)
 
 
+# --- memory ----------------------------------------------------------------------------------
+
+def kv_cache(r: Results, source: str) -> str:
+    """The KV cache (target + draft) each method allocates per prompt, from a speed JSON."""
+    rows = [[method_label(row["method"]), f"{row['kv_cache_bytes'] / 1e6:.1f} MB"]
+            for row in r(source)["rows"] if row["impl"] == "dsbd_jax"]
+    return table(["method", "KV cache per prompt"], rows)
+
+
+def soak(r: Results, sources) -> str:
+    """Soak runs side by side (benchmarks/soak.py, retired): compiles, memory growth, NaNs."""
+    docs = [r(s) for s in sources]
+
+    def mb(v):
+        return f"{v / 1e6:,.1f} MB"
+    rows = [
+        ["host", *(d["cpu_model"] for d in docs)],
+        ["batches per round", *(str(d["batches_per_round"]) for d in docs)],
+        ["compilations in round 1 / combinations",
+         *(f"{d['compiles_first_round']} / {d['compile_combinations']}" for d in docs)],
+        ["compilations in later rounds", *(str(d["compiles_later_rounds"]) for d in docs)],
+        ["host RSS, end of round 1 / end",
+         *(f"{mb(d['growth_after_round_1']['rss']['end_of_round_1'])} / "
+           f"{mb(d['growth_after_round_1']['rss']['end'])}" for d in docs)],
+        ["live device arrays, end of round 1 / end",
+         *(f"{d['growth_after_round_1']['live_arrays']['end_of_round_1']} / "
+           f"{d['growth_after_round_1']['live_arrays']['end']}" for d in docs)],
+        ["NaN / malformed outputs",
+         *(f"{d['nan_outputs']} / {d['malformed_outputs']}" for d in docs)],
+    ]
+    return table(["", *(f"`{s}`" for s in sources)], rows)
+
+
 # --- the node budget (benchmarks/forest_budget.py, retired) ----------------------------------
 
 def forest_curve(r: Results, source: str) -> str:
@@ -404,6 +437,9 @@ BLOCKS = {
     "quality-int8-target": lambda r: quality_table(r, "results/quality_cpu_int8_target"),
     "quality-int8-target-against": lambda r: quality_against(
         r, "results/quality_cpu_int8_target"),
+    "memory-kv-cache": lambda r: kv_cache(r, "results/speed_float32_host.json"),
+    "memory-soak": lambda r: soak(r, ["results/soak_avx512bf16_epyc.json",
+                                      "results/soak_amx_xeon.json"]),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
     "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
     "forest-draft-model-epyc": lambda r: forest_decoders(

@@ -1958,8 +1958,8 @@ def _rendered(entry) -> bool:
             and f'"{source}"' in renderer and head not in hand_written(full))
 
 
-# pages whose every measured figure is rendered (or gone): README.md, the speed and quality pages
-_RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD)
+# pages whose every measured figure is rendered (or gone)
+_RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD, MEMORY_MD)
 # superseded runs, deleted once no page cited them (git keeps them)
 _GONE = ("results/draft_terms_int8_avx512bf16_epyc_earlier.json",
          "results/draft_terms_int8_epyc_code_20261202.json",
