@@ -413,11 +413,39 @@ def changelog_speed(r: Results) -> str:
     return table(["host class", "beam-W4 point", "default", "beam-W4 point, batch 4"], rows)
 
 
+def host_class(machine: dict) -> str:
+    """A result's host class, from its ``machine`` block: the GPU, or the CPU's deciding flags."""
+    if machine.get("platform") == "gpu" or str(machine.get("device", "")).startswith("NVIDIA"):
+        return str(machine["device"])
+    flags = set(machine.get("cpu_flags", []))
+    vendor = "AMD EPYC" if "EPYC" in machine["cpu_model"] else "Intel Xeon"
+    if any(f.startswith("amx") for f in flags):
+        return f"{vendor} with AMX"
+    if "avx512_bf16" in flags:
+        return f"{vendor} with AVX512-BF16"
+    if "avx512f" in flags:
+        return f"{vendor} with AVX-512, no AVX512-BF16 or AMX"
+    return f"{vendor} with AVX2 only"
+
+
+def hosts(r: Results) -> str:
+    """Every committed result JSON under its host class, read from its ``machine`` block."""
+    found: dict = {}
+    for path in sorted((r.folder / "results").rglob("*.json")):
+        doc = json.loads(path.read_text())
+        machine = doc.get("machine") or doc.get("summary", {}).get("machine")
+        if isinstance(machine, dict) and "cpu_model" in machine:
+            rel = path.relative_to(r.folder).as_posix()
+            found.setdefault(host_class(machine), []).append(f"`{rel}`")
+    return table(["host class", "results"], [[k, ", ".join(v)] for k, v in sorted(found.items())])
+
+
 # --- the blocks ------------------------------------------------------------------------------
 
 BLOCKS = {
     "headline-verdict": verdict,
     "changelog-speed": changelog_speed,
+    "results-hosts": hosts,
     "headline-amx": lambda r: headline(r, "amx"),
     "headline-avx512bf16": lambda r: headline(r, "avx512bf16"),
     "headline-avx2": lambda r: headline(r, "avx2"),

@@ -1959,20 +1959,22 @@ def _rendered(entry) -> bool:
 
 
 # pages whose every measured figure is rendered (or gone)
-_RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD, MEMORY_MD)
+_RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD, MEMORY_MD, INDEX_MD)
 # superseded runs, deleted once no page cited them (git keeps them)
 _GONE = ("results/draft_terms_int8_avx512bf16_epyc_earlier.json",
          "results/draft_terms_int8_epyc_code_20261202.json",
          "results/draft_terms_int8_epyc_code_current.json",
          "results/profile_bfloat16_epyc_before_embed_rows.json",
          "results/demo_memory_float32_amx_xeon_again.json",
-         "results/pass_floor_epyc_earlier.json")
+         "results/pass_floor_epyc_earlier.json",
+         "results/embed_gather_epyc.json", "results/profile_float32_host.json")
 _GONE_NAMES = [k for k, v in dict(globals()).items() if isinstance(v, str) and v in _GONE]
 
 
 def _gone(entry) -> bool:
     _, source, text, _ = entry
-    return source in _GONE or any(g in text for g in _GONE + tuple(_GONE_NAMES))
+    return source in _GONE or any(g in text for g in _GONE) or any(
+        re.search(rf"\b{n}\b", text) for n in _GONE_NAMES)
 
 
 FIGURES[:] = [e for e in FIGURES
