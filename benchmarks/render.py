@@ -286,6 +286,22 @@ def soak(r: Results, sources) -> str:
     return table(["", *(f"`{s}`" for s in sources)], rows)
 
 
+def demo_runs(r: Results, sources) -> str:
+    """``dsbd demo`` as a user runs it, twice on a new cache (benchmarks/demo_memory.py,
+    retired): each run's wall time and peak memory, and the cache it leaves."""
+    rows = []
+    for source in sources:
+        doc = r(source)
+        first, second = doc["runs"][0], doc["runs"][1]
+        args = " ".join(doc["settings"].get("demo_args") or []) or "(the defaults)"
+        rows.append([f"`{source}`", host_class(doc["machine"]), f"`{args}`",
+                     f"{first['wall_s']:.0f} s / {first['peak_rss_bytes'] / 1e9:.2f} GB",
+                     f"{second['wall_s']:.0f} s / {second['peak_rss_bytes'] / 1e9:.2f} GB",
+                     f"{sum(second['cache_bytes'].values()) / 1e9:.2f} GB"])
+    return table(["run", "host class", "demo arguments", "first run: wall / peak RSS",
+                  "second run: wall / peak RSS", "cache after"], rows)
+
+
 # --- the node budget (benchmarks/forest_budget.py, retired) ----------------------------------
 
 def forest_curve(r: Results, source: str) -> str:
@@ -413,7 +429,7 @@ def changelog_speed(r: Results) -> str:
     return table(["host class", "beam-W4 point", "default", "beam-W4 point, batch 4"], rows)
 
 
-def host_class(machine: dict) -> str:
+def host_class(machine: dict) -> str:  # noqa: D401
     """A result's host class, from its ``machine`` block: the GPU, or the CPU's deciding flags."""
     if machine.get("platform") == "gpu" or str(machine.get("device", "")).startswith("NVIDIA"):
         return str(machine["device"])
@@ -468,6 +484,12 @@ BLOCKS = {
     "memory-kv-cache": lambda r: kv_cache(r, "results/speed_float32_host.json"),
     "memory-soak": lambda r: soak(r, ["results/soak_avx512bf16_epyc.json",
                                       "results/soak_amx_xeon.json"]),
+    "demo-runs": lambda r: demo_runs(r, ["results/demo_memory_default_amx_xeon.json",
+                                         "results/demo_memory_int8_amx_xeon.json",
+                                         "results/demo_memory_float32_amx_xeon.json",
+                                         "results/demo_memory_float32_amx_xeon_resident.json",
+                                         "results/demo_memory_int8_avx512bf16_epyc.json",
+                                         "results/demo_memory_float32_avx512bf16_epyc.json"]),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
     "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
     "forest-draft-model-epyc": lambda r: forest_decoders(
