@@ -302,6 +302,21 @@ def demo_runs(r: Results, sources) -> str:
                   "second run: wall / peak RSS", "cache after"], rows)
 
 
+def kernel_blocks(r: Results, sources) -> str:
+    """Blocked kernels against plain ones in whole decoders (the retired kernel_blocks probe)."""
+    rows = []
+    for source in sources:
+        doc = r(source)
+        blocks = "64 columns" if str(doc["settings"]["blocks"]) == "64" else doc["settings"]["blocks"]
+        dtype = "float32" if "float32" in source else "bfloat16"
+        cells = [f"{v['plain']['tokens_per_s']:.2f} / {v['blocked']['tokens_per_s']:.2f} "
+                 f"({x(v['blocked_vs_plain'])})"
+                 for v in (doc["runs"]["sample"], doc["runs"]["beam_sample_W4"])]
+        rows.append([blocks, dtype, *cells])
+    return table(["blocks", "dtype", "sampling: plain / blocked",
+                  "beam sampling W=4: plain / blocked"], rows)
+
+
 # --- the node budget (benchmarks/forest_budget.py, retired) ----------------------------------
 
 def forest_curve(r: Results, source: str) -> str:
@@ -490,6 +505,9 @@ BLOCKS = {
                                          "results/demo_memory_float32_amx_xeon_resident.json",
                                          "results/demo_memory_int8_avx512bf16_epyc.json",
                                          "results/demo_memory_float32_avx512bf16_epyc.json"]),
+    "cpu-kernel-blocks": lambda r: kernel_blocks(r, ["results/kernel_blocks_64_epyc.json",
+                                                     "results/kernel_blocks_halves_epyc.json",
+                                                     "results/kernel_blocks_64_float32_epyc.json"]),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
     "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
     "forest-draft-model-epyc": lambda r: forest_decoders(
