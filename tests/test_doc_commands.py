@@ -47,7 +47,7 @@ SCRIPT = (r"(?:\S*/)?python3?\s+(-m\s+benchmarks\.[a-z0-9_]+|"
           r"(?:benchmarks|scripts)/[a-z0-9_/]+\.py)\b\s*")
 # a page that shows a retired script's command names the commit it ran at, in this section
 RETIRED = re.compile(r"## Retired scripts\n(?P<body>.*?)(?=\n#|\Z)", re.S)
-COMMIT = re.compile(r"commit `([0-9a-f]{7,40})`")
+COMMIT = re.compile(r"commit\s+`([0-9a-f]{7,40})`")
 SCRIPT_IN_BLOCK = re.compile(START + SCRIPT + r"(.*)")
 SCRIPT_INLINE = re.compile(r"^" + SCRIPT + r"(.*)$")
 ENDS = ("|", "&", "&&", ";", ")", "2>&1")
