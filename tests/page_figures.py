@@ -1960,7 +1960,8 @@ def _rendered(entry) -> bool:
 
 # pages whose every measured figure is rendered (or gone)
 _RENDERED_PAGES = (README, SPEED_MD, QUALITY_MD, MEMORY_MD, INDEX_MD, "docs/getting_started.md",
-                   "docs/results/cpu.md", ACCEL_MD, DRAFT_MD, PRECISION_MD)
+                   "docs/results/cpu.md", ACCEL_MD, DRAFT_MD, PRECISION_MD,
+                   "docs/performance.md")
 # superseded runs, deleted once no page cited them (git keeps them)
 _GONE = ("results/draft_terms_int8_avx512bf16_epyc_earlier.json",
          "results/draft_terms_int8_epyc_code_20261202.json",
