@@ -692,6 +692,29 @@ def pass_floor_summary(r: Results, source: str) -> str:
                   "1 token, ms", "12 tokens, ms"], rows)
 
 
+# --- the command line -------------------------------------------------------------------------
+
+def cli_latency(r: Results, source: str) -> str:
+    """Whole ``dsbd`` commands timed from outside (the retired cli_latency.py), median seconds."""
+    doc = r(source)
+    # the JSON keeps each command's words, not its quoting: printed as words, not as code
+    return table(["command (its words)", "seconds"],
+                 [[doc["commands"][k], f"{v:.1f}"] for k, v in doc["seconds"].items()])
+
+
+def progress_chunks(r: Results, source: str) -> str:
+    """What a progress bar costs: each form's time over the one program's (the retired
+    progress_chunks.py)."""
+    rows = []
+    for method, v in r(source)["methods"].items():
+        for form, f in v["forms"].items():
+            if form == "one_program":
+                continue
+            rows.append([method, form, x(f["over_one_program"]),
+                         f"{f['ms_per_chunk']:.0f}" if f.get("ms_per_chunk") else ""])
+    return table(["method", "form", "over the one program", "ms per chunk"], rows)
+
+
 # --- the node budget (benchmarks/forest_budget.py, retired) ----------------------------------
 
 def forest_curve(r: Results, source: str) -> str:
@@ -989,6 +1012,9 @@ BLOCKS = {
     "perf-fused-gpu": lambda r: fused_projections(
         r, "results/gpu/NVIDIA_H200_fused_projections.json"),
     "perf-lowered": lambda r: lowered_counts(r, "results/lowered_counts.json"),
+    "cli-latency": lambda r: cli_latency(r, "results/cli_latency.json"),
+    "cli-progress-chunks": lambda r: progress_chunks(
+        r, "results/progress_chunks_avx512bf16_epyc.json"),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
     "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
     "forest-draft-model-epyc": lambda r: forest_decoders(
