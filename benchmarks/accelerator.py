@@ -39,11 +39,11 @@ whole decode is one ``lax.while_loop`` (no host round trip per iteration), float
 (checked), random keys and prompts are made on the device once. Work is done in order of value
 and stops at ``--budget-s`` (default 420 s; the rest is listed under ``skipped``).
 
-Usage: python benchmarks/accelerator.py [--out results/gpu/DEVICE.json] [--budget-s 420]
+Usage: python -m benchmarks.accelerator [--out results/gpu/DEVICE.json] [--budget-s 420]
        [--pairs qwen llama] [--dtypes bfloat16 float32] [--layouts per_layer stacked]
        [--methods ...] [--batches 1 8] [--slots 512 4096] [--max-new-tokens 32]
        [--projections separate fused] [--draft-weights int8]
-       python benchmarks/accelerator.py --small   (tiny shapes on the CPU, batch 1, 32 new
+       python -m benchmarks.accelerator --small   (tiny shapes on the CPU, batch 1, 32 new
        tokens, bfloat16 per_layer + float32 stacked: a check of every code path; --methods to
        run fewer)
 A GPU machine runs ``scripts/gpu_bench.sh OUTDIR``.
@@ -58,8 +58,6 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -1,14 +1,14 @@
 """Which term holds each speed target back, every term timed alone in the same run.
 
 For each draft (``base``, ``trunc_<N>_prompt``, ``distilled``, ``both_<N>_prompt``; the names of
-``draft_levers.py``) and batch size, on the same prompts (EOS off, top-k 10 / top-p 0.8):
+``_drafts.py``) and batch size, on the same prompts (EOS off, top-k 10 / top-p 0.8):
 
 * the decoders end to end (``run_batched``: compiled first, untimed): sampling, beam sampling
   W = 4, speculative sampling at each ``--gammas``, single-beam DSBD (g3 / W_S 3 / t 0.9 /
   W_min 1), DSBD at the beam-W4 log-likelihood point (g2 / W_S 4 / t 0.7 / W_min 2);
 * the prompt passes alone (``common.prefill`` of the target and of each draft, the decoders'
   bucket and cache size) and every forward pass an iteration runs, alone (``pass_call``: the
-  host's XLA:CPU options, the decoder's shapes from ``phase_profile.forward_shapes``);
+  host's XLA:CPU options, the decoder's shapes from ``_drafts.forward_shapes``);
 * from these, per drafted method: decode ms per iteration (end to end minus the prompt passes;
   ``--halves`` also differences a run at N / 2 tokens, which needs no prefill estimate), split
   into draft passes, the target pass and the rest (loop, warps, verification, commits); tokens
@@ -28,14 +28,14 @@ the same draft (0.95x, against speculative gamma 4 and against the best gamma), 
 point / beam sampling W = 4 (1.5x). The baselines' decode figure is their own loop's ms per
 token, measured in the same run.
 
-    .venv/bin/python benchmarks/draft_terms.py --out results/draft_terms.json   # ~95 min
-    .venv/bin/python benchmarks/draft_terms.py --report results/draft_terms.json  # the tables
+    .venv/bin/python -m benchmarks.draft_terms --out results/draft_terms.json   # ~95 min
+    .venv/bin/python -m benchmarks.draft_terms --report results/draft_terms.json  # the tables
     # + --distilled runs/distill_qwen_fkl/model: also the distilled drafts
     # a sweep of single-beam forests against speculative sampling (~25 min; results/
     # single_beam_sweep.json): --drafts trunc_32768_prompt --batches 1 --gammas 4 6
     #   --single-beam-settings 3,2,0.9 4,2,0.9 2,2,0.9 2,3,0.9 --methods speculative_g4
     #   speculative_g6 dsbd_single_beam dsbd_single_beam_g3w2t0.9 ... (each variant's name)
-    .venv/bin/python benchmarks/draft_terms.py --small --out /tmp/draft_terms.json  # tiny pair
+    .venv/bin/python -m benchmarks.draft_terms --small --out /tmp/draft_terms.json  # tiny pair
 """
 
 from __future__ import annotations
@@ -48,12 +48,10 @@ import tempfile
 from pathlib import Path
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 TARGETS = {"speculative_vs_sample": 1.6, "single_beam_vs_speculative": 0.95,
            "dsbd_w4_vs_beam_w4": 1.5}
-from benchmarks.phase_profile import SETTINGS  # noqa: E402  (the profile's method settings)
+from benchmarks._drafts import SETTINGS  # noqa: E402  (the profile's method settings)
 
 DSBD_SB = SETTINGS["dsbd_sb"][1]
 DSBD_W4 = SETTINGS["dsbd_w4"][1]
@@ -274,7 +272,7 @@ def _no_paths(text):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from benchmarks.draft_levers import pair_args
+    from benchmarks._drafts import pair_args
     pair_args(ap)
     ap.add_argument("--rows", type=int, default=32768, help="the truncated drafts' head rows")
     ap.add_argument("--drafts", nargs="+", default=None,
@@ -320,9 +318,9 @@ def main(argv=None):
     if not args.out:
         ap.error("--out is required")
 
-    from benchmarks.draft_levers import (build_drafts, head_pass_call, interleaved_medians,
+    from benchmarks._drafts import (build_drafts, head_pass_call, interleaved_medians,
                                          pass_call, run_batched)
-    from benchmarks.phase_profile import forward_shapes
+    from benchmarks._drafts import forward_shapes
     from dsbd_jax.decoding.beam import beam_sample
     from dsbd_jax.decoding.common import bucket_length
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig

@@ -5,7 +5,7 @@ another loss) trained from the same data (the recipe's ``RUN/data.npz``, written
 ``benchmarks/head_heldout.py`` counts (every counted position weighs the same; the second draft
 token read through the first's chain, whatever the variant trained).
 
-    .venv/bin/python benchmarks/head_ablation.py configs/head_qwen.yaml --steps 40 \\
+    .venv/bin/python -m benchmarks.head_ablation configs/head_qwen.yaml --steps 40 \\
         --out results/head_ablation.json          # ~8 min per variant on a 2-core CPU
 
 Variants (``--variants``; default: the first four): ``recipe`` (as written), ``random_init``
@@ -38,8 +38,6 @@ import time
 from pathlib import Path
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 VARIANTS = {
     "recipe": {},

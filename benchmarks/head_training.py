@@ -3,13 +3,13 @@ distilled draft model; a recipe with a ``distill:`` section) run under ``/usr/bi
 wall time, peak memory and log written to one JSON (what `dsbd demo` quotes when it suggests
 training a head: ``results/<recipe>_training.json``).
 
-    .venv/bin/python benchmarks/head_training.py configs/head_qwen.yaml \\
+    .venv/bin/python -m benchmarks.head_training configs/head_qwen.yaml \\
         --out results/head_qwen_training.json          # ~1 h on a 2-core CPU
     # a run already made (resumed runs: the time log of each part, summed):
-    .venv/bin/python benchmarks/head_training.py configs/head_qwen.yaml \\
+    .venv/bin/python -m benchmarks.head_training configs/head_qwen.yaml \\
         --time-log /tmp/train.log --out results/head_qwen_training.json
-    .venv/bin/python benchmarks/head_training.py configs/head_tiny.yaml --out /tmp/ht.json
-    .venv/bin/python benchmarks/head_training.py configs/distill_qwen_fkl.yaml \\
+    .venv/bin/python -m benchmarks.head_training configs/head_tiny.yaml --out /tmp/ht.json
+    .venv/bin/python -m benchmarks.head_training configs/distill_qwen_fkl.yaml \\
         --out results/distill_qwen_fkl_training.json   # 50-85 min on 2 cores
 
 Each ``/usr/bin/time`` report in the log is a part of the record (a run stopped and resumed
@@ -32,8 +32,6 @@ import sys
 from pathlib import Path
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 
 def time_reports(text: str):

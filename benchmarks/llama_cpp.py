@@ -7,7 +7,7 @@ bucket as the library runs it. llama.cpp: the same GGUF file (Q4_K / Q6_K blocks
 the same prompt token ids, warping (``min_p=0``, no repetition penalty) and number of new
 tokens, through llama-cpp-python with one thread per core.
 
-    .venv/bin/python benchmarks/llama_cpp.py --llama-python /tmp/llama/bin/python \\
+    .venv/bin/python -m benchmarks.llama_cpp --llama-python /tmp/llama/bin/python \\
         --out results/llama_cpp_amx_xeon.json
 
 llama-cpp-python is a peer, not a dependency (as transformers is to ``speed.py``): install it in
@@ -26,8 +26,6 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 from benchmarks.speed import run_peer  # noqa: E402
 

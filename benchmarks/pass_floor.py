@@ -19,7 +19,7 @@ kernels stored as ``load_model`` stores them: transposed with ``kinds.transpose_
   products is the pass's residual adds and two cheap joins (a row mean of k and v added to q;
   gate times up); no bias, norm, RoPE, attention, softmax or cache;
 * **pass**: the whole forward (``llama.forward``) at the same shapes over a KV cache of
-  ``--slots`` slots, set up as ``draft_levers.pass_call`` sets up the draft benchmarks' passes
+  ``--slots`` slots, set up as ``_drafts.pass_call`` sets up the draft benchmarks' passes
   (empty cache, all-ones mask, ``cpu_options.tuned_jit``), logits at every new token;
 * **no_attention**: the same pass with every layer's attention (``llama.attend``: scores,
   softmax, values product, and the cache's concatenation it reads) replaced by its queries,
@@ -40,10 +40,10 @@ of the floor's, each one's GFLOP/s; counted from the jaxprs); ``--hlo`` adds the
 instruction counts of each compiled program's entry computation. The JSON is written after every row count (a run cut off by a time
 limit keeps what it measured); a Markdown table is printed at the end.
 
-    .venv/bin/python benchmarks/pass_floor.py --out results/pass_floor.json
-    .venv/bin/python benchmarks/pass_floor.py --models target --dtypes bfloat16 --rows 1 12 \\
+    .venv/bin/python -m benchmarks.pass_floor --out results/pass_floor.json
+    .venv/bin/python -m benchmarks.pass_floor --models target --dtypes bfloat16 --rows 1 12 \\
         --forms plain transposed --out /tmp/pass_floor.json
-    .venv/bin/python benchmarks/pass_floor.py --small --out /tmp/pass_floor_small.json  # seconds
+    .venv/bin/python -m benchmarks.pass_floor --small --out /tmp/pass_floor_small.json  # seconds
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, _ROOT)
 
 QWEN = dict(vocab_size=151936, num_kv_heads=2, rope_theta=1e6, attention_bias=True,
             architecture="qwen2", max_position_embeddings=32768)
@@ -148,11 +146,29 @@ def floor(config, params, x):
     return logits.astype(jnp.float32)
 
 
+@contextlib.contextmanager
+def attention_as(attend):
+    """Inside, ``llama.attend`` is ``attend`` (``None``: left as it is); jax's caches are cleared
+    on the way in and out (the layers' inner ``jit`` would otherwise reuse a trace made under
+    the other form). """
+    import jax
+
+    from dsbd_jax.models import llama
+    current = llama.attend
+    jax.clear_caches()
+    if attend is not None:
+        llama.attend = attend
+    try:
+        yield
+    finally:
+        llama.attend = current
+        jax.clear_caches()
+
+
 def without_attention():
     """While inside, ``llama.attend`` returns its queries (the shape of its output), so a pass
-    traced inside runs everything but its attention (``attention_form.attention_as``, which
+    traced inside runs everything but its attention (:func:`attention_as`, which
     clears jax's caches around it)."""
-    from benchmarks.probes.attention_form import attention_as
     return attention_as(lambda q, keys, values, mask, scale, cap=None: q)
 
 
@@ -164,7 +180,7 @@ def tracing(name: str):
 def programs(config, params, B, T, slots, seed=0):
     """``{"floor": (fn, args), "pass": (fn, args)}`` over ``[B, T]`` new tokens: :func:`floor`
     of random float32 rows, and the whole forward over ``slots`` cached slots as
-    ``draft_levers.pass_call`` runs it (empty cache, all-ones mask, positions ``slots - T ..``,
+    ``_drafts.pass_call`` runs it (empty cache, all-ones mask, positions ``slots - T ..``,
     logits at every new token). Each ``fn`` is the plain function; :func:`jitted` compiles it as
     the decoders do."""
     import jax
@@ -367,7 +383,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import jax
-    from benchmarks.draft_levers import interleaved_medians
+    from benchmarks._drafts import interleaved_medians
     from dsbd_jax.eval.timing import machine_info, portable_settings, write_json
     from dsbd_jax.models.config import ModelConfig
     from dsbd_jax.host.cpu_options import options_of

@@ -1,7 +1,7 @@
 """Markdown tables of a quality run (``dsbd bench configs/quality_cpu.yaml``) for ``docs/results/quality.md``,
 finished or not.
 
-    python benchmarks/quality_report.py runs/quality_cpu [--out runs/quality_cpu/report.md]
+    python -m benchmarks.quality_report runs/quality_cpu [--out runs/quality_cpu/report.md]
 
 From the records alone (``dsbd_jax.eval.summary.summary_of``), it writes:
 
@@ -25,7 +25,7 @@ From the records alone (``dsbd_jax.eval.summary.summary_of``), it writes:
    targets);
 7. ``report.json`` with the same figures.
 
-    python benchmarks/quality_report.py results/quality_cpu_int8_target \
+    python -m benchmarks.quality_report results/quality_cpu_int8_target \
         --against results/quality_cpu_int8
 """
 
@@ -37,7 +37,6 @@ import os
 import sys
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
 
 from dsbd_jax.eval.records import read_records  # noqa: E402
 from dsbd_jax.eval.summary import quality_differences, summary_of  # noqa: E402

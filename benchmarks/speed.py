@@ -5,7 +5,7 @@ Ours: sample, beam sampling W = 2 and 4, speculative sampling (gamma 4) and DSBD
 W_min 1; the same in single-beam mode). Transformers: sampling and beam sampling
 (``do_sample=True, num_beams=W``) on the same weights, prompts and warping (top-k 10, top-p 0.8).
 
-    .venv/bin/python benchmarks/speed.py --prompts 4 --max-new-tokens 64 --dsbd 2,4,0.7,2 \
+    .venv/bin/python -m benchmarks.speed --prompts 4 --max-new-tokens 64 --dsbd 2,4,0.7,2 \
         3,2,0.9,1,sb --widths 4 --dtypes float32 --out results/speed_float32_host.json
 
 ``--draft-weights int8`` loads the draft with eight-bit kernels (speculative sampling and DSBD

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One run of benchmarks/accelerator.py on a GPU machine: bash scripts/gpu_bench.sh OUTDIR
+# One run of benchmarks.accelerator on a GPU machine: bash scripts/gpu_bench.sh OUTDIR
 #
 # Uses the machine's own Python stack (jax 0.11.x with the CUDA plugin, transformers; nothing is
 # installed from a registry). Small wheels this project needs and the machine lacks (flax, gguf,
 # chex, optax) can be carried in ./wheels and are installed from there, offline, into a user site.
-# Writes OUTDIR/<device>.json, OUTDIR/accelerator.log, OUTDIR/env.txt and, from XLA's dump of
-# the decoders' programs, OUTDIR/<device>_kernels.json (kernel launches per decoder iteration,
-# phase by phase: benchmarks/gpu_kernels.py). XLA_FLAGS set by the caller are kept.
+# Writes OUTDIR/<device>.json, OUTDIR/accelerator.log and OUTDIR/env.txt. XLA_FLAGS set by the
+# caller are kept. (Kernel launches per iteration from XLA's dump were counted by
+# benchmarks/gpu_kernels.py, retired: `git show 90d572c:scripts/gpu_bench.sh` runs it.)
 set -euo pipefail
 OUT="${1:?usage: scripts/gpu_bench.sh OUTDIR}"
 cd "$(dirname "$0")/.."
@@ -19,13 +19,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false   # peak memory figures are the program's, not the pool's
 export DSBD_JAX_CACHE="$OUT/cache"           # any per-host choice is written next to the results
 unset JAX_ENABLE_X64
-DUMP=$(mktemp -d /tmp/dsbd_xla_dump.XXXXXX)  # the decoders' programs only (tens of MB)
-export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_dump_to=$DUMP --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*_core"
 { nvidia-smi || true; "$PY" -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__); print(jax.devices())"; env | grep -E '^(XLA_|JAX_|CUDA_)' || true; } > "$OUT/env.txt" 2>&1
 DEVICE=$("$PY" -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
 # under 8 minutes on one H100: the script stops starting new items after --budget-s
-"$PY" benchmarks/accelerator.py --budget-s 420 --out "$OUT/$DEVICE.json" "${@:2}" 2>&1 | tee "$OUT/accelerator.log"
-"$PY" benchmarks/gpu_kernels.py "$DUMP" --machine-from "$OUT/$DEVICE.json" --out "$OUT/${DEVICE}_kernels.json" 2>&1 | tee -a "$OUT/accelerator.log" \
-  || echo "no kernel counts (benchmarks/gpu_kernels.py failed; the timings above stand)"
-rm -rf "$DUMP"
-echo "results: $OUT/$DEVICE.json and $OUT/${DEVICE}_kernels.json (commit them under results/gpu/)"
+"$PY" -m benchmarks.accelerator --budget-s 420 --out "$OUT/$DEVICE.json" "${@:2}" 2>&1 | tee "$OUT/accelerator.log"
+echo "results: $OUT/$DEVICE.json (commit it under results/gpu/)"

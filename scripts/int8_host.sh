@@ -3,14 +3,14 @@
 # without AVX512-BF16 or AMX, where dtype="auto" is float32), or on any host again:
 #   bash scripts/int8_host.sh LABEL
 #
-# LABEL names the host in the files, e.g. avx512_xeon. Five benchmarks, one after
+# LABEL names the host in the files, e.g. avx512_xeon. Four benchmarks, one after
 # the other, each writing results/<benchmark>_<LABEL>.json (about an hour on 2 cores in all):
-#   1. benchmarks/int8_products.py   the int8 products against float32 and bfloat16 at 1-64 rows
-#   2. benchmarks/pass_floor.py      whole passes of both models, float kinds and int8, 1/4/12 rows
-#   3. benchmarks/speed.py           sampling, beam W=4, speculative g4 and DSBD's beam-W4 point
-#                                    with the int8 draft, the float target in the host's dtype
-#   4. benchmarks/speed.py           the same with the float and the int8 target, float32
-#   5. benchmarks/draft_terms.py     the draft's pass against the target's, batch 1 and 4
+#   1. benchmarks.pass_floor   whole passes of both models, float kinds and int8, 1/4/12 rows
+#   2. benchmarks.speed        sampling, beam W=4, speculative g4 and DSBD's beam-W4 point
+#                              with the int8 draft, the float target in the host's dtype
+#   3. benchmarks.speed        the same with the float and the int8 target, float32
+#   4. benchmarks.draft_terms  the draft's pass against the target's, batch 1 and 4
+# (the int8 products alone, once step 1 here: `git show 90d572c:benchmarks/int8_products.py`)
 # A step whose file exists is skipped: after a stop, the same command goes on with the next.
 # Run it on a quiet machine (every ratio is timed side by side within one step), then add the
 # host to docs/results/index.md and the figures to the pages. DSBD_INT8_HOST_DRY=1 prints the
@@ -30,26 +30,24 @@ DTYPE=$("$PY" -c "from dsbd_jax.host.plan import prior_dtype; print(prior_dtype(
 print('int8_host: host', m['cpu_model'], m['cpu_count'], 'cores,', ' '.join(m['cpu_flags']), \
       '-> dtype $DTYPE')"
 
-step() {  # step OUT ARGS...: run python ARGS unless OUT exists
+step() {  # step OUT MODULE ARGS...: run python -m MODULE ARGS unless OUT exists
   local out="$1"; shift
   if [ -e "$out" ]; then echo "int8_host: $out exists, skipped"; return; fi
-  if [ -n "$DRY" ]; then echo "$PY $*"; return; fi
-  echo "int8_host: $PY $*"
-  "$PY" "$@"
+  if [ -n "$DRY" ]; then echo "$PY -m $*"; return; fi
+  echo "int8_host: $PY -m $*"
+  "$PY" -m "$@"
 }
 
 R=results
-step "$R/int8_products_$LABEL.json" benchmarks/int8_products.py \
-  --out "$R/int8_products_$LABEL.json"
-step "$R/pass_floor_int8_$LABEL.json" benchmarks/pass_floor.py --models draft target \
+step "$R/pass_floor_int8_$LABEL.json" benchmarks.pass_floor --models draft target \
   --dtypes bfloat16 float32 --forms host int8 --rows 1 4 12 --out "$R/pass_floor_int8_$LABEL.json"
-step "$R/speed_int8_draft_$LABEL.json" benchmarks/speed.py --prompts 4 --max-new-tokens 64 \
+step "$R/speed_int8_draft_$LABEL.json" benchmarks.speed --prompts 4 --max-new-tokens 64 \
   --dsbd 2,4,0.7,2 --widths 4 --gamma 4 --skip-hf --draft-weights int8 --dtypes "$DTYPE" \
   --out "$R/speed_int8_draft_$LABEL.json"
-step "$R/speed_int8_target_$LABEL.json" benchmarks/speed.py --prompts 2 --max-new-tokens 32 \
+step "$R/speed_int8_target_$LABEL.json" benchmarks.speed --prompts 2 --max-new-tokens 32 \
   --dsbd 2,4,0.7,2 --widths 4 --gamma 4 --skip-hf --dtypes float32 --target-weights float int8 \
   --draft-weights int8 --out "$R/speed_int8_target_$LABEL.json"
-step "$R/draft_terms_int8_$LABEL.json" benchmarks/draft_terms.py --drafts base int8 \
+step "$R/draft_terms_int8_$LABEL.json" benchmarks.draft_terms --drafts base int8 \
   --batch-drafts base int8 --gammas 4 --methods speculative_g4 dsbd_beamW4_point --repeats 3 \
   --out "$R/draft_terms_int8_$LABEL.json"
 [ -n "$DRY" ] || echo "int8_host: done: results/*_$LABEL.json (commit them; name the host in" \

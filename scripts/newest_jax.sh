@@ -14,8 +14,8 @@
 #   bash scripts/newest_jax.sh                      # the lane
 #   bash scripts/newest_jax.sh --which              # the interpreter it would use, or "none"
 #   bash scripts/newest_jax.sh tests/decoding/test_verify.py   # other test paths
-#   bash scripts/newest_jax.sh --bench OUT.json     # benchmarks/accelerator.py under the newest jax
-#                                                   # (the items benchmarks/jax_versions.py compares;
+#   bash scripts/newest_jax.sh --bench OUT.json     # benchmarks.accelerator under the newest jax
+#                                                   # (the items the retired benchmarks/jax_versions.py compared;
 #                                                   # run it under .venv too, on a quiet host)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +65,7 @@ if [ "${1:-}" = "--setup-only" ]; then   # scripts/test.sh: the venv made while 
   exit 0
 fi
 if [ "${1:-}" = "--bench" ]; then
-  exec "$VENV/bin/python" benchmarks/accelerator.py --out "${2:?usage: newest_jax.sh --bench OUT.json}" "${@:3}"
+  exec "$VENV/bin/python" -m benchmarks.accelerator --out "${2:?usage: newest_jax.sh --bench OUT.json}" "${@:3}"
 fi
 [ $# -gt 0 ] && TESTS=("$@")
 OUT=$(mktemp)

@@ -1,6 +1,8 @@
 """Every ``dsbd`` command the README, the docs and the configs' comments show parses with the
 command line's own parser, and every ``python benchmarks/*.py`` or ``scripts/*.py`` command
-with its script's: a renamed or mistyped option, a wrong choice or a missing required argument
+with its script's (``python -m benchmarks.NAME`` read as ``benchmarks/NAME.py``; a script
+retired from the tree must be named, with the commit it ran at, in the page's *Retired scripts*
+section): a renamed or mistyped option, a wrong choice or a missing required argument
 in a shown command fails here, not in a user's terminal.
 
 Commands in fenced shell blocks are whole commands and must parse as they are (one with ``...``
@@ -39,8 +41,13 @@ START = r"(?:^|&&\s*|;\s*|\(\s*)(?:\w+=\S*\s+)*"
 IN_BLOCK = re.compile(START + PROGRAM + r"(.*)")
 INLINE = re.compile(r"^" + PROGRAM + r"(.*)$")
 DEMO = re.compile(r"\bbash scripts/demo\.sh\b")
-# a script's name in lower case (benchmarks/NAME.py is a placeholder)
-SCRIPT = r"(?:\S*/)?python3?\s+((?:benchmarks|scripts)/[a-z0-9_]+\.py)\b\s*"
+# a script's name in lower case (benchmarks/NAME.py is a placeholder), or a benchmark module
+# run with -m (python -m benchmarks.speed: read as benchmarks/speed.py)
+SCRIPT = (r"(?:\S*/)?python3?\s+(-m\s+benchmarks\.[a-z0-9_]+|"
+          r"(?:benchmarks|scripts)/[a-z0-9_/]+\.py)\b\s*")
+# a page that shows a retired script's command names the commit it ran at, in this section
+RETIRED = re.compile(r"## Retired scripts\n(?P<body>.*?)(?=\n#|\Z)", re.S)
+COMMIT = re.compile(r"commit\s+`([0-9a-f]{7,40})`")
 SCRIPT_IN_BLOCK = re.compile(START + SCRIPT + r"(.*)")
 SCRIPT_INLINE = re.compile(r"^" + SCRIPT + r"(.*)$")
 ENDS = ("|", "&", "&&", ";", ")", "2>&1")
@@ -84,7 +91,12 @@ def commands(text: str, scripts: bool = False):
             line = re.sub(r"(^|\s)#.*$", "", line).strip()
             line = line[2:] if line.startswith("$ ") else line
         m = (in_block.search if whole else inline.match)(line.strip())
-        if m:
+        if m and scripts:
+            script = m.group(1)
+            if script.startswith("-m"):
+                script = script.split()[-1].replace(".", "/") + ".py"
+            out.append((script, m.group(2), whole))
+        elif m:
             out.append(m.groups() + (whole,))
     return out
 
@@ -173,8 +185,18 @@ def shown():
 
 
 def shown_scripts():
-    return [pytest.param(script, rest, whole, id=f"{name}: {script} {rest[:50]}")
+    return [pytest.param(script, rest, whole, name, id=f"{name}: {script} {rest[:50]}")
             for name, text in texts() for script, rest, whole in commands(text, scripts=True)]
+
+
+def retired_at(page_text: str, script: str):
+    """The commit a page names for a retired ``script`` (its *Retired scripts* section), or
+    None."""
+    m = RETIRED.search(page_text)
+    if not m or f"`{script}`" not in m.group("body"):
+        return None
+    commit = COMMIT.search(m.group("body"))
+    return commit and commit.group(1)
 
 
 @pytest.mark.parametrize("rest, whole", shown())
@@ -186,8 +208,19 @@ def test_shown_command_parses(rest, whole):
     assert not error, f"`dsbd {rest}` does not parse: {error}"
 
 
-@pytest.mark.parametrize("script, rest, whole", shown_scripts())
-def test_shown_script_command_parses(script, rest, whole):
+@pytest.mark.parametrize("script, rest, whole, page", shown_scripts())
+def test_shown_script_command_parses(script, rest, whole, page):
+    if not (ROOT / script).exists():
+        # a retired script: the page names the commit it ran at, and that commit holds it
+        commit = retired_at((ROOT / page).read_text(), script)
+        assert commit, f"{page} shows `{script}`, which is not in the tree, without its commit"
+        if (ROOT / ".git").exists():
+            import subprocess
+            there = subprocess.run(["git", "cat-file", "-e", f"{commit}:{script}"], cwd=ROOT,
+                                   capture_output=True)
+            assert there.returncode == 0 or "Not a valid object" in there.stderr.decode(), \
+                f"{page}: commit {commit} has no {script}"
+        return
     argv = argv_of(rest)
     error = script_error(script, [a for a in argv if a != "..."])
     if "..." in argv and any(p in error for p in PARTIAL):
@@ -196,15 +229,14 @@ def test_shown_script_command_parses(script, rest, whole):
 
 
 def test_a_wrong_script_command_fails_and_nothing_runs():
-    """A script's unknown option and its missing required ``--out`` are refused; a right
-    command stops at its parser (the benchmark would take minutes: the test takes none); the
-    environment a script sets at import (``benchmarks/sharding.py``: ``XLA_FLAGS``) is put
-    back."""
-    assert script_error("benchmarks/int8_products.py", ["--no-such-option"])
-    assert "--out" in script_error("benchmarks/cpu_options.py", ["--prompts", "4"])
-    assert not script_error("benchmarks/int8_products.py", ["--rows", "2", "--out", "x.json"])
+    """A script's unknown option and a missing required option are refused; a right command
+    stops at its parser (the benchmark would take minutes: the test takes none); the
+    environment stays as it was."""
+    assert script_error("benchmarks/pass_floor.py", ["--no-such-option"])
+    assert "--llama-python" in script_error("benchmarks/llama_cpp.py", ["--prompts", "4"])
+    assert not script_error("benchmarks/pass_floor.py", ["--rows", "2", "--out", "x.json"])
     flags = os.environ.get("XLA_FLAGS")
-    assert not script_error("benchmarks/sharding.py", ["--help"])
+    assert not script_error("benchmarks/accelerator.py", ["--help"])
     assert os.environ.get("XLA_FLAGS") == flags
     found = [c for _, text in texts() for c in commands(text, scripts=True)]
     assert sum(whole for *_, whole in found) >= 10 and len(found) >= 40
@@ -224,11 +256,16 @@ def test_the_pages_show_commands_and_a_wrong_one_fails():
     assert commands("`bash scripts/demo.sh --beams 3`") == [("demo --beams 3", False)]
     assert commands("see `python benchmarks/a.py --x\n1` here", scripts=True) == [
         ("benchmarks/a.py", "--x 1", False)]
+    assert commands("```bash\n.venv/bin/python -m benchmarks.speed --out x\n```",
+                    scripts=True) == [("benchmarks/speed.py", "--out x", True)]
+    page = "x\n\n## Retired scripts\n\n`benchmarks/a.py` ran at commit `90d572c`.\n"
+    assert retired_at(page, "benchmarks/a.py") == "90d572c"
+    assert retired_at(page, "benchmarks/b.py") is None
 
 
 def test_int8_host_script_steps_parse_and_resume():
     """``scripts/int8_host.sh`` (the int8 issue's measurements on a host class not yet
-    measured): each of its five steps is a command its benchmark's parser takes, named for the
+    measured): each of its four steps is a command its benchmark's parser takes, named for the
     label; a step whose JSON exists is skipped (the script resumes); a bad label is refused."""
     import subprocess
     label = f"test_{os.getpid()}"
@@ -237,20 +274,19 @@ def test_int8_host_script_steps_parse_and_resume():
     def dry():
         out = subprocess.run(["bash", "scripts/int8_host.sh", label], cwd=ROOT, env=env,
                              capture_output=True, text=True, check=True).stdout
-        return [line.split()[1:] for line in out.splitlines()
-                if line.startswith(sys.executable + " ")]
+        return [[line.split()[2].replace(".", "/") + ".py", *line.split()[3:]]
+                for line in out.splitlines() if line.startswith(sys.executable + " -m ")]
 
     steps = dry()
-    assert [s[0] for s in steps] == ["benchmarks/int8_products.py", "benchmarks/pass_floor.py",
-                                     "benchmarks/speed.py", "benchmarks/speed.py",
-                                     "benchmarks/draft_terms.py"]
+    assert [s[0] for s in steps] == ["benchmarks/pass_floor.py", "benchmarks/speed.py",
+                                     "benchmarks/speed.py", "benchmarks/draft_terms.py"]
     for script, *argv in steps:
         assert not script_error(script, argv), (script, argv)
         assert argv[argv.index("--out") + 1].endswith(f"_{label}.json")
-    first = ROOT / "results" / f"int8_products_{label}.json"
+    first = ROOT / "results" / f"pass_floor_int8_{label}.json"
     try:
         first.write_text("{}")
-        assert [s[0] for s in dry()][0] == "benchmarks/pass_floor.py"
+        assert [s[0] for s in dry()][0] == "benchmarks/speed.py"
     finally:
         first.unlink()
     bad = subprocess.run(["bash", "scripts/int8_host.sh", "a/b"], cwd=ROOT, env=env,

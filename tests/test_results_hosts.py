@@ -30,10 +30,7 @@ LEGACY_WITHOUT_HOST = {}  # empty: every committed result records its whole host
 # benchmarks that write JSON without calling machine_info() themselves: each copies the block
 # that the processes it ran (or the records it reports on) wrote, by this expression
 COPIES_MACHINE = {
-    "jax_side_by_side.py": '"machine": runs["a"][0]["machine"]',   # the subprocesses' blocks
-    "jax_versions.py": '"machine": a',                             # the host environment's
-    "quality_report.py": '"machine": summary["machine"]',
-    "gpu_kernels.py": '"machine": source["machine"]',                # accelerator.py's, same run          # the records' header's
+    "quality_report.py": '"machine": summary["machine"]',   # the records' header's
 }
 
 
@@ -119,7 +116,7 @@ def _writers():
 
 def test_every_benchmark_writer_records_the_host():
     writers = _writers()
-    assert len(writers) >= 15, sorted(writers)  # the check sees the writers
+    assert len(writers) >= 6, sorted(writers)  # the check sees the writers
     for name, src in writers.items():
         if name in COPIES_MACHINE:
             assert COPIES_MACHINE[name] in src, name

@@ -573,23 +573,3 @@ def test_loop_trips_come_from_the_condition():
         events = [{"ph": "X", "args": {"hlo_op": n}} for n in ["w.4"] + body + cond]
         (w,) = profile.executed_counts(text, events, "T")["loops"]
         assert (w["executions"], w["trips"]) == (1, want)
-
-
-def test_phase_profile_counts_against_beam_sampling():
-    """benchmarks/phase_profile.py's ``counts_against``: each run's per-iteration counts over
-    beam sampling W=4's on the same task, the loop trips as they are; no reference, no row."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.phase_profile import counts_against
-
-    def run(name, task, outside, vocab, trips):
-        return {"name": name, "task": task, "per_iteration_counts": {
-            "thunks_outside_passes": outside, "vocab_thunks_outside_passes": vocab,
-            "loop_trips": trips}}
-    rows = counts_against([run("beam4", "gsm8k", 100.0, 2.0, 0.0),
-                           run("dsbd_w4", "gsm8k", 700.0, 5.0, 23.0),
-                           run("dsbd_w4", "humaneval", 650.0, 4.0, 20.0)])
-    assert rows == [{"name": "dsbd_w4", "task": "gsm8k", "thunks_outside_passes": 7.0,
-                     "vocab_thunks_outside_passes": 2.5, "loop_trips": 23.0,
-                     "reference_loop_trips": 0.0}]

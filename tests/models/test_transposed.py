@@ -174,22 +174,6 @@ def test_load_model_transposed_and_unblocking_users(bench_pair, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.extended   # a benchmark script's --small run (DSBD_TEST_EXTENDED=1)
-def test_transposed_benchmark_small(tmp_path):
-    import json
-    from bench_setup import load_bench
-    bench = load_bench("kernel_blocks")
-    out = tmp_path / "kt.json"
-    bench.main(["--small", "--blocks", "transposed", "--max-new-tokens", "2", "--prompts", "1",
-                "--methods", "sample", "speculative_g4", "dsbd_beamW4_point", "--out", str(out)])
-    data = json.loads(out.read_text())
-    assert data["machine"]["cpu_model"] and data["form"] == "transposed"
-    for m in ("sample", "speculative_g4", "dsbd_beamW4_point"):
-        run = data["runs"][m]
-        assert run["plain"]["tokens"] == run["blocked"]["tokens"] == 2
-        assert run["blocked_vs_plain"] > 0
-
-
 def test_per_layer_blocks_share_one_trace():
     """A per-layer model traces its block once per pass shape, not once per layer: every layer
     is a call of the same jitted block with the same traced program (tracing a 28-layer
