@@ -64,7 +64,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dsbd_jax.decoding import common, methods  # noqa: E402
-from dsbd_jax.decoding.dsbd import num_slots  # noqa: E402
+from dsbd_jax.decoding.dsbd.state import num_slots  # noqa: E402
 from dsbd_jax.eval.timing import machine_info, write_json  # noqa: E402
 from dsbd_jax.host import forest_budget
 from dsbd_jax.models import fused, kinds  # noqa: E402

@@ -324,7 +324,8 @@ def main(argv=None):
     from dsbd_jax.decoding.beam import beam_sample
     from dsbd_jax.decoding.common import bucket_length
     from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig, SpeculativeConfig
-    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate, layout
+    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
+    from dsbd_jax.decoding.dsbd.state import layout
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.decoding.speculative import num_slots, speculative_sample
     from dsbd_jax.eval.datasets import benchmark_prompts, encode_chat
