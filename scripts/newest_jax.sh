@@ -13,7 +13,7 @@
 # "N passed, N failed, N skipped", which scripts/test.sh adds to the suite's.
 #   bash scripts/newest_jax.sh                      # the lane
 #   bash scripts/newest_jax.sh --which              # the interpreter it would use, or "none"
-#   bash scripts/newest_jax.sh tests/decoding/test_verify.py   # other test paths
+#   bash scripts/newest_jax.sh tests/decoding/dsbd/test_verify.py   # other test paths
 #   bash scripts/newest_jax.sh --bench OUT.json     # benchmarks.accelerator under the newest jax
 #                                                   # (the items the retired benchmarks/jax_versions.py compared;
 #                                                   # run it under .venv too, on a quiet host)
@@ -37,8 +37,8 @@ if [ "${1:-}" = "--which" ]; then   # only say which interpreter the lane would 
   exit 0
 fi
 VENV=${DSBD_NEWEST_VENV:-.venv-jax-newest}
-TESTS=(tests/decoding/test_verify.py tests/decoding/test_width.py tests/decoding/test_tree.py
-       tests/decoding/test_dsbd.py)
+TESTS=(tests/decoding/dsbd/test_verify.py tests/decoding/dsbd/test_width.py tests/decoding/test_tree.py
+       tests/decoding/dsbd/test_dsbd.py)
 if ! at_least_312 "$PY312"; then
   echo "newest-jax: SKIPPED: no Python >= 3.12 interpreter (\$DSBD_PY312, python3.13 or python3.12 on PATH, ~/.pyenv/versions/3.1[2-9]*; tried $PY312)"
   echo "0 passed, 0 failed, 1 skipped"
