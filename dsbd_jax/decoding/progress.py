@@ -48,6 +48,7 @@ class Progress:
         self.every = None if every is None else int(every)
         self._listeners: list = []
         self._done_listeners: list = []
+        self._stage_listeners: list = []
 
     @contextlib.contextmanager
     def listen(self, fn: Callable[[Dict[str, np.ndarray]], None]):
@@ -74,6 +75,23 @@ class Progress:
             yield fn
         finally:
             self._done_listeners.remove(fn)
+
+    @contextlib.contextmanager
+    def listen_stages(self, fn: Callable[[str, float], None]):
+        """Call ``fn(stage, seconds)`` as a call on this channel goes: ``("start", 0.0)`` before
+        its first program runs, then, when it compiles, ``"traced"``, ``"lowered"`` (XLA
+        compiles next: minutes for a real model on a CPU) and ``"compiled"`` with each stage's
+        seconds, so a first call is not minutes of silence. Outside the user's own ``jax.jit``
+        only (there the user's program compiles, not the decoder's)."""
+        self._stage_listeners.append(fn)
+        try:
+            yield fn
+        finally:
+            self._stage_listeners.remove(fn)
+
+    def _stage(self, stage: str, seconds: float) -> None:
+        for fn in list(self._stage_listeners):
+            fn(stage, seconds)
 
     def __call__(self, values) -> None:
         values = {k: np.asarray(v) for k, v in values.items()}

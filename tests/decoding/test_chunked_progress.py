@@ -124,3 +124,27 @@ def test_prompts_are_told_when_done_with_their_final_outputs(bench_pair, name):
         whole = fn(*args, hooked, prompt_lengths=lengths)
     assert [rs for rs, _ in told] == [list(range(ids.shape[0]))]
     _same(whole, out)
+
+
+def test_a_first_call_reports_its_compilation_stages(bench_pair):
+    """``listen_stages``: a call on a new shape says it started, then each stage of its
+    compilation as it ends (the XLA compile after "lowered" is the long silent part); the same
+    call again compiles nothing and only starts; under the caller's own jit nothing is told."""
+    fn, cfg, params, ids, lengths, key, args = _call(bench_pair, "sample")
+    channel = dsbd_jax.Progress(every=3)
+    cfg = cfg.replace(progress=channel, max_new_tokens=cfg.max_new_tokens + 1)   # a new program
+    stages = []
+    with channel.listen_stages(lambda stage, s: stages.append((stage, s))):
+        fn(*args, cfg, prompt_lengths=lengths)
+        first = [s for s, _ in stages]
+        stages.clear()
+        fn(*args, cfg, prompt_lengths=lengths)
+        again = [s for s, _ in stages]
+        stages.clear()
+        jax.jit(lambda *a: fn(*a, cfg, prompt_lengths=lengths).sequences)(*args)
+    assert first[0] == "start" and first.count("start") == 1
+    for stage in ("traced", "lowered", "compiled"):
+        assert stage in first, first
+    assert first.index("lowered") < first.index("compiled")
+    assert again == ["start"]
+    assert stages == []

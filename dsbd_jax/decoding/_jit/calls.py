@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.decoding._jit import programs
-from dsbd_jax.decoding._jit.compiles import core_name, note_core_call
+from dsbd_jax.decoding._jit.compiles import core_name, note_core_call, watch
 from dsbd_jax.decoding.progress import _HOOKS, Progress
 
 logger = logging.getLogger("dsbd_jax")
@@ -120,6 +120,14 @@ class _Core:
     def __call__(self, *args, **kwargs):
         note_core_call(self.decoder, args)
         channel = getattr(kwargs.get("config"), "progress", None)
+        if (isinstance(channel, Progress) and channel._stage_listeners
+                and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):
+            channel._stage("start", 0.0)
+            with watch(channel._stage):
+                return self._call(channel, args, kwargs)
+        return self._call(channel, args, kwargs)
+
+    def _call(self, channel, args: tuple, kwargs: dict):
         if (isinstance(channel, Progress) and channel.every is not None and set(kwargs) == {"config"}
                 and hasattr(self._jitted, "run")
                 and not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(args))):

@@ -13,6 +13,7 @@ Long form: docs/results/design_notes.md.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -25,6 +26,9 @@ logger = logging.getLogger("dsbd_jax")
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+LOWER_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+# what a watcher (``watch``) hears: a compilation's stages as they end
+STAGES = {TRACE_EVENT: "traced", LOWER_EVENT: "lowered", BACKEND_COMPILE_EVENT: "compiled"}
 
 _COUNTS: Dict[str, int] = collections.Counter()
 _CORES: Dict[str, str] = {}          # jitted core's function name -> decoder name
@@ -110,7 +114,23 @@ def check_map_usage(force: bool = False) -> Optional[Tuple[int, int]]:
     return usage
 
 
+@contextlib.contextmanager
+def watch(fn):
+    """Call ``fn(stage, seconds)`` as each stage of a compilation in this thread ends
+    (``"traced"``, ``"lowered"``: XLA compiles next, ``"compiled"``) while the block runs."""
+    if not hasattr(_THREAD, "watchers"):
+        _THREAD.watchers = []
+    _THREAD.watchers.append(fn)
+    try:
+        yield fn
+    finally:
+        _THREAD.watchers.remove(fn)
+
+
 def _on_duration(event: str, duration: float, **kwargs) -> None:
+    for fn in list(getattr(_THREAD, "watchers", ())):
+        if event in STAGES:
+            fn(STAGES[event], duration)
     if event not in (BACKEND_COMPILE_EVENT, TRACE_EVENT):
         return
     if event == BACKEND_COMPILE_EVENT:
