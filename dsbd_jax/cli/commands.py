@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
         print(note, flush=True)
     configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
     target, draft = load_models(args, configs)
-    print(f"target {args.target} ({weights_label(target.info)}: {target.info['dtype_why']}), "
+    print(f"target {args.target} ({weights_label(target.info)}), "
           f"draft {args.draft} ({weights_label(draft.info)}); {len(prompts)} prompt(s), "
           f"{args.max_new_tokens} new tokens; each method runs twice, the methods taking turns "
           f"(a first round that also compiles, then a second; both timed, compilation left "
@@ -339,22 +339,8 @@ def weights_line(config, dtype) -> str:
     """What ``--draft-weights auto`` gives a draft of ``config``'s shape here, with the figures
     it was measured from (:func:`dsbd_jax.host.forms.choose_weights`)."""
     from dsbd_jax.host import forms
-    from dsbd_jax.host.cpu_options import host_entries
-    kind = forms.choose_weights(config, dtype)
-    shape = f"{config.hidden_size}x{config.intermediate_size} {dtype}"
-    times = next((got.get("min_ms") for entry, got in host_entries().items()
-                  if entry.startswith("weights |") and entry.endswith(shape)), None)
-    if not times:
-        return f"{kind} weights (--draft-weights auto; not measured: a small model, or no CPU)"
-    figures = ", ".join(f"M={m}: float {t['float']:.1f} / int8 {t['int8']:.1f} ms"
-                        for m, t in _by_rows(times).items())
-    return f"{kind} weights (--draft-weights auto; MLP products {figures})"
-
-
-def _by_rows(times) -> dict:
-    """``{kind: {M: ms}}`` -> ``{M: {kind: ms}}``."""
-    rows = sorted({m for per in times.values() for m in per}, key=int)
-    return {m: {k: times[k][m] for k in times} for m in rows}
+    kind, why = forms.weights_choice(config, dtype)
+    return f"{kind} weights (--draft-weights auto: {why})"
 
 
 def cmd_host(args) -> int:
@@ -368,15 +354,24 @@ def cmd_host(args) -> int:
     from dsbd_jax.host.cpu_options import cache_file, host_entries, host_key
     from dsbd_jax.loading.load import read_config
     from dsbd_jax.loading.load_args import fuses_by_default
+    from dsbd_jax.host.cpu_options import forget_host
+    if args.remeasure:
+        print(f"--remeasure: dropped {forget_host()} choices cached for this host")
     print(f"host: {host_key()}, backend {jax.default_backend()}")
     for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
         config = read_config(source)
         plan = host.plan(config, args.dtype)
         print(f"{source} ({config.hidden_size}x{config.intermediate_size}): dtype {plan.dtype} "
-              f"({plan.why}); kernels {plan.form}"
+              f"for any decoder ({plan.why}); kernels {plan.form}"
               f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
               f"compiler options {plan.options}; projections "
               f"{'fused' if fuses_by_default(plan.form == 'transposed') else 'separate'}")
+        if args.dtype == "auto":
+            for label, methods, role in (("sampling and beam sampling", ("sample", "beam"),
+                                          "target"), ("DSBD's target", ("dsbd",), "target"),
+                                         ("a draft", None, "draft")):
+                dt, why = host.dtype_choice(config, methods, role)
+                print(f"  dtype for {label}: {dt} ({why})")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype), "int8")

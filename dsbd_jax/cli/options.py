@@ -65,8 +65,10 @@ def _add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
     p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="the models' dtype: auto = bfloat16 where this host runs it faster "
-                        "than float32 (measured once, cached), else float32")
+                   help="the models' dtype: auto = the CPU flags' choice (bfloat16 with "
+                        "AMX-BF16 or AVX512-BF16, else float32) unless the other dtype runs "
+                        "the passes of the methods at hand clearly and repeatably faster here "
+                        "(measured once, cached; each model's line says which and why)")
     p.add_argument("--draft-weights", default="auto", choices=("auto", "float", "int8"),
                    help="the draft model's projection and head kernels: int8 = eight-bit codes "
                         "run by XLA's integer product (a quarter of float32's bytes, several "
@@ -220,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "default target and draft); only its config is read")
     hst.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="auto: measured on this host; or the plan for a forced dtype")
+    hst.add_argument("--remeasure", action="store_true",
+                     help="drop every choice cached for this host first, so each is measured "
+                          "again (e.g. after one was made on a busy machine)")
     cch = add("cache", help="list what $DSBD_JAX_CACHE stores (each model's forms, draft heads, "
                             "saved models, compiled programs) with sizes, or remove entries")
     cch.add_argument("--remove", action="append", default=[], metavar="ENTRY",

@@ -200,23 +200,33 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.loading.load import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
     dtype = getattr(args, "dtype", "auto")
-    target_config = _with_weights(read_config(args.target, dtype), args, "weights")
-    draft_config = (read_draft_config(args.draft, target_config, dtype) if needs_draft
+    args.dtypes, args.dtype_whys = {}, {}
+    target_dtype = _role_dtype(args, "target", read_config(args.target), methods)
+    target_config = _with_weights(read_config(args.target, target_dtype), args, "weights")
+    draft_config = (read_draft_config(args.draft, target_config, "float32") if needs_draft
                     else None)
     if draft_config is not None:
         from dsbd_jax.models.head import is_head
+        if is_head(draft_config):   # a head runs in the target's dtype
+            args.dtypes["draft"] = target_dtype
+            args.dtype_whys["draft"] = "a draft head runs in the target's dtype"
+        else:
+            draft_config = read_draft_config(
+                args.draft, target_config, _role_dtype(args, "draft", draft_config, methods))
         kind = getattr(args, "draft_weights", "float")
         if kind == "int8" and is_head(draft_config):
             raise CLIError(f"--draft-weights int8 quantises a draft model; --draft "
                            f"{args.draft} is a draft head (drop --draft-weights, or give a "
                            f"draft model)")
         if kind == "auto":      # decided here, so that the config and the load agree
-            from dsbd_jax.host.forms import choose_weights
-            args.draft_weights = ("float" if is_head(draft_config) else
-                                  choose_weights(draft_config, draft_config.dtype))
-            if args.draft_weights == "int8":
-                _status("draft weights: int8 (this host runs the draft's products faster so; "
-                        "--draft-weights float keeps them float)")
+            from dsbd_jax.host.forms import weights_choice
+            args.draft_weights, args.weights_why = (
+                ("float", "int8 draft not used here: a draft head keeps its own weights")
+                if is_head(draft_config) else weights_choice(draft_config, draft_config.dtype))
+            args.weights_why += ("; --draft-weights float keeps them float"
+                                 if args.draft_weights == "int8" else "")
+        else:
+            args.weights_why = f"--draft-weights {kind}"
         draft_config = _with_weights(draft_config, args, "draft_weights")
     configs = (target_config, draft_config)
     progress = progress_mode(args) == "tokens"
@@ -232,6 +242,33 @@ def prepare(args, methods, prompts, raw: bool = False):
         decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
                                          node_budget=budget)
     return configs, decoders, tokenizer, ids, lens
+
+
+def _role_dtype(args, role: str, config, methods) -> str:
+    """The dtype of the model in ``role`` (``"target"`` or ``"draft"``), recorded with why in
+    ``args.dtypes`` / ``args.dtype_whys``: ``--dtype`` when given, else the host plan's for the
+    decoders ``methods`` in that role (:func:`dsbd_jax.host.plan.dtype_choice`: a target run
+    only by sampling or beam sampling is judged on their one-token passes alone)."""
+    from dsbd_jax.host.plan import dtype_choice
+    dtype = getattr(args, "dtype", "auto")
+    if dtype == "auto":
+        dtype, why = dtype_choice(config, methods, role)
+        why = f"--dtype auto for {', '.join(methods) if role == 'target' else 'a draft'}: {why}"
+    else:
+        why = f"--dtype {dtype}"
+    args.dtypes[role], args.dtype_whys[role] = dtype, why
+    return dtype
+
+
+def choice_line(role: str, source, info, args) -> str:
+    """One line on what a loaded model runs as: its dtype and weight kind, and why each."""
+    why = getattr(args, "dtype_whys", {}).get(role, info.get("dtype_why", "given"))
+    line = f"{role} {source}: {weights_label(info)} ({why})"
+    if role == "draft":
+        line += f"; {getattr(args, 'weights_why', None) or 'weights ' + info.get('weights', 'float')}"
+    elif getattr(args, "weights", "float") == "int8":
+        line += "; --weights int8: the target is another model"
+    return line
 
 
 def weights_label(info) -> str:
@@ -267,16 +304,16 @@ def load_models(args, configs):
             m = LoadedHead(source, models[0].config)
         else:
             kind = getattr(args, "weights" if role == "target" else "draft_weights", "float")
-            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False,
-                           weights=kind, **head)
+            dtype = getattr(args, "dtypes", {}).get(role, getattr(args, "dtype", "auto"))
+            m = load_model(source, dtype, tokenizer=False, weights=kind, **head)
         if head:
             _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
                     + (" + the prompt's tokens" if head["prompt_rows"] else ""))
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")
-        _status(f"loaded {role} {source} ({weights_label(m.info)}) in "
-                f"{time.perf_counter() - t0:.1f} s")
+        _status(f"loaded {role} {source} in {time.perf_counter() - t0:.1f} s")
+        print(choice_line(role, source, m.info, args), flush=True)
         models.append(m)
     return models[0], models[1]
 

@@ -6,6 +6,8 @@
   kernels run faster as int8 codes.
 - ``cpu_options``: XLA:CPU compiler options per kernel form, ``tuned_jit`` (a ``jax.jit`` under
   those options), the plan cache ``$DSBD_JAX_CACHE/host_plan.json`` and the cache folder.
+- ``cpu_info``: the CPU's model name and deciding flags (plain Python; ``$DSBD_JAX_CPU_FLAGS``
+  stands in for the flags).
 - ``pass_probe``: the probe passes behind these choices (a model cut to a few blocks).
 - ``forest_budget``: DSBD's forest node budget per target on this host.
 - ``compilation_cache``: JAX's persistent compilation cache in the library's cache folder.
