@@ -13,14 +13,16 @@
     dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
 
 ``generate`` runs its decoder once, showing the elapsed seconds (``--progress time``, the
-default: the decoder carries no host callback, so the compilation cache keeps it) or a bar per
-decoder iteration (``--progress tokens``: new tokens, iterations, target calls and, for DSBD,
-the accepted draft candidates per verified layer; no rate; compiled on every run), then prints
-the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
-checked on their own before any model file is read, then against the models' configs before any
-weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
-(:mod:`dsbd_jax.host.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
-Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
+default) or a bar per decoder iteration (``--progress tokens``: new tokens, iterations, target
+calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then prints
+the run's tokens/s and every beam with its target log-likelihood. Neither progress mode puts a
+host callback in the compiled programs, so both keep them in the compilation cache
+(``$DSBD_JAX_CACHE/xla``; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off) and a later run
+compiles nothing. Each command that loads a model prints one line per model: the dtype and
+weight kind it runs in, and why. ``--help``, argument errors and the settings' refusals answer
+before JAX is imported; settings and prompts are then checked against the models' configs
+before any weights are loaded. Errors for bad input are printed as one line
+(``dsbd: error: ...``) with exit status 2.
 
 Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
 started once per process with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, PresetError, _mesh,
-                                  build_parser)
+from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, _mesh, build_parser,
+                                  check_values)
 from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
                                   progress_mode, prompt_block, run_method, tokens_per_second,
                                   weights_label)
@@ -431,6 +431,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_values(args)       # plain Python: a refusal imports nothing heavy
         if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
             from dsbd_jax.host.compilation_cache import enable_compilation_cache
             enable_compilation_cache()      # compiled programs persist across runs
@@ -440,7 +441,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
                     return _dispatch(args)
         return _dispatch(args)
-    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
+    except Exception as e:  # noqa: BLE001 - the user's errors end as one line, others raise
+        if not isinstance(e, _user_errors()):
+            raise
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -451,6 +454,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)
+
+
+def _user_errors() -> tuple:
+    """The exceptions that mean bad input (printed as one line, exit status 2): the presets'
+    own error only when its module was imported (the parser imports no heavy module)."""
+    errors = (CLIError, ValueError, FileNotFoundError, OSError, ImportError)
+    presets = sys.modules.get("dsbd_jax.loading.presets")
+    return errors + ((presets.PresetError,) if presets is not None else ())
 
 
 # what a stopped long command keeps, and how it goes on (main's Ctrl-C message)
