@@ -96,3 +96,12 @@ def test_help_is_plain_text_and_grouped():
     for name in ("dsbd demo", "dsbd generate"):
         sub = " ".join(PARSERS[name].format_help().split())
         assert "Both keep their compiled programs in the compilation cache" in sub
+
+
+def test_the_demo_defaults_are_the_beam_w4_point():
+    from dsbd_jax.cli import build_parser
+    args = build_parser().parse_args(["demo"])
+    assert (args.beams, args.gamma, args.draft_width, args.threshold, args.min_width) == (
+        4, 2, 4, 0.7, 2)
+    gen = build_parser().parse_args(["generate", "--prompt", "hi"])
+    assert (gen.beams, gen.threshold, gen.min_width) == (2, 0.9, 1)   # generate keeps its own

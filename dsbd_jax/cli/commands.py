@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, _mesh, build_parser,
-                                  check_values)
+from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, DEMO_PROMPTS, CLIError, _mesh,
+                                  build_parser, check_values)
 from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
                                   progress_mode, prompt_block, run_method, tokens_per_second,
                                   weights_label)
@@ -48,8 +48,9 @@ def demo_draft(target: str, draft: Optional[str]):
 
 def cmd_demo(args) -> int:
     from dsbd_jax.eval import datasets
-    prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
-                              datasets.chat_prompts("gsm8k", 1)[0]]
+    half = DEMO_PROMPTS // 2
+    prompts = args.prompt or (datasets.chat_prompts("humaneval", half)
+                              + datasets.chat_prompts("gsm8k", DEMO_PROMPTS - half))
     # the demo's draft (a head registered for the target, else the default draft) is chosen
     # first, so that the checks below see the draft that will run
     args.draft, note, hint = demo_draft(args.target, args.draft)
@@ -83,26 +84,51 @@ def cmd_demo(args) -> int:
     results = {}
     for name in decoders:
         out, run_s = min(rounds[name], key=lambda x: x[1])    # the faster round's outputs
-        results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
-    import numpy as np
+        results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s, limit=args.beams),
+                         run_s, out)
     (_, tb, ob), (_, td, od) = results["beam"], results["dsbd"]
-    def ll_per_tok(o):
-        b = np.asarray(o.best)
-        i = np.arange(len(b))
-        return float(np.mean(np.asarray(o.log_likelihoods)[i, b] / np.maximum(np.asarray(o.lengths)[i, b], 1)))
     rate = lambda o, t: tokens_per_second(o, t)[1]  # noqa: E731
     ratios = [rate(*d) / rate(*b) for b, d in zip(rounds["beam"], rounds["dsbd"])]
     rd, rb = rate(od, td), rate(ob, tb)
-    lld, llb = ll_per_tok(od), ll_per_tok(ob)
+    diff = loglik_difference(od, ob)
     print(f"\nspeed: DSBD {rd:.2f} tokens/s vs beam sampling (W={args.beams}) {rb:.2f} tokens/s"
           f" -> {rd / rb:.2f}x (round by round: "
-          f"{', '.join(f'{x:.2f}x' for x in ratios)}); mean log-lik/token of the best beams: "
-          f"DSBD {lld:.3f}, beam sampling {llb:.3f}")
-    print(demo_verdict(rd / rb, lld - llb, od.stats, target.info["dtype"],
-                       rounds=ratios))
+          f"{', '.join(f'{x:.2f}x' for x in ratios)})")
+    print(f"log-likelihood per token of the best beam, DSBD minus beam sampling: "
+          f"{interval_text(diff)}")
+    print(demo_verdict(rd / rb, diff["mean"], od.stats, target.info["dtype"],
+                       rounds=ratios, ll_interval=(diff["lo"], diff["hi"])))
     if hint:
         print(hint)
     return 0
+
+
+def per_prompt_loglik(out):
+    """``[prompts]``: the best beam's log-likelihood per new token, prompt by prompt."""
+    import numpy as np
+    b = np.asarray(out.best)
+    i = np.arange(len(b))
+    return (np.asarray(out.log_likelihoods)[i, b]
+            / np.maximum(np.asarray(out.lengths)[i, b], 1)).astype(np.float64)
+
+
+def loglik_difference(a, b) -> dict:
+    """DSBD's (``a``) minus beam sampling's (``b``) best-beam log-likelihood per token over the
+    same prompts: the mean of the per-prompt differences with its 95% percentile-bootstrap
+    interval over prompts (:func:`dsbd_jax.eval.stats.paired_difference`; the spread between
+    prompts, which both methods share, cancels). ``{"n", "mean", "lo", "hi", ...}``."""
+    from dsbd_jax.eval.stats import paired_difference
+    la, lb = per_prompt_loglik(a), per_prompt_loglik(b)
+    return paired_difference(dict(enumerate(la.tolist())), dict(enumerate(lb.tolist())))
+
+
+def interval_text(diff) -> str:
+    """``-0.012 (95% interval -0.061 to 0.040 over 6 prompts)``; one prompt has no interval."""
+    if diff["n"] < 2:
+        return (f"{diff['mean']:+.3f} (one prompt: no interval; one draw per prompt varies by "
+                f"about 0.05 per token, so give several --prompt)")
+    return (f"{diff['mean']:+.3f} (95% interval {diff['lo']:+.3f} to {diff['hi']:+.3f} over "
+            f"{diff['n']} prompts, bootstrap)")
 
 
 def forest_line(config) -> str:
@@ -115,13 +141,15 @@ def forest_line(config) -> str:
 
 
 def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
-                 backend: Optional[str] = None, rounds=()) -> str:
+                 backend: Optional[str] = None, rounds=(), ll_interval=None) -> str:
     """One line on what the demo showed: DSBD faster at equal or better log-likelihood, or what
     held it back (tokens per target pass; on a CPU backend, the forest pass's cost). The two
     prompts' log-likelihoods vary by about 0.05 per token from seed to seed, so a gap under 0.05
     counts as equal. ``rounds``: the speed ratio of each round; when they fall on both sides of
     1, the line says the run cannot tell the two apart. ``backend``: jax's default backend when
-    left out."""
+    left out. ``ll_interval``: ``(lo, hi)``, the difference's 95% interval over the prompts
+    (:func:`loglik_difference`): then the quality words follow it (no difference shown where it
+    holds 0) instead of the 0.05 rule."""
     if backend is None:
         import jax
         backend = jax.default_backend()
@@ -129,20 +157,25 @@ def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
     per_call = float(np.sum(np.asarray(stats["generated_tokens"]))) / max(
         float(np.sum(np.asarray(stats["target_calls"]))), 1.0)
     quality = "equal or better" if ll_gain > -0.05 else "lower"
+    if ll_interval is not None and None not in ll_interval and ll_interval[0] < ll_interval[1]:
+        lo, hi = ll_interval
+        quality = ("a log-likelihood this run cannot tell from beam sampling's" if lo <= 0 <= hi
+                   else "higher" if lo > 0 else "lower")
+    quality = quality if quality.startswith("a log") else f"{quality} log-likelihood"
     if rounds and min(rounds) < 1.0 <= max(rounds):
         return (f"DSBD and beam sampling were within this run's noise ({min(rounds):.2f}x to "
-                f"{max(rounds):.2f}x round by round, {quality} log-likelihood; "
+                f"{max(rounds):.2f}x round by round, {quality}; "
                 f"{per_call:.2f} new tokens per target pass): `dsbd bench` with more prompts "
                 f"says which is faster")
     if speedup >= 1.0:
-        return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
+        return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} "
                 f"({per_call:.2f} new tokens per target pass, all prompts together)")
     why = ""
     if backend == "cpu":
         why = (f"; on this CPU the target's pass over a forest costs more than a one-token pass "
                f"({dtype}; what it costs per host and dtype: docs/results/precision.md), "
                f"so verifying a forest in one pass does not pay for itself")
-    return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
+    return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality}): "
             f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
 
 

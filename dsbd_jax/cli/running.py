@@ -396,10 +396,10 @@ def tokens_per_second(out, seconds: float):
     return tokens, tokens / max(seconds, 1e-9)
 
 
-def _print_outputs(tokenizer, name, out, prompts, run_s, shown=()):
-    """Every live beam of every prompt with its log-likelihood (best first), but the prompts
-    ``shown`` already (:func:`prompt_block`); returns the number of new tokens in the best
-    beams."""
+def _print_outputs(tokenizer, name, out, prompts, run_s, shown=(), limit=None):
+    """Every live beam (the ``limit`` most likely, when given) of every prompt with its
+    log-likelihood (best first), but the prompts ``shown`` already (:func:`prompt_block`);
+    returns the number of new tokens in the best beams."""
     import numpy as np
     gen, rate = tokens_per_second(out, run_s)
     print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {rate:.2f} tokens/s "
@@ -409,17 +409,22 @@ def _print_outputs(tokenizer, name, out, prompts, run_s, shown=()):
     print(f"    stats: {short}")
     for b, text in enumerate(prompts):
         if b not in shown:
-            print(prompt_block(tokenizer, out, b, text))
+            print(prompt_block(tokenizer, out, b, text, limit=limit, method=name))
     return gen
 
 
-def prompt_block(tokenizer, out, b: int, text: str) -> str:
-    """Prompt ``b``'s live beams in ``out`` with their log-likelihoods, best first."""
+def prompt_block(tokenizer, out, b: int, text: str, limit: Optional[int] = None,
+                 method: Optional[str] = None) -> str:
+    """Prompt ``b``'s live beams in ``out`` with their log-likelihoods, best first (the
+    ``limit`` most likely when given: DSBD's output holds the width of the layer it ended on,
+    which can exceed ``--beams``), and a note where beams repeat: which, and how to draw
+    distinct ones."""
     import numpy as np
     seqs, lens = np.asarray(out.sequences[b]), np.asarray(out.lengths[b])
     ll, best = np.asarray(out.log_likelihoods[b]), int(np.asarray(out.best[b]))
     lines = [f"--- prompt {b}: {text[:70]!r}"]
-    order = [w for w in np.argsort(-ll, kind="stable") if np.isfinite(ll[w])]
+    live = [w for w in np.argsort(-ll, kind="stable") if np.isfinite(ll[w])]
+    order = live if limit is None else live[:limit]
     for w in order:
         n = lens[w]
         tag = "best " if w == best else ""
@@ -427,9 +432,21 @@ def prompt_block(tokenizer, out, b: int, text: str) -> str:
                      f"{n} tokens)")
         lines.append("      " + tokenizer.decode(seqs[w, :n].tolist(), skip_special_tokens=True)
                      .replace("\n", "\n      "))
-    texts = [tuple(seqs[w, :lens[w]].tolist()) for w in order]
-    if len(set(texts)) < len(texts):
-        lines.append("    (some beams are identical: beam sampling draws its beams independently, "
-                     "with replacement, so it can draw the same beam twice; --no-replacement "
-                     "draws distinct beams)")
+    if len(order) < len(live):
+        lines.append(f"    ({len(live)} beams in the output; the {len(order)} most likely shown, "
+                     f"as --beams asks)")
+    first = {}
+    same = []
+    for w in order:
+        key = tuple(seqs[w, :lens[w]].tolist())
+        if key in first:
+            same.append((first[key], w))
+        else:
+            first[key] = w
+    if same:
+        pairs = ", ".join(f"{a} and {c}" for a, c in same)
+        who = {"beam": "beam sampling draws its beams", "dsbd": "DSBD draws its beams",
+               "tree": "tree sampling draws its candidates"}.get(method, "this method draws")
+        lines.append(f"    (beams {pairs} are the same text: {who} with replacement, so it can "
+                     f"draw the same beam twice; --no-replacement draws distinct beams)")
     return "\n".join(lines)

@@ -408,9 +408,9 @@ def other_vocab_draft(pair, tmp_path_factory):
 
 @pytest.mark.parametrize("extra, match", [
     (["--threshold", "1.5"], "threshold"),
-    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--method", "spec", "--gamma", "0"], "gamma"),
-    (["--min-width", "4", "--draft-width", "3"], "min_width"),
+    (["--min-width", "4", "--draft-width", "3"], "--min-width"),
     (["--draft", "OTHER"], "vocabularies differ"),
     (["--method", "sample", "--raw", "--prompt", "x" * 2100], "prompt too long"),
 ])
