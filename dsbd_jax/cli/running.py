@@ -199,7 +199,6 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.loading.heads import read_draft_config
     from dsbd_jax.loading.load import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
-    dtype = getattr(args, "dtype", "auto")
     args.dtypes, args.dtype_whys = {}, {}
     target_dtype = _role_dtype(args, "target", read_config(args.target), methods)
     target_config = _with_weights(read_config(args.target, target_dtype), args, "weights")

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from dsbd_jax.cli import commands
+from dsbd_jax.cli import demo as commands
 from dsbd_jax.cli.running import prompt_block
 
 
