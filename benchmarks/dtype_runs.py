@@ -24,8 +24,10 @@ if _ROOT not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, _ROOT)
 
 MODELS = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
-LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+) \((?P<why>.*)\); "
-                  r"kernels (?P<form>\w+)")
+LINE = re.compile(r"^(?P<model>\S+) \(\d+x\d+\): dtype (?P<dtype>\w+)(?: for any decoder)? "
+                  r"\((?P<why>.*)\); kernels (?P<form>\w+)")
+# dsbd host's per-decoder lines below a model's (issue 91: a dtype per role and decoder)
+FOR = re.compile(r"^  dtype for (?P<who>[^:]+): (?P<dtype>\w+) ")
 
 
 def one_run(models, env_extra=None):
@@ -43,12 +45,16 @@ def one_run(models, env_extra=None):
         wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"dsbd host: exit {r.returncode}\n{r.stderr[-2000:]}")
-    got = {}
+    got, last = {}, None
     for line in r.stdout.splitlines():
         m = LINE.match(line)
         if m:
-            got[m["model"]] = {"dtype": m["dtype"], "form": m["form"],
-                               "why": m["why"].replace(cache, "<fresh cache>")}
+            last = m["model"]
+            got[last] = {"dtype": m["dtype"], "form": m["form"],
+                         "why": m["why"].replace(cache, "<fresh cache>"), "by_decoder": {}}
+        f = FOR.match(line)
+        if f and last is not None:
+            got[last]["by_decoder"][f["who"]] = f["dtype"]
     return got, wall, [line.replace(cache, "<fresh cache>") for line in r.stdout.splitlines()]
 
 
