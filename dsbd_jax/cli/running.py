@@ -311,7 +311,8 @@ def load_models(args, configs):
         if m.config != config:
             raise CLIError(f"{source}: the loaded model's config differs from the one read "
                            f"before loading (did the files change?)")
-        _status(f"loaded {role} {source} in {time.perf_counter() - t0:.1f} s")
+        _status(f"loaded {role} {source} ({weights_label(m.info)}) in "
+                f"{time.perf_counter() - t0:.1f} s")
         print(choice_line(role, source, m.info, args), flush=True)
         models.append(m)
     return models[0], models[1]
