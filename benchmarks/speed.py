@@ -175,6 +175,9 @@ def run_peer(python: str, script: str, payload, what: str):
 
 
 def main():
+    if "--cli" in sys.argv[1:]:   # the command line's answers, not decoding (module _cli_latency)
+        from benchmarks import _cli_latency
+        return _cli_latency.main([a for a in sys.argv[1:] if a != "--cli"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -194,6 +197,9 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="run the table in each dtype (ours and transformers alike)")
     ap.add_argument("--out", default="/tmp/dsbd_speed.json")
+    ap.add_argument("--cli", action="store_true",
+                    help="time the command line instead (help, refusals, a warm first token as "
+                         "whole processes; python -m benchmarks.speed --cli --help)")
     args = ap.parse_args()
     from dsbd_jax import eval as bench
     import gc

@@ -4,33 +4,50 @@ Models: :func:`load_model`, :func:`forward`, :func:`logits`, :class:`KVCache`.
 Decoders (each one jitted ``lax.while_loop``): :func:`sample`, :func:`beam_sample`,
 :func:`beam_search`, :func:`speculative_sample`, :func:`tree_speculative_sample`,
 :func:`dsbd_generate`.
+
+The names are imported on first use (PEP 562 ``__getattr__``), so ``import dsbd_jax`` (and the
+``dsbd`` command's parser, its help and its refusals) does not import JAX.
 """
 
-from dsbd_jax.decoding.beam import beam_sample, beam_search
-from dsbd_jax.models.cache import KVCache, empty_cache
-from dsbd_jax.decoding._jit.compiles import compile_count
-from dsbd_jax.decoding.common import GenerateOutput, bucket_length, max_prompt_length, pad_prompts
-from dsbd_jax.decoding.progress import Progress
-from dsbd_jax.decoding.configs import (BeamSampleConfig, BeamSearchConfig, SampleConfig,
-                                       SpeculativeConfig, TreeConfig)
-from dsbd_jax.models.config import ModelConfig
-from dsbd_jax.decoding.configs import DSBDConfig
-from dsbd_jax.decoding.dsbd import dsbd_generate
-from dsbd_jax.loading import LoadedModel, list_presets, load_model
-from dsbd_jax.models.llama import causal_mask, forward, init_params, logits
-from dsbd_jax.decoding.sampling import sample
-from dsbd_jax.decoding.speculative import speculative_sample
-from dsbd_jax.decoding.tree import tree_speculative_sample
-from dsbd_jax.decoding.warping import warp_logits
+import importlib
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-__all__ = [
-    "DSBDConfig", "GenerateOutput", "KVCache", "LoadedModel", "ModelConfig",
-    "Progress", "SampleConfig", "BeamSampleConfig", "BeamSearchConfig", "SpeculativeConfig",
-    "TreeConfig",
-    "beam_sample", "beam_search", "bucket_length", "causal_mask", "compile_count",
-    "dsbd_generate", "empty_cache", "forward", "init_params", "list_presets", "load_model",
-    "logits", "max_prompt_length", "pad_prompts", "sample", "speculative_sample", "tree_speculative_sample",
-    "warp_logits",
-]
+# each public name -> the module that defines it
+_EXPORTS = {
+    "beam_sample": "dsbd_jax.decoding.beam", "beam_search": "dsbd_jax.decoding.beam",
+    "KVCache": "dsbd_jax.models.cache", "empty_cache": "dsbd_jax.models.cache",
+    "Progress": "dsbd_jax.decoding.progress",
+    "compile_count": "dsbd_jax.decoding._jit.compiles",
+    "GenerateOutput": "dsbd_jax.decoding.common",
+    "bucket_length": "dsbd_jax.decoding.common",
+    "max_prompt_length": "dsbd_jax.decoding.common", "pad_prompts": "dsbd_jax.decoding.common",
+    "BeamSampleConfig": "dsbd_jax.decoding.configs",
+    "BeamSearchConfig": "dsbd_jax.decoding.configs", "SampleConfig": "dsbd_jax.decoding.configs",
+    "SpeculativeConfig": "dsbd_jax.decoding.configs", "TreeConfig": "dsbd_jax.decoding.configs",
+    "DSBDConfig": "dsbd_jax.decoding.configs",
+    "ModelConfig": "dsbd_jax.models.config",
+    "dsbd_generate": "dsbd_jax.decoding.dsbd",
+    "LoadedModel": "dsbd_jax.loading", "list_presets": "dsbd_jax.loading",
+    "load_model": "dsbd_jax.loading",
+    "causal_mask": "dsbd_jax.models.llama", "forward": "dsbd_jax.models.llama",
+    "init_params": "dsbd_jax.models.llama", "logits": "dsbd_jax.models.llama",
+    "sample": "dsbd_jax.decoding.sampling",
+    "speculative_sample": "dsbd_jax.decoding.speculative",
+    "tree_speculative_sample": "dsbd_jax.decoding.tree",
+    "warp_logits": "dsbd_jax.decoding.warping",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value      # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'dsbd_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

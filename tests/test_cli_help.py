@@ -103,10 +103,10 @@ def test_demo_verdict_names_what_held_dsbd_back():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--prompt", "hi", "--threshold", "1.5"], "threshold must be a number in [0, 1]"),
-    (["--prompt", "hi", "--beams", "0"], "--beams: num_beams"),
+    (["--prompt", "hi", "--threshold", "1.5"], "--threshold: must be a number in [0, 1]"),
+    (["--prompt", "hi", "--beams", "0"], "--beams: must be an int >= 1"),
     (["--method", "beam", "--prompt", "hi", "--max-new-tokens", "0"],
-     "--max-new-tokens: max_new_tokens"),
+     "--max-new-tokens: must be an int >= 1"),
     (["--prompt", "hi", "--draft", "no-such-draft"], "--draft 'no-such-draft': no such model"),
     (["--prompt", "hi", "--target", "no/such/dir/"], "--target 'no/such/dir/': no such model"),
     (["--raw", "--prompt", ""], "--prompt 1 is empty"),

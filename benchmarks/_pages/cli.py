@@ -11,7 +11,7 @@ from benchmarks._pages.common import (BEAM_W4_POINT, DEFAULT, MODEL_NAMES, Resul
 
 
 def cli_latency(r: Results, source: str) -> str:
-    """Whole ``dsbd`` commands timed from outside (the retired cli_latency.py), median seconds."""
+    """Whole ``dsbd`` commands timed from outside (``benchmarks.speed --cli``), median seconds."""
     doc = r(source)
     # the JSON keeps each command's words, not its quoting: printed as words, not as code
     return table(["command (its words)", "seconds"],

@@ -14,7 +14,8 @@ from dsbd_jax.cli.options import (  # noqa: E402,F401
 from dsbd_jax.cli.running import (  # noqa: E402,F401
     ElapsedTicker, ProgressBar, build_decoder, check_options, load_models, prepare, progress_mode,
     run_method, tokens_per_second)
-from dsbd_jax.cli.commands import demo_draft, demo_verdict, main  # noqa: E402,F401
+from dsbd_jax.cli.commands import main  # noqa: E402,F401
+from dsbd_jax.cli.demo import demo_draft, demo_verdict  # noqa: E402,F401
 
 __all__ = ["main", "build_parser", "CLIError", "DEFAULT_TARGET", "DEFAULT_DRAFT", "ProgressBar",
            "ElapsedTicker", "build_decoder", "check_options", "prepare", "load_models",

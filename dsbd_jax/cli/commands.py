@@ -9,142 +9,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, PresetError, _mesh,
-                                  build_parser)
-from dsbd_jax.cli.running import (_print_outputs, _status, check_options, load_models, prepare,
-                                  progress_mode, prompt_block, run_method, tokens_per_second,
-                                  weights_label)
-
-def demo_draft(target: str, draft: Optional[str]):
-    """The demo's draft and what to say about it: ``(draft, note, hint)``. ``--draft`` when
-    given; else the newest draft head registered for ``target`` (``note`` names it), else
-    :data:`DEFAULT_DRAFT` with a ``hint``: the command that trains a head for the target and its
-    recorded time (``results/<recipe>_training.json``), or None without a recipe."""
-    if draft is not None:
-        return draft, None, None
-    from dsbd_jax.training import head as th
-    heads = th.trained_heads(target)
-    if heads:
-        return str(heads[0]), (f"draft: the trained draft head {heads[0].name} "
-                               f"({heads[0]}); --draft {DEFAULT_DRAFT} drafts with the full "
-                               f"model"), None
-    recipes = th.recipes_for(target)
-    if not recipes:
-        return DEFAULT_DRAFT, None, None
-    recipe = recipes[0]
-    took = ""
-    record = recipe.parents[1] / "results" / f"{recipe.stem}_training.json"
-    if record.is_file():
-        import json
-        r = json.loads(record.read_text())
-        took = (f" (about {r['wall_s'] / 60:.0f} minutes and {r['peak_rss_kb'] / 1e6:.1f} GB "
-                f"on a {r['machine'].get('cpu_count', '?')}-core CPU, "
-                f"{record.relative_to(recipe.parents[1]).as_posix()})")
-    rel = recipe.relative_to(recipe.parents[1]).as_posix()
-    return DEFAULT_DRAFT, None, (f"a draft head reads the target's own features and costs a "
-                                 f"fraction of the draft model's pass: `dsbd train-head {rel}` "
-                                 f"trains one{took}; the demo then drafts with it")
-
-
-def cmd_demo(args) -> int:
-    from dsbd_jax.eval import datasets
-    prompts = args.prompt or [datasets.chat_prompts("humaneval", 1)[0],
-                              datasets.chat_prompts("gsm8k", 1)[0]]
-    # the demo's draft (a head registered for the target, else the default draft) is chosen
-    # first, so that the checks below see the draft that will run
-    args.draft, note, hint = demo_draft(args.target, args.draft)
-    check_options(args, ("beam", "dsbd"), prompts)  # before anything is read (prepare: again)
-    if note:
-        print(note, flush=True)
-    configs, decoders, tokenizer, ids, lens = prepare(args, ("beam", "dsbd"), prompts)
-    target, draft = load_models(args, configs)
-    print(f"target {args.target} ({weights_label(target.info)}: {target.info['dtype_why']}), "
-          f"draft {args.draft} ({weights_label(draft.info)}); {len(prompts)} prompt(s), "
-          f"{args.max_new_tokens} new tokens; each method runs twice, the methods taking turns "
-          f"(a first round that also compiles, then a second; both timed, compilation left "
-          f"out)", flush=True)
-    print(f"DSBD: {args.beams} beams in the extra layer (the output: {args.min_width} to "
-          f"{max(args.beams, args.draft_width)}, the width of the layer a run ends on), draft look-ahead gamma={args.gamma}, draft beam "
-          f"width W_S={args.draft_width}, width threshold t={args.threshold}, widths "
-          f"{args.min_width}..{max(args.beams, args.draft_width)}"
-          f"{', single-beam' if args.single_beam else ''}; {forest_line(decoders['dsbd'].config)}"
-          f"; beam sampling: W={args.beams} "
-          f"; both with temperature {args.temperature}, "
-          f"top-k {args.top_k}, top-p {args.top_p}", flush=True)
-    rounds = {name: [] for name in decoders}
-    for r in range(2):     # the methods take turns, so that a load beside them touches both
-        for name, dec in decoders.items():
-            _status(f"[{name}] round {r + 1} of 2" + (" (compiles first)" if r == 0 else ""))
-            out, comp, run_s = run_method(dec, target, draft, ids, lens, args.seed,
-                                          progress=progress_mode(args), warmup=False)
-            if r == 0:
-                print(f"[{name}] compile {comp:.1f} s")
-            rounds[name].append((out, run_s))
-    results = {}
-    for name in decoders:
-        out, run_s = min(rounds[name], key=lambda x: x[1])    # the faster round's outputs
-        results[name] = (_print_outputs(tokenizer, name, out, prompts, run_s), run_s, out)
-    import numpy as np
-    (_, tb, ob), (_, td, od) = results["beam"], results["dsbd"]
-    def ll_per_tok(o):
-        b = np.asarray(o.best)
-        i = np.arange(len(b))
-        return float(np.mean(np.asarray(o.log_likelihoods)[i, b] / np.maximum(np.asarray(o.lengths)[i, b], 1)))
-    rate = lambda o, t: tokens_per_second(o, t)[1]  # noqa: E731
-    ratios = [rate(*d) / rate(*b) for b, d in zip(rounds["beam"], rounds["dsbd"])]
-    rd, rb = rate(od, td), rate(ob, tb)
-    lld, llb = ll_per_tok(od), ll_per_tok(ob)
-    print(f"\nspeed: DSBD {rd:.2f} tokens/s vs beam sampling (W={args.beams}) {rb:.2f} tokens/s"
-          f" -> {rd / rb:.2f}x (round by round: "
-          f"{', '.join(f'{x:.2f}x' for x in ratios)}); mean log-lik/token of the best beams: "
-          f"DSBD {lld:.3f}, beam sampling {llb:.3f}")
-    print(demo_verdict(rd / rb, lld - llb, od.stats, target.info["dtype"],
-                       rounds=ratios))
-    if hint:
-        print(hint)
-    return 0
-
-
-def forest_line(config) -> str:
-    """What DSBD's target pass verifies per prompt: its nodes and layers, and the node budget
-    that widened them."""
-    grown = config.layer_width > config.draft_width
-    return (f"a forest of {config.forest_nodes} nodes ({config.gamma} layers of "
-            f"{config.layer_width}" + (f", widened from W_S by the node budget "
-                                        f"{config.node_budget}" if grown else "") + ")")
-
-
-def demo_verdict(speedup: float, ll_gain: float, stats, dtype: str,
-                 backend: Optional[str] = None, rounds=()) -> str:
-    """One line on what the demo showed: DSBD faster at equal or better log-likelihood, or what
-    held it back (tokens per target pass; on a CPU backend, the forest pass's cost). The two
-    prompts' log-likelihoods vary by about 0.05 per token from seed to seed, so a gap under 0.05
-    counts as equal. ``rounds``: the speed ratio of each round; when they fall on both sides of
-    1, the line says the run cannot tell the two apart. ``backend``: jax's default backend when
-    left out."""
-    if backend is None:
-        import jax
-        backend = jax.default_backend()
-    import numpy as np
-    per_call = float(np.sum(np.asarray(stats["generated_tokens"]))) / max(
-        float(np.sum(np.asarray(stats["target_calls"]))), 1.0)
-    quality = "equal or better" if ll_gain > -0.05 else "lower"
-    if rounds and min(rounds) < 1.0 <= max(rounds):
-        return (f"DSBD and beam sampling were within this run's noise ({min(rounds):.2f}x to "
-                f"{max(rounds):.2f}x round by round, {quality} log-likelihood; "
-                f"{per_call:.2f} new tokens per target pass): `dsbd bench` with more prompts "
-                f"says which is faster")
-    if speedup >= 1.0:
-        return (f"DSBD was {speedup:.2f}x as fast as beam sampling at {quality} log-likelihood "
-                f"({per_call:.2f} new tokens per target pass, all prompts together)")
-    why = ""
-    if backend == "cpu":
-        why = (f"; on this CPU the target's pass over a forest costs more than a one-token pass "
-               f"({dtype}; what it costs per host and dtype: docs/results/precision.md), "
-               f"so verifying a forest in one pass does not pay for itself")
-    return (f"DSBD was slower than beam sampling here ({speedup:.2f}x, {quality} log-likelihood): "
-            f"{per_call:.2f} new tokens per target pass (all prompts together){why}")
-
+from dsbd_jax.cli.demo import cmd_demo, demo_draft, demo_verdict  # noqa: F401
+from dsbd_jax.cli.options import (DEFAULT_DRAFT, DEFAULT_TARGET, CLIError, _mesh, build_parser,
+                                  check_values)
+from dsbd_jax.cli.running import (_print_outputs, _status, load_models, prepare, progress_mode,
+                                  prompt_block, run_method)
 
 def cmd_generate(args) -> int:
     mesh = _mesh(args.mesh)  # before loading: a bad --mesh fails fast
@@ -339,22 +208,8 @@ def weights_line(config, dtype) -> str:
     """What ``--draft-weights auto`` gives a draft of ``config``'s shape here, with the figures
     it was measured from (:func:`dsbd_jax.host.forms.choose_weights`)."""
     from dsbd_jax.host import forms
-    from dsbd_jax.host.cpu_options import host_entries
-    kind = forms.choose_weights(config, dtype)
-    shape = f"{config.hidden_size}x{config.intermediate_size} {dtype}"
-    times = next((got.get("min_ms") for entry, got in host_entries().items()
-                  if entry.startswith("weights |") and entry.endswith(shape)), None)
-    if not times:
-        return f"{kind} weights (--draft-weights auto; not measured: a small model, or no CPU)"
-    figures = ", ".join(f"M={m}: float {t['float']:.1f} / int8 {t['int8']:.1f} ms"
-                        for m, t in _by_rows(times).items())
-    return f"{kind} weights (--draft-weights auto; MLP products {figures})"
-
-
-def _by_rows(times) -> dict:
-    """``{kind: {M: ms}}`` -> ``{M: {kind: ms}}``."""
-    rows = sorted({m for per in times.values() for m in per}, key=int)
-    return {m: {k: times[k][m] for k in times} for m in rows}
+    kind, why = forms.weights_choice(config, dtype)
+    return f"{kind} weights (--draft-weights auto: {why})"
 
 
 def cmd_host(args) -> int:
@@ -368,15 +223,24 @@ def cmd_host(args) -> int:
     from dsbd_jax.host.cpu_options import cache_file, host_entries, host_key
     from dsbd_jax.loading.load import read_config
     from dsbd_jax.loading.load_args import fuses_by_default
+    from dsbd_jax.host.cpu_options import forget_host
+    if args.remeasure:
+        print(f"--remeasure: dropped {forget_host()} choices cached for this host")
     print(f"host: {host_key()}, backend {jax.default_backend()}")
     for source in args.model or [DEFAULT_TARGET, DEFAULT_DRAFT]:
         config = read_config(source)
         plan = host.plan(config, args.dtype)
         print(f"{source} ({config.hidden_size}x{config.intermediate_size}): dtype {plan.dtype} "
-              f"({plan.why}); kernels {plan.form}"
+              f"for any decoder ({plan.why}); kernels {plan.form}"
               f"{', head as [V, d] rows' if plan.head_transposed else ''}; "
               f"compiler options {plan.options}; projections "
               f"{'fused' if fuses_by_default(plan.form == 'transposed') else 'separate'}")
+        if args.dtype == "auto":
+            for label, methods, role in (("sampling and beam sampling", ("sample", "beam"),
+                                          "target"), ("DSBD's target", ("dsbd",), "target"),
+                                         ("a draft", None, "draft")):
+                dt, why = host.dtype_choice(config, methods, role)
+                print(f"  dtype for {label}: {dt} ({why})")
         nodes, why = node_budget(config.replace(dtype=plan.dtype))
         print(f"  as a DSBD target: {why}")
         nodes, why = node_budget(config.replace(dtype=plan.dtype), "int8")
@@ -436,6 +300,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_values(args)       # plain Python: a refusal imports nothing heavy
         if args.command in ("demo", "generate", "bench", "vocab", "distill", "host"):
             from dsbd_jax.host.compilation_cache import enable_compilation_cache
             enable_compilation_cache()      # compiled programs persist across runs
@@ -445,7 +310,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
                     return _dispatch(args)
         return _dispatch(args)
-    except (CLIError, ValueError, FileNotFoundError, OSError, ImportError, PresetError) as e:
+    except Exception as e:  # noqa: BLE001 - the user's errors end as one line, others raise
+        if not isinstance(e, _user_errors()):
+            raise
         print("dsbd: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -456,6 +323,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)
+
+
+def _user_errors() -> tuple:
+    """The exceptions that mean bad input (printed as one line, exit status 2): the presets'
+    own error only when its module was imported (the parser imports no heavy module)."""
+    errors = (CLIError, ValueError, FileNotFoundError, OSError, ImportError)
+    presets = sys.modules.get("dsbd_jax.loading.presets")
+    return errors + ((presets.PresetError,) if presets is not None else ())
 
 
 # what a stopped long command keeps, and how it goes on (main's Ctrl-C message)

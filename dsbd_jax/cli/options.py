@@ -1,11 +1,21 @@
-"""The ``dsbd`` command's options: the parser, its help, and the decoder settings it takes."""
+"""The ``dsbd`` command's options: the parser, its help, and the decoder settings it takes.
+
+Plain Python: nothing here imports JAX or the library's heavy modules, so ``--help``, argument
+errors and the settings' refusals (:func:`check_values`) answer before anything is loaded
+(``tests/test_cli_light.py`` holds it to that)."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
 
-from dsbd_jax.decoding.methods import METHODS, NEEDS_DRAFT, allowed  # noqa: F401
-from dsbd_jax.loading.presets import PresetError  # noqa: F401
+# the decoding methods (dsbd_jax.decoding.methods.METHODS / NEEDS_DRAFT, spelled here so that
+# the parser needs no JAX; tests/test_cli_light.py checks that the two agree)
+METHODS = ("dsbd", "beam", "beam_search", "sample", "spec", "tree")
+NEEDS_DRAFT = frozenset({"dsbd", "spec", "tree"})
+# the methods that draw beams with or without replacement (their configs' ``replacement``)
+WITH_REPLACEMENT = frozenset({"dsbd", "beam", "tree"})
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -29,14 +39,16 @@ DESCRIPTION = """Command line (the ``dsbd`` console script, or ``python -m dsbd_
     dsbd host [--model M]                        # how this host runs a model: dtype, kernels, options
 
 ``generate`` runs its decoder once, showing the elapsed seconds (``--progress time``, the
-default: the decoder carries no host callback, so the compilation cache keeps it) or a bar per
-decoder iteration (``--progress tokens``: new tokens, iterations, target calls and, for DSBD,
-the accepted draft candidates per verified layer; no rate; compiled on every run), then prints
-the run's tokens/s and every beam with its target log-likelihood. Settings and prompts are
-checked on their own before any model file is read, then against the models' configs before any
-weights are loaded. Compiled programs persist in ``$DSBD_JAX_CACHE/xla``
-(:mod:`dsbd_jax.host.compilation_cache`; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off).
-Errors for bad input are printed as one line (``dsbd: error: ...``) with exit status 2.
+default) or a bar per decoder iteration (``--progress tokens``: new tokens, iterations, target
+calls and, for DSBD, the accepted draft candidates per verified layer; no rate), then prints
+the run's tokens/s and every beam with its target log-likelihood. Neither progress mode puts a
+host callback in the compiled programs, so both keep them in the compilation cache
+(``$DSBD_JAX_CACHE/xla``; ``DSBD_JAX_COMPILATION_CACHE=0`` turns it off) and a later run
+compiles nothing. Each command that loads a model prints one line per model: the dtype and
+weight kind it runs in, and why. ``--help``, argument errors and the settings' refusals answer
+before JAX is imported; settings and prompts are then checked against the models' configs
+before any weights are loaded. Errors for bad input are printed as one line
+(``dsbd: error: ...``) with exit status 2.
 
 Many processes (JAX's multi-controller runtime): ``generate`` and ``bench`` run unchanged when
 started once per process with ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and
@@ -46,6 +58,12 @@ progress bars are off. On one machine, N processes of 4 virtual CPU devices each
 
     N=2; for i in $(seq 0 $((N-1))); do JAX_COORDINATOR_ADDRESS=127.0.0.1:12345 JAX_NUM_PROCESSES=$N JAX_PROCESS_ID=$i XLA_FLAGS=--xla_force_host_platform_device_count=4 dsbd generate --mesh data=4,model=2 --no-progress --prompt hi & done; wait
 """
+
+# the demo: DSBD at the beam-W4 point (gamma 2, W_S 4, t 0.7, W_min 2 against beam sampling
+# W = 4: DSBD aimed at beam sampling's log-likelihood, the point configs/quality_cpu.yaml and
+# the quality pages use), over enough prompts that the log-likelihood difference has an interval
+DEMO_DEFAULTS = dict(beams=4, gamma=2, draft_width=4, threshold=0.7, min_width=2)
+DEMO_PROMPTS = 6
 
 
 class CLIError(Exception):
@@ -67,57 +85,81 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text
 
 
-def _add_settings(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="sampling temperature (0 = greedy)")
-    p.add_argument("--top-k", type=int, default=10,
-                   help="keep the k most likely tokens, 0 = off (the paper uses 10)")
-    p.add_argument("--top-p", type=float, default=0.8,
-                   help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
-    p.add_argument("--beams", type=int, default=2,
-                   help="beam width W: the output beams of beam and beam_search; DSBD: the "
-                        "beams its extra layer draws, so its output has W beams when the last "
-                        "iteration passed every layer, else the width of the layer it ended on "
-                        "(--min-width to max(--beams, --draft-width))")
-    p.add_argument("--gamma", type=int, default=3,
-                   help="draft look-ahead (layers). 3 by default: with the int8 draft (what "
-                        "--draft-weights auto picks where integer products are faster) DSBD "
-                        "W_S 3 ran faster at gamma 3 than at 2 or 4 (docs/results/speed.md)")
-    p.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
-    p.add_argument("--threshold", type=float, default=0.9, help="DSBD width threshold t")
-    p.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
-    p.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
-    p.add_argument("--node-budget", type=node_budget_arg, default="off",
-                   help="DSBD forest nodes (input beams + gamma layers) to fill by widening "
-                        "each draft layer past --draft-width with leaf candidates: off = the "
-                        "--draft-width x --gamma forest; auto = the largest forest the target "
-                        "verifies for free on this host (measured once per host and model, "
-                        "cached; `dsbd host` prints it; none where no forest is free); or a "
-                        "number. Off by default: wider forests verified no more tokens per "
-                        "target pass at the beam-W4 point (docs/results/speed.md)")
-    p.add_argument("--no-replacement", action="store_true", help="beams without replacement")
-    p.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
-    p.add_argument("--no-eos", action="store_true", help="ignore EOS (always generate max tokens)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="the models' dtype: auto = bfloat16 where this host runs it faster "
-                        "than float32 (measured once, cached), else float32")
-    p.add_argument("--draft-weights", default="auto", choices=("auto", "float", "int8"),
-                   help="the draft model's projection and head kernels: int8 = eight-bit codes "
-                        "run by XLA's integer product (a quarter of float32's bytes, several "
-                        "times faster at few rows on the CPU); auto = int8 where this host runs "
-                        "the draft's products clearly faster so (measured once, cached), else "
-                        "float. The outputs keep the target's exact distributions whatever the "
-                        "draft")
-    p.add_argument("--weights", default="float", choices=("float", "int8"),
-                   help="the target's kernels: int8 makes the target ANOTHER MODEL (eight-bit "
-                        "weights and activations in its products): every method then samples "
-                        "that model's distributions, not the float model's (docs/loading.md)")
+def _add_settings(p: argparse.ArgumentParser, groups) -> None:
+    """The decoders' settings, in ``groups`` (``{"decoder", "dsbd", "loading"}``: argument
+    groups of ``p``)."""
+    dec, dsbd, load = groups["decoder"], groups["dsbd"], groups["loading"]
+    dec.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per prompt")
+    dec.add_argument("--temperature", type=float, default=1.0,
+                     help="sampling temperature (0 = greedy)")
+    dec.add_argument("--top-k", type=int, default=10,
+                     help="keep the k most likely tokens, 0 = off (the paper uses 10)")
+    dec.add_argument("--top-p", type=float, default=0.8,
+                     help="nucleus (top-p) mass, 1 = off (the paper uses 0.8)")
+    dec.add_argument("--beams", type=int, default=2,
+                     help="beam width W: the output beams of beam and beam_search; DSBD: the "
+                          "beams its extra layer draws, so its output has W beams when the last "
+                          "iteration passed every layer, else the width of the layer it ended on "
+                          "(--min-width to max(--beams, --draft-width))")
+    dec.add_argument("--no-replacement", action="store_true",
+                     help="draw without replacement (beam sampling, DSBD, tree sampling): "
+                          "distinct beams, where with replacement the same beam can be drawn twice")
+    dec.add_argument("--seed", type=int, default=0, help="PRNG seed of the decoders")
+    dec.add_argument("--no-eos", action="store_true",
+                     help="ignore EOS (always generate max tokens)")
+    dsbd.add_argument("--gamma", type=int, default=3,
+                      help="draft look-ahead (layers; also speculative and tree sampling's). 3 "
+                           "by default: with the int8 draft (what --draft-weights auto picks "
+                           "where integer products are faster) DSBD W_S 3 ran faster at gamma 3 "
+                           "than at 2 or 4 (docs/results/speed.md)")
+    dsbd.add_argument("--draft-width", type=int, default=3, help="DSBD draft beam width W_S")
+    dsbd.add_argument("--threshold", type=float, default=0.9,
+                      help="DSBD width threshold t, in [0, 1]")
+    dsbd.add_argument("--min-width", type=int, default=1, help="DSBD minimum width W_min")
+    dsbd.add_argument("--single-beam", action="store_true", help="DSBD memory-saving mode")
+    dsbd.add_argument("--node-budget", type=node_budget_arg, default="off",
+                      help="DSBD forest nodes (input beams + gamma layers) to fill by widening "
+                           "each draft layer past --draft-width with leaf candidates: off = the "
+                           "--draft-width x --gamma forest; auto = the largest forest the target "
+                           "verifies for free on this host (measured once per host and model, "
+                           "cached; dsbd host prints it; none where no forest is free); or a "
+                           "number. Off by default: wider forests verified no more tokens per "
+                           "target pass at the beam-W4 point (docs/results/speed.md)")
+    load.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                      help="the models' dtype: auto = the CPU flags' choice (bfloat16 with "
+                           "AMX-BF16 or AVX512-BF16, else float32) unless the other dtype runs "
+                           "the passes of the methods at hand clearly and repeatably faster here "
+                           "(measured once, cached; each model's line says which and why)")
+    load.add_argument("--draft-weights", default="auto", choices=("auto", "float", "int8"),
+                      help="the draft model's projection and head kernels: int8 = eight-bit "
+                           "codes run by XLA's integer product (a quarter of float32's bytes); "
+                           "auto = int8 where this host runs the draft's products (1 to 4 rows) "
+                           "clearly faster so (measured once, cached), else float. The outputs "
+                           "keep the target's exact distributions whatever the draft")
+    load.add_argument("--weights", default="float", choices=("float", "int8"),
+                      help="the target's kernels: int8 makes the target ANOTHER MODEL (eight-bit "
+                           "weights and activations in its products): every method then samples "
+                           "that model's distributions, not the float model's (docs/loading.md)")
+
+
+def _groups(p: argparse.ArgumentParser) -> dict:
+    """The argument groups of ``demo`` and ``generate``'s help, in the order shown."""
+    return {"loading": p.add_argument_group("models and loading"),
+            "decoder": p.add_argument_group("the decoder's settings"),
+            "dsbd": p.add_argument_group("DSBD's settings (and the drafted methods')"),
+            "output": p.add_argument_group("output")}
+
+
+# one story of what --progress costs, shared by demo and generate
+PROGRESS_HELP = ("time: elapsed seconds while each run goes. tokens: a bar over new tokens, "
+                 "updated after every loop iteration (the host runs the loop in compiled "
+                 "chunks). Both keep their compiled programs in the compilation cache "
+                 "($DSBD_JAX_CACHE/xla), so a later run compiles nothing. none: nothing")
 
 
 MODEL_HELP = "target model: preset name, HF directory, .gguf or hub id org/name[@revision]"
 DRAFT_HELP = ("draft (the speculative methods): a draft model, in the same forms as --target, "
-              "or a draft head: its directory or the name `dsbd train-head` registered")
+              "or a draft head: its directory or the name dsbd train-head registered")
 MESH_HELP = ("decode sharded over a device mesh, e.g. data=2,model=4 (prompts over 'data', "
              "tensor parallel over 'model'; data defaults to the remaining devices); "
              "see dsbd_jax.parallel")
@@ -135,49 +177,64 @@ def _mesh(text):
         raise CLIError(f"--mesh: {e}") from None
 
 
+def plain(text: str) -> str:
+    """``text`` without its reStructuredText markup (````x````, ``:mod:`x```, a closing ``::``)
+    for the command line's help."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "").replace("::\n", ":\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsbd", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="dsbd", description=plain(DESCRIPTION),
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     # every subcommand's --help shows each option's default (HelpFormatter)
     add = lambda name, **kw: sub.add_parser(name, formatter_class=HelpFormatter, **kw)  # noqa: E731
-    demo = add("demo", help="DSBD vs beam sampling on the default offline model pair")
-    demo.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
-    demo.add_argument("--draft", default=None,
-                      help=DRAFT_HELP + f"; default: a draft head trained for the target when one "
-                      f"is registered (dsbd train-head), else {DEFAULT_DRAFT}")
-    demo.add_argument("--prompt", action="append", default=None,
-                      help="a user message (repeatable); default: one HumanEval and one GSM8K problem")
-    demo.add_argument("--progress", choices=PROGRESS_MODES, default="time",
-                      help="time (default): elapsed seconds while each method runs. "
-                           "tokens: a bar over new tokens, updated after every loop iteration "
-                           "(the host runs the loop in compiled chunks). Both keep their "
-                           "compiled programs in the compilation cache, so a second demo "
-                           "compiles nothing. none: nothing")
-    _add_settings(demo)
+    demo = add("demo", help="DSBD vs beam sampling on the default offline model pair",
+               description="DSBD against beam sampling W = 4 on the same prompts, DSBD at "
+                           "the beam-W4 point (gamma 2, W_S 4, t 0.7, W_min 2: aimed at beam "
+                           "sampling's log-likelihood, as the quality pages measure it): each "
+                           "method's tokens/s, and DSBD minus beam sampling's log-likelihood "
+                           "per token with a 95% interval over the prompts")
+    g = _groups(demo)
+    g["loading"].add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    g["loading"].add_argument(
+        "--draft", default=None,
+        help=DRAFT_HELP + f"; default: a draft head trained for the target when one is "
+        f"registered (dsbd train-head), else {DEFAULT_DRAFT}")
+    g["decoder"].add_argument("--prompt", action="append", default=None,
+                              help="a user message (repeatable); default: "
+                                   f"{DEMO_PROMPTS // 2} HumanEval and {DEMO_PROMPTS // 2} "
+                                   "GSM8K problems")
+    g["output"].add_argument("--progress", choices=PROGRESS_MODES, default="time",
+                             help=PROGRESS_HELP)
+    _add_settings(demo, g)
+    demo.set_defaults(**DEMO_DEFAULTS)
     gen = add("generate", help="generate with one method and print the beams")
-    gen.add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
-    gen.add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
-    gen.add_argument("--prompt", action="append", required=True,
-                     help="a user message (repeatable: one batch of prompts)")
-    gen.add_argument("--method", choices=METHODS, default="dsbd", help="the decoding method")
-    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    gen.add_argument("--progress", choices=PROGRESS_MODES, default="time",
-                     help="time (default): elapsed seconds while the decoder runs. tokens: a "
-                          "bar over new tokens, updated after every loop iteration (the host "
-                          "runs the loop in compiled chunks). Both keep their compiled "
-                          "programs in the compilation cache, so a later run reads them back. "
-                          "none: nothing")
-    gen.add_argument("--no-progress", action="store_true", help="the same as --progress none")
-    gen.add_argument("--mesh", default=None, help=MESH_HELP)
-    gen.add_argument("--draft-head-rows", type=int, default=None,
-                     help="truncate the draft's vocabulary head to the N most frequent tokens "
-                          "(its frequency table: --draft-vocab-table, else the one beside it)")
-    gen.add_argument("--draft-vocab-table", default=None, help="a table from `dsbd vocab build`")
-    gen.add_argument("--draft-prompt-rows", action="store_true",
-                     help="with --draft-head-rows: also propose the prompt's own tokens (keeps "
-                          "the full head in memory)")
-    _add_settings(gen)
+    g = _groups(gen)
+    g["loading"].add_argument("--target", default=DEFAULT_TARGET, help=MODEL_HELP)
+    g["loading"].add_argument("--draft", default=DEFAULT_DRAFT, help=DRAFT_HELP)
+    g["decoder"].add_argument("--prompt", action="append", required=True,
+                              help="a user message (repeatable: one batch of prompts)")
+    g["decoder"].add_argument("--method", choices=METHODS, default="dsbd",
+                              help="the decoding method")
+    g["decoder"].add_argument("--raw", action="store_true",
+                              help="do not apply the chat template")
+    g["output"].add_argument("--progress", choices=PROGRESS_MODES, default="time",
+                             help=PROGRESS_HELP)
+    g["output"].add_argument("--no-progress", action="store_true",
+                             help="the same as --progress none")
+    g["loading"].add_argument("--mesh", default=None, help=MESH_HELP)
+    g["loading"].add_argument(
+        "--draft-head-rows", type=int, default=None,
+        help="truncate the draft's vocabulary head to the N most frequent tokens (its frequency "
+             "table: --draft-vocab-table, else the one beside it)")
+    g["loading"].add_argument("--draft-vocab-table", default=None,
+                              help="a table from dsbd vocab build")
+    g["loading"].add_argument("--draft-prompt-rows", action="store_true",
+                              help="with --draft-head-rows: also propose the prompt's own tokens "
+                                   "(keeps the full head in memory)")
+    _add_settings(gen, g)
     bench = add("bench", help="run a benchmark config (configs/*.yaml): JSON lines + summary")
     bench.add_argument("config", help="a bench config, e.g. configs/quick_cpu.yaml")
     bench.add_argument("--out", default=None, help="output folder (default results/<config name>)")
@@ -231,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "dsbd_jax.models.vocab.table_path)")
     vs = vsub.add_parser("show", help="a table's size and its coverage at several N",
                          formatter_class=HelpFormatter)
-    vs.add_argument("table", help="a table from `dsbd vocab build` (.npz)")
+    vs.add_argument("table", help="a table from dsbd vocab build (.npz)")
     vs.add_argument("--n", type=int, action="append", default=None,
                     help="head sizes to report (default 16384, 32768, 65536)")
     dis = add("distill", help="distil the draft towards the target (resumable)")
@@ -254,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "default target and draft); only its config is read")
     hst.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                      help="auto: measured on this host; or the plan for a forced dtype")
+    hst.add_argument("--remeasure", action="store_true",
+                     help="drop every choice cached for this host first, so each is measured "
+                          "again (e.g. after one was made on a busy machine)")
     cch = add("cache", help="list what $DSBD_JAX_CACHE stores (each model's forms, draft heads, "
                             "saved models, compiled programs) with sizes, or remove entries")
     cch.add_argument("--remove", action="append", default=[], metavar="ENTRY",
@@ -291,7 +351,7 @@ def _settings(name: str, args, node_budget=None) -> dict:
     s = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
              top_k=args.top_k or None, top_p=args.top_p,
              eos_token_id=() if args.no_eos else None)
-    if "replacement" in allowed(name):      # the methods that draw with or without it
+    if name in WITH_REPLACEMENT:      # the methods that draw with or without it
         s.update(replacement=not args.no_replacement)
     if name == "dsbd":
         s.update(gamma=args.gamma, draft_width=args.draft_width, threshold=args.threshold,
@@ -303,3 +363,37 @@ def _settings(name: str, args, node_budget=None) -> dict:
     elif name in ("spec", "tree"):
         s.update(gamma=args.gamma)
     return s
+
+
+def check_values(args) -> None:
+    """The settings' ranges, checked on the parsed flags alone (plain Python, before JAX or any
+    model is imported): :class:`CLIError` naming the option as typed. The decoders' configs
+    check the same rules again (``running.check_options``), with the model configs."""
+    def need(ok: bool, option: str, rule: str, value) -> None:
+        if not ok:
+            raise CLIError(f"{option}: must be {rule}, got {value!r}")
+    cmd = getattr(args, "command", None)
+    if cmd == "bench":
+        for option, name in (("--max-new-tokens", "max_new_tokens"), ("--limit", "limit"),
+                             ("--batch-size", "batch_size")):
+            v = getattr(args, name, None)
+            need(v is None or v >= 1, option, "an int >= 1", v)
+        return
+    if cmd not in ("demo", "generate"):
+        return
+    need(args.max_new_tokens >= 1, "--max-new-tokens", "an int >= 1", args.max_new_tokens)
+    t = args.temperature
+    need(math.isfinite(t) and t >= 0, "--temperature", "a finite number >= 0", t)
+    need(args.top_k >= 0, "--top-k", "an int >= 0 (0 = off)", args.top_k)
+    need(0 < args.top_p <= 1, "--top-p", "in (0, 1]", args.top_p)
+    need(args.beams >= 1, "--beams", "an int >= 1", args.beams)
+    need(args.gamma >= 1, "--gamma", "an int >= 1", args.gamma)
+    need(args.draft_width >= 1, "--draft-width", "an int >= 1", args.draft_width)
+    need(args.min_width >= 1, "--min-width", "an int >= 1", args.min_width)
+    need(0 <= args.threshold <= 1, "--threshold", "a number in [0, 1]", args.threshold)
+    methods = ("beam", "dsbd") if cmd == "demo" else (args.method,)
+    if "dsbd" in methods:
+        need(args.draft_width >= args.min_width, "--draft-width",
+             f"at least --min-width ({args.min_width})", args.draft_width)
+        need(max(args.beams, args.draft_width) >= args.min_width, "--beams / --draft-width",
+             f"at least --min-width ({args.min_width})", max(args.beams, args.draft_width))

@@ -200,24 +200,33 @@ def prepare(args, methods, prompts, raw: bool = False):
     from dsbd_jax.loading.heads import read_draft_config
     from dsbd_jax.loading.load import load_tokenizer, read_config
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
-    dtype = getattr(args, "dtype", "auto")
-    target_config = _with_weights(read_config(args.target, dtype), args, "weights")
-    draft_config = (read_draft_config(args.draft, target_config, dtype) if needs_draft
+    args.dtypes, args.dtype_whys = {}, {}
+    target_dtype = _role_dtype(args, "target", read_config(args.target), methods)
+    target_config = _with_weights(read_config(args.target, target_dtype), args, "weights")
+    draft_config = (read_draft_config(args.draft, target_config, "float32") if needs_draft
                     else None)
     if draft_config is not None:
         from dsbd_jax.models.head import is_head
+        if is_head(draft_config):   # a head runs in the target's dtype
+            args.dtypes["draft"] = target_dtype
+            args.dtype_whys["draft"] = "a draft head runs in the target's dtype"
+        else:
+            draft_config = read_draft_config(
+                args.draft, target_config, _role_dtype(args, "draft", draft_config, methods))
         kind = getattr(args, "draft_weights", "float")
         if kind == "int8" and is_head(draft_config):
             raise CLIError(f"--draft-weights int8 quantises a draft model; --draft "
                            f"{args.draft} is a draft head (drop --draft-weights, or give a "
                            f"draft model)")
         if kind == "auto":      # decided here, so that the config and the load agree
-            from dsbd_jax.host.forms import choose_weights
-            args.draft_weights = ("float" if is_head(draft_config) else
-                                  choose_weights(draft_config, draft_config.dtype))
-            if args.draft_weights == "int8":
-                _status("draft weights: int8 (this host runs the draft's products faster so; "
-                        "--draft-weights float keeps them float)")
+            from dsbd_jax.host.forms import weights_choice
+            args.draft_weights, args.weights_why = (
+                ("float", "int8 draft not used here: a draft head keeps its own weights")
+                if is_head(draft_config) else weights_choice(draft_config, draft_config.dtype))
+            args.weights_why += ("; --draft-weights float keeps them float"
+                                 if args.draft_weights == "int8" else "")
+        else:
+            args.weights_why = f"--draft-weights {kind}"
         draft_config = _with_weights(draft_config, args, "draft_weights")
     configs = (target_config, draft_config)
     progress = progress_mode(args) == "tokens"
@@ -233,6 +242,33 @@ def prepare(args, methods, prompts, raw: bool = False):
         decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
                                          node_budget=budget)
     return configs, decoders, tokenizer, ids, lens
+
+
+def _role_dtype(args, role: str, config, methods) -> str:
+    """The dtype of the model in ``role`` (``"target"`` or ``"draft"``), recorded with why in
+    ``args.dtypes`` / ``args.dtype_whys``: ``--dtype`` when given, else the host plan's for the
+    decoders ``methods`` in that role (:func:`dsbd_jax.host.plan.dtype_choice`: a target run
+    only by sampling or beam sampling is judged on their one-token passes alone)."""
+    from dsbd_jax.host.plan import dtype_choice
+    dtype = getattr(args, "dtype", "auto")
+    if dtype == "auto":
+        dtype, why = dtype_choice(config, methods, role)
+        why = f"--dtype auto for {', '.join(methods) if role == 'target' else 'a draft'}: {why}"
+    else:
+        why = f"--dtype {dtype}"
+    args.dtypes[role], args.dtype_whys[role] = dtype, why
+    return dtype
+
+
+def choice_line(role: str, source, info, args) -> str:
+    """One line on what a loaded model runs as: its dtype and weight kind, and why each."""
+    why = getattr(args, "dtype_whys", {}).get(role, info.get("dtype_why", "given"))
+    line = f"{role} {source}: {weights_label(info)} ({why})"
+    if role == "draft":
+        line += f"; {getattr(args, 'weights_why', None) or 'weights ' + info.get('weights', 'float')}"
+    elif getattr(args, "weights", "float") == "int8":
+        line += "; --weights int8: the target is another model"
+    return line
 
 
 def weights_label(info) -> str:
@@ -268,8 +304,8 @@ def load_models(args, configs):
             m = LoadedHead(source, models[0].config)
         else:
             kind = getattr(args, "weights" if role == "target" else "draft_weights", "float")
-            m = load_model(source, getattr(args, "dtype", "auto"), tokenizer=False,
-                           weights=kind, **head)
+            dtype = getattr(args, "dtypes", {}).get(role, getattr(args, "dtype", "auto"))
+            m = load_model(source, dtype, tokenizer=False, weights=kind, **head)
         if head:
             _status(f"draft head truncated to {head['head_rows']} rows ({m.info['vocab_table']})"
                     + (" + the prompt's tokens" if head["prompt_rows"] else ""))
@@ -278,6 +314,7 @@ def load_models(args, configs):
                            f"before loading (did the files change?)")
         _status(f"loaded {role} {source} ({weights_label(m.info)}) in "
                 f"{time.perf_counter() - t0:.1f} s")
+        print(choice_line(role, source, m.info, args), flush=True)
         models.append(m)
     return models[0], models[1]
 
@@ -360,10 +397,10 @@ def tokens_per_second(out, seconds: float):
     return tokens, tokens / max(seconds, 1e-9)
 
 
-def _print_outputs(tokenizer, name, out, prompts, run_s, shown=()):
-    """Every live beam of every prompt with its log-likelihood (best first), but the prompts
-    ``shown`` already (:func:`prompt_block`); returns the number of new tokens in the best
-    beams."""
+def _print_outputs(tokenizer, name, out, prompts, run_s, shown=(), limit=None):
+    """Every live beam (the ``limit`` most likely, when given) of every prompt with its
+    log-likelihood (best first), but the prompts ``shown`` already (:func:`prompt_block`);
+    returns the number of new tokens in the best beams."""
     import numpy as np
     gen, rate = tokens_per_second(out, run_s)
     print(f"\n=== {name}: {gen} tokens in {run_s:.2f} s = {rate:.2f} tokens/s "
@@ -373,17 +410,22 @@ def _print_outputs(tokenizer, name, out, prompts, run_s, shown=()):
     print(f"    stats: {short}")
     for b, text in enumerate(prompts):
         if b not in shown:
-            print(prompt_block(tokenizer, out, b, text))
+            print(prompt_block(tokenizer, out, b, text, limit=limit, method=name))
     return gen
 
 
-def prompt_block(tokenizer, out, b: int, text: str) -> str:
-    """Prompt ``b``'s live beams in ``out`` with their log-likelihoods, best first."""
+def prompt_block(tokenizer, out, b: int, text: str, limit: Optional[int] = None,
+                 method: Optional[str] = None) -> str:
+    """Prompt ``b``'s live beams in ``out`` with their log-likelihoods, best first (the
+    ``limit`` most likely when given: DSBD's output holds the width of the layer it ended on,
+    which can exceed ``--beams``), and a note where beams repeat: which, and how to draw
+    distinct ones."""
     import numpy as np
     seqs, lens = np.asarray(out.sequences[b]), np.asarray(out.lengths[b])
     ll, best = np.asarray(out.log_likelihoods[b]), int(np.asarray(out.best[b]))
     lines = [f"--- prompt {b}: {text[:70]!r}"]
-    order = [w for w in np.argsort(-ll, kind="stable") if np.isfinite(ll[w])]
+    live = [w for w in np.argsort(-ll, kind="stable") if np.isfinite(ll[w])]
+    order = live if limit is None else live[:limit]
     for w in order:
         n = lens[w]
         tag = "best " if w == best else ""
@@ -391,9 +433,21 @@ def prompt_block(tokenizer, out, b: int, text: str) -> str:
                      f"{n} tokens)")
         lines.append("      " + tokenizer.decode(seqs[w, :n].tolist(), skip_special_tokens=True)
                      .replace("\n", "\n      "))
-    texts = [tuple(seqs[w, :lens[w]].tolist()) for w in order]
-    if len(set(texts)) < len(texts):
-        lines.append("    (some beams are identical: beam sampling draws its beams independently, "
-                     "with replacement, so it can draw the same beam twice; --no-replacement "
-                     "draws distinct beams)")
+    if len(order) < len(live):
+        lines.append(f"    ({len(live)} beams in the output; the {len(order)} most likely shown, "
+                     f"as --beams asks)")
+    first = {}
+    same = []
+    for w in order:
+        key = tuple(seqs[w, :lens[w]].tolist())
+        if key in first:
+            same.append((first[key], w))
+        else:
+            first[key] = w
+    if same:
+        pairs = ", ".join(f"{a} and {c}" for a, c in same)
+        who = {"beam": "beam sampling draws its beams", "dsbd": "DSBD draws its beams",
+               "tree": "tree sampling draws its candidates"}.get(method, "this method draws")
+        lines.append(f"    (beams {pairs} are the same text: {who} with replacement, so it can "
+                     f"draw the same beam twice; --no-replacement draws distinct beams)")
     return "\n".join(lines)

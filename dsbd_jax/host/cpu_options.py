@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dsbd_jax.host.cpu_info import DECIDING_FLAGS, FLAGS_ENV, cpu_flags, cpu_model  # noqa: F401
 from dsbd_jax.models.products import (TRANSPOSED, project, project_t, transpose_block,
                                       transposed_width)
 from dsbd_jax.models.weights import program_kind
@@ -60,39 +61,6 @@ MARGIN = 0.05  # a candidate replaces "default" only if >= 5% faster in total, n
 # --options, docs/performance.md)
 PLAIN = "plain"
 FORMS = (PLAIN, TRANSPOSED)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
-# the CPU flags that decide which products, dtypes and options are fastest on a host: two hosts
-# with the same model name (e.g. "Intel(R) Xeon(R) Processor") may differ in them
-DECIDING_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                  "amx_tile", "amx_bf16", "amx_int8")
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> tuple:
-    """The host's CPU flags among ``DECIDING_FLAGS`` (``/proc/cpuinfo``; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return tuple(flag for flag in DECIDING_FLAGS if flag in have)
-    except OSError:
-        pass
-    return ()
 
 
 def host_key() -> str:
@@ -248,17 +216,38 @@ def host_entries(path: Optional[Path] = None) -> Dict[str, Any]:
     return got if isinstance(got, dict) else {}
 
 
-def write_cache(path: Path, entry: str, choice, times: Mapping) -> Optional[OSError]:
+def write_cache(path: Path, entry: str, choice, times: Mapping,
+                extra: Optional[Mapping[str, Any]] = None) -> Optional[OSError]:
     """Store one measured choice as ``entry`` of this host (:func:`host_key`) in the JSON cache
     at ``path``, with its figures ``{candidate: {M: seconds}}`` kept in ms, merged into the file
     as it is now (another process may have added entries). Returns the error when the file
     cannot be written (a read-only home: the choice then holds for this process only), else
-    ``None``."""
+    ``None``. ``extra``: more fields of the entry (e.g. the dtype's spread, load and whether
+    the choice is final)."""
     cached = read_cache(path)
     host = cached.get(host_key())
     host = host if isinstance(host, dict) else {}
-    host[entry] = {"choice": choice, "min_ms": _ms(times)}
-    cached[host_key()] = host
+    host[entry] = {"choice": choice, "min_ms": _ms(times), **dict(extra or {})}
+    return _write(path, cached, host)
+
+
+def forget_host(path: Optional[Path] = None) -> int:
+    """Drop every choice cached for this host (``dsbd host --remeasure``): the next use of each
+    measures it again. Returns how many entries were dropped."""
+    path = cache_file() if path is None else path
+    cached = read_cache(path)
+    host = cached.pop(host_key(), None)
+    if not isinstance(host, dict) or not host:
+        return 0
+    error = _write(path, cached, None)
+    if error is not None:
+        raise error
+    return len(host)
+
+
+def _write(path: Path, cached: dict, host: Optional[dict]) -> Optional[OSError]:
+    if host is not None:
+        cached[host_key()] = host
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")

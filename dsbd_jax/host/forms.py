@@ -69,36 +69,64 @@ def measure_weights(din: int, dout: int, dtype="float32", rows=PROBE_ROWS, layer
     return best
 
 
-def pick_weights(times: Mapping[str, Mapping[int, float]]) -> str:
-    """``"int8"`` if its total over the probe rows is ``GAIN`` below the float kernels' and it is
-    never ``MARGIN`` slower at any ``M``; else ``"float"``."""
+# the rows a draft's products run: one to four (a draft chain, W_S draft beams), not 16
+DRAFT_ROWS = (1, 4)
+
+
+def pick_weights(times: Mapping[str, Mapping[int, float]], rows=None) -> str:
+    """``"int8"`` if its total over ``rows`` (default: every probe row of ``times``) is ``GAIN``
+    below the float kernels' and it is never ``MARGIN`` slower at any of them; else
+    ``"float"``."""
     base, alt = times[FLOAT], times[INT8]
-    faster = sum(alt.values()) < (1 - GAIN) * sum(base.values())
-    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in base)
+    rows = tuple(base) if rows is None else tuple(rows)
+    faster = sum(alt[m] for m in rows) < (1 - GAIN) * sum(base[m] for m in rows)
+    never_slower = all(alt[m] <= (1 + MARGIN) * base[m] for m in rows)
     return INT8 if faster and never_slower else FLOAT
 
 
+def _weights_key(din: int, dout: int, dtype: str) -> str:
+    return (f"weights | options plain {choice('plain')}, transposed {choice(TRANSPOSED)} | "
+            f"{din}x{dout} {dtype}")
+
+
 @functools.lru_cache(maxsize=None)
-def _choose_weights(din: int, dout: int, dtype: str) -> str:
-    if din * dout < MIN_ELEMENTS:
-        return FLOAT
-    key = (f"weights | options plain {choice('plain')}, transposed {choice(TRANSPOSED)} | "
-           f"{din}x{dout} {dtype}")
-    return _cached(key, lambda k: k in WEIGHT_KINDS, lambda: measure_weights(din, dout, dtype),
-                   pick_weights)
+def _weights_figures(din: int, dout: int, dtype: str):
+    """This host's MLP products of a shape, float against int8 (:func:`measure_weights`), as
+    cached (``{kind: {"M": ms}}``) and where they came from."""
+    got = cached_choice(_weights_key(din, dout, dtype), lambda k: k in WEIGHT_KINDS,
+                        lambda: measure_weights(din, dout, dtype), pick_weights,
+                        valid_ms=lambda ms: all(str(m) in ms.get(k, {}) for k in WEIGHT_KINDS
+                                                for m in PROBE_ROWS))
+    return got.min_ms, ("measured, " if got.measured else "") + got.where
 
 
-def choose_weights(config, dtype=None) -> str:
-    """``"int8"`` or ``"float"``: the kind of a DRAFT's kernels this host runs faster for
-    ``config``'s MLP shape (its float kernels in the form and dtype a load gives them, against
-    int8 kernels; a few seconds once per host and shape, cached in
-    ``$DSBD_JAX_CACHE/host_plan.json``; :func:`pick_weights`). Float off the CPU and for models
-    whose MLP has under ``MIN_ELEMENTS`` weights. Only for drafts: an int8 target is another
-    model, and never chosen for the user."""
+def weights_choice(config, dtype=None, rows=DRAFT_ROWS) -> tuple:
+    """``(kind, why)``: ``"int8"`` or ``"float"``, the kind of a DRAFT's kernels this host runs
+    faster for ``config``'s MLP shape at the ``rows`` a draft's products have (its float
+    kernels in the form and dtype a load gives them, against int8 kernels; measured once per
+    host and shape, cached in ``$DSBD_JAX_CACHE/host_plan.json``; :func:`pick_weights` over
+    ``rows`` only: a draft never runs the 16-row products the probe also times), and why in
+    words. Float off the CPU and for models whose MLP has under ``MIN_ELEMENTS`` weights. Only
+    for drafts: an int8 target is another model, and never chosen for the user."""
     if jax.default_backend() != "cpu":
-        return FLOAT
+        return FLOAT, f"int8 draft not used here: the {jax.default_backend()} backend"
+    if config.hidden_size * config.intermediate_size < MIN_ELEMENTS:
+        return FLOAT, "int8 draft not used here: a small model (not measured)"
     dt = str(jnp.dtype(dtype if dtype is not None else config.jnp_dtype))
-    return _choose_weights(config.hidden_size, config.intermediate_size, dt)
+    ms, where = _weights_figures(config.hidden_size, config.intermediate_size, dt)
+    times = {k: {int(m): float(v) for m, v in ms[k].items()} for k in WEIGHT_KINDS}
+    kind = pick_weights(times, rows)
+    figures = ", ".join(f"{m} row{'s' if m > 1 else ''}: float {times[FLOAT][m]:.1f} / int8 "
+                        f"{times[INT8][m]:.1f} ms" for m in rows)
+    rule = f"int8 must be {GAIN:.0%} faster in total and never {MARGIN:.0%} slower"
+    head = ("int8 draft: its MLP products run faster so here" if kind == INT8 else
+            "int8 draft not used here: its MLP products are not clearly faster so")
+    return kind, f"{head} ({figures}; {rule}; {where})"
+
+
+def choose_weights(config, dtype=None, rows=DRAFT_ROWS) -> str:
+    """The kind of :func:`weights_choice` (``"int8"`` or ``"float"``)."""
+    return weights_choice(config, dtype, rows)[0]
 
 
 # ---------------------------------------------------------------------------------------------

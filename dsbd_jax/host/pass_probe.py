@@ -2,8 +2,9 @@
 
 The probe behind ``dtype="auto"`` (:func:`dsbd_jax.host.plan.dtype_choice`): a model cut to a
 few of its blocks, with its vocabulary head cut by the same fraction (so the head keeps its
-share of a pass), timed on the passes every drafted decoder runs: one new token (a decode step)
-and a forest of new tokens (a DSBD forest, a speculative chain), over a cache.
+share of a pass), timed on the passes the decoders run: one new token (a decode step), four rows (a step of
+four beams or prompts, a speculative chain) and a forest of new tokens (a DSBD forest), over a
+cache.
 ``benchmarks/pass_floor.py`` builds its weights with :func:`random_params` too.
 """
 
@@ -21,7 +22,7 @@ from dsbd_jax.models.config import ModelConfig
 from dsbd_jax.host.cpu_options import interleaved_min, tuned_jit
 
 PROBE_LAYERS = 4       # blocks of the cut model
-PROBE_ROWS = (1, 12)   # new tokens per pass: a decode step, a 12-node forest
+PROBE_ROWS = (1, 4, 12)  # new tokens per pass: a decode step, 4 rows (beams), a 12-node forest
 PROBE_SLOTS = 512      # cached slots the passes attend to
 MIN_VOCAB = 256
 

@@ -34,7 +34,7 @@ from dsbd_jax.loading.hf import config_from_hf, hf_config, hf_tokenizer, load_hf
 from dsbd_jax.host.plan import AUTO, HostPlan, dtype_choice, resolve_dtype
 from dsbd_jax.host.plan import plan as host_plan
 from dsbd_jax.loading.hub import is_hub_id, snapshot
-from dsbd_jax.host.forms import MEASURED, choose_form, choose_weights
+from dsbd_jax.host.forms import MEASURED, choose_form, weights_choice
 from dsbd_jax.models.kinds import AUTO_WEIGHTS, FLOAT, INT8, TRANSPOSED, check_weights, head_transposed, int8_params_, transpose_params_, transposed_of, transposed_widths
 from dsbd_jax.models.llama import check_layout, unstack_layers_
 from dsbd_jax.loading.load_args import check_fused, check_plan as _check_plan, fuse_loaded_, removed_blocks as _removed_blocks
@@ -323,8 +323,7 @@ def load_model(source, dtype="auto", *, tokenizer: Union[bool, str] = "auto",
     weights_why = "given"
     if weights == AUTO_WEIGHTS:
         t0 = time.perf_counter()
-        weights = choose_weights(read_config(source, dtype, revision), dtype)
-        weights_why = "measured on this host (kernels.choose_weights, cached)"
+        weights, weights_why = weights_choice(read_config(source, dtype, revision), dtype)
         if time.perf_counter() - t0 > 1.0:
             notice(f"measured the draft's weight kind for this host in "
                    f"{time.perf_counter() - t0:.0f} s: {weights} (cached)", progress)

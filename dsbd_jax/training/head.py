@@ -303,6 +303,23 @@ def _vocab_rows(table_source, n: int, vocab_size: int) -> np.ndarray:
     return mv.top_rows(counts, n)
 
 
+def target_origin(info) -> str:
+    """Where a loaded target came from, in words: read from the library's cache, or converted
+    now and cached for every later run (a resumed run then only reads it)."""
+    dtype = info.get("dtype", "")
+    if info.get("host_form_cache") and not info.get("convert_s"):
+        return f"{dtype}, read from its cache {info['host_form_cache']}"
+    if info.get("host_form_cache"):
+        return (f"{dtype}, converted now and cached in {info['host_form_cache']}: later runs, "
+                f"a resumed one too, read it")
+    if info.get("built_cache"):
+        return (f"{dtype}, converted now and cached in {info.get('cache_dir')}: later runs read "
+                f"it")
+    if info.get("cache_dir"):
+        return f"{dtype}, read from its cache {info['cache_dir']}"
+    return f"{dtype}, read from {info.get('source', 'its files')}"
+
+
 def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Load the target, score the texts once, train the head (resuming), save and register it."""
     from dsbd_jax.loading.load import load_model
@@ -314,6 +331,9 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
     target = load_model(r["target"], jnp.dtype(r["dtype"]), progress=progress)
     if target.tokenizer is None:
         raise ValueError(f"{path}: the target has no tokenizer; cannot encode the texts")
+    if progress:
+        print(f"train-head: target {r['target']} ready in {time.perf_counter() - t_start:.0f} "
+              f"s ({target_origin(target.info)})", flush=True)
     h = r["head"]
     hc = head_config(target.config, h)
     data_path = run_dir / "data.npz"

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dsbd_jax.models.llama import causal_mask, convert_layout, forward
+from dsbd_jax.training import rollouts as rollouts_mod
 
 logger = logging.getLogger("dsbd_jax")
 
@@ -94,7 +95,7 @@ def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int,
     samples only the batches it lacks)."""
     from dsbd_jax.decoding.common import bucket_length
     from dsbd_jax.decoding.configs import SampleConfig
-    from dsbd_jax.training.rollouts import BatchStore, sampled_batches
+    from dsbd_jax.training.rollouts import BatchStore, batch_line, sampled_batches
     store = store if store is not None else BatchStore(None, "", "rollouts")
     dc = SampleConfig(target_config, max_new_tokens=new_tokens,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -102,12 +103,13 @@ def target_rollouts(target_config, target_params, prompts, cfg, new_tokens: int,
     P = bucket_length(max(len(p) for p in prompts))
     done = {i: got for i in range(0, len(prompts), batch)
             for got in [store.get(f"{i:06d}")] if got is not None}
-    if progress and done:
-        print(f"train-head: target rollouts: {len(done)} batch(es) read from {store.folder}",
-              flush=True)
+    if progress:
+        _start_line(len(prompts), batch, new_tokens, len(done), store)
     t0 = time.perf_counter()
+    beat = (lambda i, s: batch_line("target rollouts", i, batch, len(prompts), batch,
+                                    new_tokens)(s)) if progress else None
     for i, n, chunk, _, seqs, clen in sampled_batches(target_params, prompts, dc, key, batch, P,
-                                                      skip=done):
+                                                      skip=done, heartbeat=beat):
         rows = [list(chunk[r]) + [int(t) for t in seqs[r, :clen[r]]] for r in range(n)]
         done[i] = {"tokens": np.array(sum(rows, []), np.int32),
                    "lengths": np.array([len(t) for t in rows], np.int32),
@@ -266,8 +268,11 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
     finished batch (a stopped run computes only the batches it lacks; each batch's key is
     ``fold_in(key, its start)``, so the data is the same either way)."""
     from dsbd_jax.decoding._jit import inputs
-    from dsbd_jax.training.rollouts import BatchStore, ready
+    from dsbd_jax.training.rollouts import BatchStore, batch_line, ready
     store = store if store is not None else BatchStore(None, "", "rollouts")
+    if progress:
+        stored = sum(store.get(f"{i:06d}") is not None for i in range(0, len(prompts), batch))
+        _start_line(len(prompts), batch, new_tokens, stored, store)
     fl = tuple(feature_layers) if feature_layers else None
     params = target_params if not fl else convert_layout(target_params, "per_layer")
     eos = target_config.eos_token_id
@@ -295,10 +300,13 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
             ids[r, :len(p)] = p
         lens = np.array([len(p) for p in chunk], np.int32)
         keys = inputs.row_keys(jax.random.fold_in(key, start), b)
+        beat = (batch_line("target rollouts with their features", start, batch, len(order),
+                           len(idx), new_tokens) if progress else None)
         out = ready(functools.partial(
             _rollout_passes, config=target_config, new_tokens=new_tokens, warp=warp,
             store_k=cfg.store_k, feature_layers=() if fl is None else fl),
-            params, jnp.asarray(ids), jnp.asarray(lens), keys)
+            params, jnp.asarray(ids), jnp.asarray(lens), keys, heartbeat=beat,
+            every_s=rollouts_mod.HEARTBEAT_S)
         feats, toks, live, f_new, top_ids, top_probs = out
         kept = {"loss_from": np.array([int(lens[r]) - 1 for r in range(len(idx))], np.int32)}
         for r, i in enumerate(idx):
@@ -315,6 +323,16 @@ def rollout_data(target_config, target_params, prompts, feature_layers, cfg, new
                   + (f"; {read} batch(es) read from {store.folder}" if read else "") + ")",
                   flush=True)
     return _pack([rows[i] for i in range(len(prompts))], cfg.store_k, max_tokens)
+
+
+def _start_line(n: int, batch: int, new_tokens: int, stored: int, store) -> None:
+    """The first rollout line, printed at once: the work ahead, and what a stop keeps."""
+    batches = -(-n // batch)
+    kept = (f"; {stored} of them finished earlier, read from {store.folder}" if stored else "")
+    where = (f"each finished batch is kept in {store.folder} (a stopped run resumes from "
+             f"there)" if store.folder is not None else "nothing is kept if it stops")
+    print(f"train-head: target rollouts: {n} prompts in {batches} batch(es) of up to {batch}, "
+          f"{new_tokens} new tokens each{kept}; {where}", flush=True)
 
 
 def _pack(rows, store_k: int, max_tokens: int) -> Dict[str, np.ndarray]:

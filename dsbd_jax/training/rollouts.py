@@ -6,10 +6,12 @@ phases stop and resume: :func:`ready` (a batch that Ctrl-C can interrupt) and
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import (Any, Callable, Container, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
@@ -25,7 +27,8 @@ logger = logging.getLogger("dsbd_jax")
 
 
 def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: SampleConfig, key,
-                    batch: int, length: int, skip: Container[int] = ()
+                    batch: int, length: int, skip: Container[int] = (),
+                    heartbeat: Optional[Callable[[int, float], None]] = None
                     ) -> Iterator[Tuple[int, int, List[List[int]], np.ndarray, np.ndarray,
                                         np.ndarray]]:
     """Sample one continuation of each prompt, ``batch`` prompts per call (the last batch
@@ -35,7 +38,8 @@ def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: SampleConfig, 
     ``chunk`` are real; ``lens [batch]`` prompt lengths, ``seqs [batch, T]`` the continuations,
     ``clen [batch]`` their lengths. Batches starting at an index in ``skip`` (a stopped run's,
     read back by the caller) are not sampled; each other one runs under :func:`ready` (Ctrl-C
-    stops it at once)."""
+    stops it at once; ``heartbeat(i, seconds)`` is called while batch ``i`` runs, every
+    :data:`HEARTBEAT_S` seconds)."""
     def one(ids, key, lens):
         res = sample(params, ids, key, dc, prompt_lengths=lens)
         return res.sequences[:, 0], res.lengths[:, 0]
@@ -47,20 +51,38 @@ def sampled_batches(params, prompts: Sequence[Sequence[int]], dc: SampleConfig, 
         n = len(chunk)
         chunk += [chunk[-1]] * (batch - n)
         ids, lens = pad_prompts(chunk, pad_id=0, length=length)
-        seqs, clen = ready(one, ids, jax.random.fold_in(key, i), lens)
+        beat = None if heartbeat is None else functools.partial(heartbeat, i)
+        seqs, clen = ready(one, ids, jax.random.fold_in(key, i), lens, heartbeat=beat,
+                           every_s=HEARTBEAT_S)
         yield i, n, chunk, lens, np.asarray(seqs), np.asarray(clen)
 
 
 # ---------------------------------------------------------------------------------------------
 # long phases that can be stopped and resumed
 
-def ready(fun: Callable, *args, poll_s: float = 0.2, fetch: bool = True, **kwargs):
+# a running batch says so this often (a batch can take minutes on a CPU); $DSBD_JAX_HEARTBEAT_S
+HEARTBEAT_S = float(os.environ.get("DSBD_JAX_HEARTBEAT_S", "15"))
+
+
+def batch_line(what: str, start: int, batch: int, total: int, rows: int, tokens: int):
+    """``heartbeat(seconds)`` printing one progress line for a running batch: which prompts,
+    how long it has run, that the first one compiles."""
+    def beat(seconds: float) -> None:
+        print(f"train-head: {what}: prompts {start + 1}-{min(start + rows, total)} of {total} "
+              f"({rows} x {tokens} new tokens) running for {seconds:.0f} s"
+              + (" (the first batch compiles first)" if start == 0 else ""), flush=True)
+    return beat
+
+def ready(fun: Callable, *args, poll_s: float = 0.2, fetch: bool = True,
+          heartbeat: Optional[Callable[[float], None]] = None, every_s: float = 15.0,
+          **kwargs):
     """``jax.device_get(fun(*args, **kwargs))`` (``fetch=False``: the arrays, computed), run in
     a worker thread while this thread waits in short sleeps: Ctrl-C (``KeyboardInterrupt``)
     reaches the caller within ``poll_s`` seconds even while XLA compiles or runs the call (a
     blocking call would hold it for the whole batch, minutes on a CPU). An interrupted call
     keeps running in its thread; the caller stops the process (the command line does, saying
-    how to resume)."""
+    how to resume). ``heartbeat(seconds)``: called every ``every_s`` seconds while the call
+    runs (a progress line for a batch that takes minutes)."""
     box: Dict[str, Any] = {}
 
     def work():
@@ -72,8 +94,12 @@ def ready(fun: Callable, *args, poll_s: float = 0.2, fetch: bool = True, **kwarg
 
     t = threading.Thread(target=work, name="dsbd-jax-batch", daemon=True)
     t.start()
+    t0 = last = time.monotonic()
     while t.is_alive():
         t.join(poll_s)
+        if heartbeat is not None and t.is_alive() and time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            heartbeat(last - t0)
     if "error" in box:
         raise box["error"]
     return box["out"]

@@ -336,6 +336,11 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     # one tokens/s figure per run (README): in the summary line only, not in the bar
     assert out.count("tokens/s") == 1 and "tok/s" not in err and "tokens/s" not in err
     assert "loading target" in err and "loaded draft" in err  # status lines with timing
+    # one line per model: the dtype and weight kind it runs in, and why
+    assert (f"target {t}: float32 (--dtype auto for dsbd: a small model (not bound by memory; "
+            f"exact float32 logits))") in out
+    assert (f"draft {d}: float32 (--dtype auto for a draft: a small model") in out
+    assert "; int8 draft not used here: a small model (not measured)" in out
     assert "DSBD forest" not in err   # --node-budget off, the default: nothing measured
     code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
                              "--max-new-tokens", "5", "--no-eos", "--node-budget", "auto",
@@ -406,9 +411,9 @@ def other_vocab_draft(pair, tmp_path_factory):
 
 @pytest.mark.parametrize("extra, match", [
     (["--threshold", "1.5"], "threshold"),
-    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--method", "spec", "--gamma", "0"], "gamma"),
-    (["--min-width", "4", "--draft-width", "3"], "min_width"),
+    (["--min-width", "4", "--draft-width", "3"], "--min-width"),
     (["--draft", "OTHER"], "vocabularies differ"),
     (["--method", "sample", "--raw", "--prompt", "x" * 2100], "prompt too long"),
 ])

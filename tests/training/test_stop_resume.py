@@ -93,11 +93,55 @@ def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
                DSBD_JAX_CPU_OPTIONS="default")
     code, err, took = ctrl_c_after(
         [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)],
-        "target rollouts", env=env, cwd=ROOT, timeout=60)   # the first finished rollout batch
+        "target rollouts 2/10", env=env, cwd=ROOT, timeout=60)   # the first finished batch
     assert code == 130, err[-2000:]
     assert took < 5, took
     assert "stopped (Ctrl-C)" in err and "resumes" in err, err[-2000:]
     assert list((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
+
+
+def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, tiny):
+    """``dsbd train-head`` says what its rollouts will do as soon as the target is ready, says
+    while a batch runs that it runs (a heartbeat, here every half second), is stopped by SIGINT
+    after its second finished rollout batch, and the same command resumes: it reads the
+    finished batches from ``RUN/data-parts`` (it says how many) and samples only the others."""
+    import subprocess
+    p = _recipe(tmp_path, tiny, "head_resume")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
+               DSBD_JAX_CPU_OPTIONS="default", DSBD_JAX_HEARTBEAT_S="0.5")
+    argv = [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "target rollouts 4/10" in line:        # the second batch is kept: stop here
+                break
+        import signal
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert proc.returncode == 130, out
+    ready_at = next(i for i, x in enumerate(lines) if "train-head: target " in x and " ready in " in x)
+    start = next(i for i, x in enumerate(lines) if "target rollouts: 10 prompts in 5 batch(es)" in x)
+    first_done = next(i for i, x in enumerate(lines) if "target rollouts 2/10" in x)
+    assert ready_at < start < first_done, out            # said at once, before any batch ends
+    assert "data-parts" in lines[start]
+    assert any("running for" in x and "compiles first" in x for x in lines[start:first_done]), out
+    kept = sorted((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
+    assert len(kept) >= 2, kept
+    r = subprocess.run(argv + ["--stop-after", "1"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{len(kept)} of them finished earlier, read from" in r.stdout, r.stdout
+    done = [x for x in r.stdout.splitlines() if "train-head: target rollouts " in x
+            and "/10 with their features" in x]
+    assert len(done) == 5 - len(kept), r.stdout            # only the missing batches ran
+    assert f"{len(kept)} batch(es) read from" in done[0]
 
 
 def test_sigint_stops_train_head_in_its_training_phase(tmp_path, tiny):
