@@ -15,8 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = ["speed", "draft_terms", "llama_cpp", "pass_floor", "quality_report",
                 "accelerator", "head_training", "render"]
-# kept until its test (tests/training/test_head_ablation.py) moves with the training room
-PENDING = ["head_ablation"]
+PENDING: list = []
 
 
 def modules():
