@@ -138,7 +138,29 @@ def forest_decoders(r: Results, source: str) -> str:
                   "tokens per target pass", "loglik/tok"], rows)
 
 
+def same_speed(r: Results, source: str) -> str:
+    """A change that keeps every program: the speed grid run by the commit before and after it,
+    taking turns in one session (``rounds``), tok/s per method and round, after over before."""
+    doc = r(source)
+    by = {(run["checkout"], run["round"]): {row["method"]: row for row in run["rows"]}
+          for run in doc["runs"]}
+    rounds = sorted({k[1] for k in by})
+    rows = []
+    for method in by[("before", rounds[0])]:
+        cells, ratios = [method_label(method)], []
+        for i in rounds:
+            old, new = by[("before", i)][method], by[("after", i)][method]
+            cells += [f"{old['tokens_per_s']:.2f}", f"{new['tokens_per_s']:.2f}"]
+            ratios.append(new["tokens_per_s"] / old["tokens_per_s"])
+        same = all(by[("before", i)][method]["loglik_per_token"]
+                   == by[("after", i)][method]["loglik_per_token"] for i in rounds)
+        rows.append(cells + [", ".join(x(v) for v in ratios), "yes" if same else "no"])
+    header = ["method"] + [f"{w} {i}: tok/s" for i in rounds for w in ("before", "after")]
+    return table(header + ["after / before", "same log-likelihood"], rows)
+
+
 BLOCKS = {
+    "speed-dsbd-room-amx": lambda r: same_speed(r, "results/speed_dsbd_room_amx_xeon.json"),
     "speed-float32-rows": lambda r: speed_all_rows(r, "results/speed_float32_host.json"),
     "speed-float32-ratios": lambda r: speed_ratios(r, "results/speed_float32_host.json"),
     "speed-int8-draft-epyc": lambda r: speed_vs_beam(
