@@ -16,7 +16,6 @@ from bench_setup import write_bench_config
 import dsbd_jax
 from dsbd_jax.decoding import progress
 from dsbd_jax.decoding import common
-from dsbd_jax.decoding._jit import calls
 from dsbd_jax.eval import energy
 from dsbd_jax.eval.plan import expand_methods, load_config
 from dsbd_jax.eval.records import read_records
@@ -298,7 +297,7 @@ def test_progress_channel_and_jit(pair):
         build("dsbd", T.config, D.config, **kw, progress=seen.append)
     old = build("dsbd", T.config, D.config, **kw, progress=True)
     hooked = []
-    calls._WARNED.clear()
+    progress._WARNED.clear()
     with pytest.warns(DeprecationWarning, match="Progress"), progress.progress_hook(hooked.append):
         jax.block_until_ready(old(params, ids, key, prompt_lengths=lens))
     assert len(hooked) == len(seen)
