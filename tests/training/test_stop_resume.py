@@ -103,7 +103,7 @@ def test_sigint_stops_train_head_at_once_and_says_how_to_resume(tmp_path, tiny):
 def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, tiny):
     """``dsbd train-head`` says what its rollouts will do as soon as the target is ready, says
     while a batch runs that it runs (a heartbeat, here every half second), is stopped by SIGINT
-    after its second finished rollout batch, and the same command resumes: it reads the
+    after its first finished rollout batch, and the same command resumes: it reads the
     finished batches from ``RUN/data-parts`` (it says how many) and samples only the others."""
     import subprocess
     p = _recipe(tmp_path, tiny, "head_resume")
@@ -116,8 +116,8 @@ def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, ti
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "target rollouts 4/10" in line:        # the second batch is kept: stop here
-                break
+            if "target rollouts 2/10" in line:        # the first batch is kept: stop here,
+                break                                # three batches before the run could end
         import signal
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
@@ -133,7 +133,7 @@ def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, ti
     assert "data-parts" in lines[start]
     assert any("running for" in x and "compiles first" in x for x in lines[start:first_done]), out
     kept = sorted((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
-    assert len(kept) >= 2, kept
+    assert 1 <= len(kept) < 5, kept
     r = subprocess.run(argv + ["--stop-after", "1"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
