@@ -25,7 +25,8 @@ from dsbd_jax.decoding import common
 from dsbd_jax.decoding._jit import decoder, loop, step_progress
 from dsbd_jax.decoding.common import GenerateOutput
 from dsbd_jax.decoding.configs import BeamSampleConfig, BeamSearchConfig, check_config
-from dsbd_jax.decoding.sampling import as_array, check_inputs, prepare_keys, row_keys, step_keys, target_params
+from dsbd_jax.decoding.sampling import (as_array, check_inputs, keyed_arguments, row_keys,
+                                       step_keys, target_params)
 from dsbd_jax.decoding.rules import sample_without_replacement
 from dsbd_jax.decoding.warping import draw_from, warp_logits
 
@@ -183,12 +184,7 @@ def beam_sample(params, prompt_ids, key, config: BeamSampleConfig, prompt_length
       likely beam; stats ``target_calls``, ``draft_calls`` (0), ``iterations``,
       ``generated_tokens [B]`` (the longest beam's length).
     """
-    check_config("beam_sample", config)
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-            prepare_keys(key, np.shape(prompt_ids)[0])), config
+    return keyed_arguments("beam_sample", params, prompt_ids, key, config, prompt_lengths)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,6 +80,17 @@ def as_array(x):
     return x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
 
 
+def keyed_arguments(name: str, params, prompt_ids, key, config, prompt_lengths):
+    """The host side of a keyed baseline decoder (``sample``, ``beam_sample``): its checks,
+    then its core's ``(params, prompt_ids, lengths, row keys)`` and the config."""
+    check_config(name, config)
+    prompt_ids = as_array(prompt_ids)
+    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
+    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
+    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
+            prepare_keys(key, np.shape(prompt_ids)[0])), config
+
+
 def is_greedy(config: SampleConfig) -> bool:
     return config.temperature == 0.0 or config.top_k == 1
 
@@ -166,9 +177,4 @@ def sample(params, prompt_ids, key, config: SampleConfig, prompt_lengths=None) -
       ``draft_calls`` (0), ``iterations`` (decode steps) and ``generated_tokens [B]`` (the
       longest sample's length).
     """
-    check_config("sample", config)
-    prompt_ids = as_array(prompt_ids)
-    check_inputs(params, prompt_ids, config, prompt_lengths, key=key)
-    lengths = common.prompt_lengths_or_full(prompt_ids, prompt_lengths)
-    return (target_params(params), jnp.asarray(prompt_ids, jnp.int32), lengths,
-            prepare_keys(key, np.shape(prompt_ids)[0])), config
+    return keyed_arguments("sample", params, prompt_ids, key, config, prompt_lengths)
