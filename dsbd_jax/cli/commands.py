@@ -165,7 +165,12 @@ def cmd_vocab(args) -> int:
             texts += chat_prompts(name, None if stop == -1 else stop)[start:]
         from dsbd_jax.loading.load import load_model
         _status(f"loading {args.generate_with} ...")
-        model = load_model(args.generate_with, tokenizer=False)
+        from dsbd_jax.host.plan import dtype_choice
+        from dsbd_jax.loading.checkpoint import choice_line
+        dtype, why = dtype_choice(gen_config, "sample")   # it samples: one-token passes
+        model = load_model(args.generate_with, dtype, tokenizer=False)
+        _status(choice_line("generator", args.generate_with, model.info,
+                            f"auto for sampling: {why}", "float: given"))
         counts += ev.generation_counts(model.config, model.params, encode_chat(tokenizer, texts),
                                        V, max_new_tokens=args.max_new_tokens, seed=args.seed,
                                        eos_token_id=model.config.eos_token_id)

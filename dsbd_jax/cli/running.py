@@ -187,6 +187,25 @@ def _with_weights(config, args, option: str):
     return int8_config(config)
 
 
+@contextlib.contextmanager
+def announced(what: str, after_s: float = 2.0):
+    """Say on stderr what runs when it has run ``after_s`` seconds (a first run on a host
+    measures the host's passes before it loads anything), and how long it took when it ends;
+    a quick run (the choices already cached) says nothing."""
+    import threading
+    t0 = time.perf_counter()
+    timer = threading.Timer(after_s, _status, (f"{what} ...",))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if time.perf_counter() - t0 >= after_s:
+            _status(f"{what}: done in {time.perf_counter() - t0:.0f} s (cached for later runs; "
+                    f"`dsbd host` prints the figures)")
+
+
 def prepare(args, methods, prompts, raw: bool = False):
     """Everything that can fail without weights, checked before the slow load and cheapest
     first: the settings and prompts alone (:func:`check_options`), then against the model
@@ -197,9 +216,33 @@ def prepare(args, methods, prompts, raw: bool = False):
     check_options(args, methods, prompts, raw)
     from dsbd_jax.decoding.common import max_prompt_length, pad_prompts
     from dsbd_jax.eval.datasets import encode_chat
-    from dsbd_jax.loading.heads import read_draft_config
-    from dsbd_jax.loading.load import load_tokenizer, read_config
+    from dsbd_jax.loading.load import load_tokenizer
     needs_draft = any(m in NEEDS_DRAFT for m in methods)
+    with announced("measuring this host's passes to choose each model's dtype and weight "
+                   "kind (once per host and model shape)"):
+        configs = _role_configs(args, methods, needs_draft)
+    target_config, draft_config = configs
+    progress = progress_mode(args) == "tokens"
+    decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
+    tokenizer = load_tokenizer(args.target)
+    if tokenizer is None:
+        raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
+    cap = min(max_prompt_length(d.config) for d in decoders.values())
+    ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
+    # everything checked: now the (first run: measured) node budget, for the DSBD decoder
+    budget = auto_node_budget(args, methods, target_config)
+    if budget is not None:
+        decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
+                                         node_budget=budget)
+    return configs, decoders, tokenizer, ids, lens
+
+
+def _role_configs(args, methods, needs_draft: bool) -> tuple:
+    """``(target config, draft config or None)`` in the dtype and weight kind each role runs
+    in (:func:`_role_dtype`; ``--draft-weights auto`` decided here, so that the config and the
+    load agree), the choices and why recorded on ``args``."""
+    from dsbd_jax.loading.heads import read_draft_config
+    from dsbd_jax.loading.load import read_config
     args.dtypes, args.dtype_whys = {}, {}
     target_dtype = _role_dtype(args, "target", read_config(args.target), methods)
     target_config = _with_weights(read_config(args.target, target_dtype), args, "weights")
@@ -228,20 +271,7 @@ def prepare(args, methods, prompts, raw: bool = False):
         else:
             args.weights_why = f"--draft-weights {kind}"
         draft_config = _with_weights(draft_config, args, "draft_weights")
-    configs = (target_config, draft_config)
-    progress = progress_mode(args) == "tokens"
-    decoders = {m: build_decoder(m, args, *configs, progress=progress) for m in methods}
-    tokenizer = load_tokenizer(args.target)
-    if tokenizer is None:
-        raise CLIError(f"{args.target} has no tokenizer; cannot encode --prompt text")
-    cap = min(max_prompt_length(d.config) for d in decoders.values())
-    ids, lens = pad_prompts(encode_chat(tokenizer, prompts, raw), pad_id=0, max_length=cap)
-    # everything checked: now the (first run: measured) node budget, for the DSBD decoder
-    budget = auto_node_budget(args, methods, target_config)
-    if budget is not None:
-        decoders["dsbd"] = build_decoder("dsbd", args, *configs, progress=progress,
-                                         node_budget=budget)
-    return configs, decoders, tokenizer, ids, lens
+    return target_config, draft_config
 
 
 def _role_dtype(args, role: str, config, methods) -> str:
@@ -261,19 +291,20 @@ def _role_dtype(args, role: str, config, methods) -> str:
 
 
 def choice_line(role: str, source, info, args) -> str:
-    """One line on what a loaded model runs as: its dtype and weight kind, and why each."""
-    why = getattr(args, "dtype_whys", {}).get(role, info.get("dtype_why", "given"))
-    line = f"{role} {source}: {weights_label(info)} ({why})"
-    if role == "draft":
-        line += f"; {getattr(args, 'weights_why', None) or 'weights ' + info.get('weights', 'float')}"
-    elif getattr(args, "weights", "float") == "int8":
-        line += "; --weights int8: the target is another model"
-    return line
+    """One line on what a loaded model runs as: its dtype and weight kind, and why each
+    (:func:`dsbd_jax.loading.checkpoint.choice_line`, with the options that chose them)."""
+    from dsbd_jax.loading.checkpoint import choice_line as line
+    kind_why = (getattr(args, "weights_why", None) if role == "draft"
+                else f"--weights {getattr(args, 'weights', 'float')}"
+                + ("" if getattr(args, "weights", "float") == "float"
+                   else ": the target is another model"))
+    return line(role, source, info, getattr(args, "dtype_whys", {}).get(role), kind_why)
 
 
 def weights_label(info) -> str:
-    """A loaded model's dtype, and ``int8 weights`` where its kernels are eight-bit."""
-    return info["dtype"] + (", int8 weights" if info.get("weights") == "int8" else "")
+    """A loaded model's dtype and weight kind (:func:`dsbd_jax.loading.checkpoint.weights_label`)."""
+    from dsbd_jax.loading.checkpoint import weights_label as label
+    return label(info)
 
 
 def load_models(args, configs):

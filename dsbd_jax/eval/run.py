@@ -141,6 +141,26 @@ def agreed_done(done, labels, num_prompts: int):
     return {(labels[a], int(i)) for a, i in zip(*np.nonzero(grid))}
 
 
+def role_dtypes(cfg: Dict[str, Any], configs) -> tuple:
+    """``((target dtype, draft dtype), (why, why))`` for a bench config: its ``dtype`` when
+    given, else each role's choice for the config's decoders
+    (:func:`dsbd_jax.host.plan.dtype_choice`: a target run only by sampling and beam sampling is
+    judged on their one-token passes alone, a draft on one row)."""
+    from dsbd_jax.host.plan import PASSES, dtype_choice
+    if cfg["dtype"] != "auto":
+        why = f"dtype: {cfg['dtype']} in the config"
+        return (cfg["dtype"], cfg["dtype"]), (why, why)
+    methods = tuple(dict.fromkeys(m for m, _ in cfg["runs"] if m in PASSES)) or None
+    label = ", ".join(methods) if methods else "any decoder"
+    target = dtype_choice(configs[0], methods, "target")
+    from dsbd_jax.models.head import is_head
+    draft = (dtype_choice(configs[1], None, "draft")
+             if configs[1] is not None and not is_head(configs[1])
+             else (target[0], "a draft head runs in the target's dtype"))
+    return ((target[0], draft[0]),
+            (f"dtype auto for {label}: {target[1]}", f"dtype auto for a draft: {draft[1]}"))
+
+
 def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
               log: Callable[[str], None] = print, models: Optional[Tuple[Any, Any]] = None,
               mesh=None) -> Dict[str, Any]:
@@ -168,6 +188,7 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
     from dsbd_jax.models.head import is_head
     from dsbd_jax.models.kinds import int8_config
     from dsbd_jax.loading.heads import LoadedHead, read_draft_config
+    from dsbd_jax.loading.checkpoint import choice_line
     from dsbd_jax.loading.load import load_model, read_config
     from dsbd_jax.decoding.methods import build, label, model_params
     from dsbd_jax.eval.tasks import metric_name, score
@@ -202,15 +223,21 @@ def run_bench(cfg: Dict[str, Any], out_dir, *, progress: bool = True,
                         for c, k in zip(configs, kinds))
         for method, setting in cfg["runs"]:
             build(method, *configs, **base, **setting)
-        target = load_model(cfg["target"], dtype, tokenizer=True, progress=progress,
+        dtypes, whys = role_dtypes(cfg, configs)
+        target = load_model(cfg["target"], dtypes[0], tokenizer=True, progress=progress,
                             weights=kinds[0])
+        log(choice_line("target", cfg["target"], target.info, whys[0], f"weights: {kinds[0]}"))
         if not cfg.get("draft"):
             draft = None
         elif is_head(configs[1]):
             draft = LoadedHead(cfg["draft"], target.config)
+            log(choice_line("draft", cfg["draft"], {"dtype": target.info.get("dtype")},
+                            whys[1], "a draft head keeps its own weights"))
         else:
-            draft = load_model(cfg["draft"], dtype, tokenizer=False, progress=progress,
+            draft = load_model(cfg["draft"], dtypes[1], tokenizer=False, progress=progress,
                                weights=kinds[1])
+            log(choice_line("draft", cfg["draft"], draft.info, whys[1],
+                            f"draft_weights: {kinds[1]}"))
     else:
         target, draft = models
     if target.tokenizer is None:

@@ -49,6 +49,23 @@ class LoadedModel:
     info: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def choice_line(role: str, source, info, dtype_why: Optional[str] = None,
+                weights_why: Optional[str] = None) -> str:
+    """One line on what a loaded model (``info``: its :class:`LoadedModel` ``info``) runs as in
+    ``role`` (``"target"``, ``"draft"``): its dtype and weight kind, and why each (``info``'s
+    reasons unless the caller, which chose them, gives its own). Every command that loads a
+    model prints it."""
+    why = dtype_why or info.get("dtype_why", "given")
+    kind_why = weights_why or info.get("weights_why", "given")
+    return (f"{role} {source}: {info.get('dtype', '?')} ({why}); "
+            f"{info.get('weights', 'float')} weights ({kind_why})")
+
+
+def weights_label(info) -> str:
+    """A loaded model's dtype, and ``int8 weights`` where its kernels are eight-bit."""
+    return info.get("dtype", "?") + (", int8 weights" if info.get("weights") == "int8" else "")
+
+
 # ---------------------------------------------------------------------------------------------
 # parameter paths <-> HF tensor names
 

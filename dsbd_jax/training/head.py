@@ -322,6 +322,7 @@ def target_origin(info) -> str:
 
 def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Load the target, score the texts once, train the head (resuming), save and register it."""
+    from dsbd_jax.loading.checkpoint import choice_line
     from dsbd_jax.loading.load import load_model
     r = load_recipe(path)
     cfg: HeadTrainConfig = r["train"]
@@ -334,6 +335,10 @@ def run_recipe(path, progress: bool = True, stop_after: Optional[int] = None) ->
     if progress:
         print(f"train-head: target {r['target']} ready in {time.perf_counter() - t_start:.0f} "
               f"s ({target_origin(target.info)})", flush=True)
+        print("train-head: " + choice_line("target", r["target"], target.info,
+                                           f"dtype: {r['dtype']} in {path}",
+                                           "float: the head learns from float features"),
+              flush=True)
     h = r["head"]
     hc = head_config(target.config, h)
     data_path = run_dir / "data.npz"

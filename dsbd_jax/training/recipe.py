@@ -94,12 +94,17 @@ def run_recipe(path, progress: bool = True, stop_after=None) -> Dict[str, Any]:
     """Load the models, encode the prompts, run :func:`distill` (resuming if it can)."""
     import jax.numpy as jnp
 
+    from dsbd_jax.loading.checkpoint import choice_line, notice
     from dsbd_jax.loading.load import load_model
     r = load_recipe(path)
     dtype = jnp.dtype(r["dtype"])
     target = load_model(r["target"], dtype, progress=progress)
     draft = load_model(r["draft"], dtype, progress=progress,
                        fused_projections=False)   # LoRA adapts the separate projections
+    why = f"dtype: {dtype.name} in {path}"
+    for role, m in (("target", target), ("draft", draft)):
+        notice(choice_line(role, r[role], m.info, why, "float: distillation trains float "
+                           "weights"), progress)
     tok = draft.tokenizer or target.tokenizer
     if tok is None:
         raise ValueError("neither model has a tokenizer; cannot encode the prompts")

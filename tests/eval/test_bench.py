@@ -339,7 +339,7 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     assert (f"target {t}: float32 (--dtype auto for dsbd: a small model (not bound by memory; "
             f"exact float32 logits))") in out
     assert (f"draft {d}: float32 (--dtype auto for a draft: a small model") in out
-    assert "; int8 draft not used here: a small model (not measured)" in out
+    assert "; float weights (int8 draft not used here: a small model (not measured))" in out
     assert "DSBD forest" not in err   # --node-budget off, the default: nothing measured
     code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
                              "--max-new-tokens", "5", "--no-eos", "--node-budget", "auto",
@@ -355,6 +355,10 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
                              "--no-progress")
     assert code == 0, err
     assert "beam W=2" in out and (tmp_path / "r" / "summary.json").is_file()
+    # one line per model: its dtype and weight kind, and why (auto: for the config's decoders)
+    assert (f"target {pair[0]}: float32 (dtype auto for beam: a small model (not bound by "
+            f"memory; exact float32 logits)); float weights (weights: float)") in out, out
+    assert f"draft {pair[1]}: float32 (dtype auto for a draft: a small model" in out, out
     # the same command again resumes: nothing left to run, the summary is rewritten
     code, out, err = run_cli(capsys, "bench", str(cfg), "--out", str(tmp_path / "r"), "--limit", "1",
                              "--no-progress")

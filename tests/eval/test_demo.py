@@ -81,3 +81,17 @@ def test_demo_on_a_tiny_pair(pair, capsys, monkeypatch, tmp_path):
                  if re.match(r"\s+(best )?beam \d+: log-lik", line)]
         assert 1 <= len(shown) <= 2, block
     assert f"target {pair[0]}: float32 (--dtype auto for beam, dsbd" in out
+
+
+def test_a_slow_first_plan_says_what_it_measures(capsys):
+    """The host's first run measures its passes before any load: past ``after_s`` seconds a
+    line says what runs, and one says how long it took; a quick (cached) plan says nothing."""
+    import time
+    from dsbd_jax.cli.running import announced
+    with announced("measuring", after_s=0.05):
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "measuring ..." in err and "measuring: done in 0 s (cached for later runs" in err
+    with announced("measuring", after_s=5.0):
+        pass
+    assert capsys.readouterr().err == ""

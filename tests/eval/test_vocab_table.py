@@ -72,6 +72,7 @@ def test_vocab_cli_and_load_model(bench_pair, tmp_path, capsys):
                  str(prompts), "--max-new-tokens", "4", "--out", str(out)]) == 0
     g, _ = mv.load_table(out)
     assert 2 <= g.sum() <= 8
+    assert f"generator {t}: float32 (auto for sampling: a small model" in capsys.readouterr().err
     assert main(["vocab", "show", str(out), "--n", "3"]) == 0
     assert "N =      3" in capsys.readouterr().out
     # load_model picks the table beside the model up

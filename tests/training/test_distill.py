@@ -201,8 +201,12 @@ def test_distill_cli_on_the_tiny_pair(bench_pair, tmp_path, capsys, monkeypatch)
                    "store_k: 10, eval_every: 2, checkpoint_every: 2}\n")
     assert main(["distill", str(cfg), "--no-progress", "--stop-after", "2"]) == 0
     assert "step 2 of 4" in capsys.readouterr().out
-    assert main(["distill", str(cfg), "--no-progress"]) == 0
-    assert "load_model('tiny')" in capsys.readouterr().out
+    assert main(["distill", str(cfg)]) == 0
+    out, err = capsys.readouterr()
+    assert "load_model('tiny')" in out
+    # one line per model on what it runs as, and why
+    for role, m in (("target", t), ("draft", d)):
+        assert f"{role} {m}: float32 (dtype: float32 in {cfg}); float weights (float: " in err
     m = load_model("tiny", progress=False)  # the preset-like name save_as (default: name)
     assert m.tokenizer is not None and m.config.vocab_size == load_model(d).config.vocab_size
     # the run's record (benchmarks/head_training.py reads a distillation recipe too)

@@ -130,6 +130,9 @@ def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, ti
     start = next(i for i, x in enumerate(lines) if "target rollouts: 10 prompts in 5 batch(es)" in x)
     first_done = next(i for i, x in enumerate(lines) if "target rollouts 2/10" in x)
     assert ready_at < start < first_done, out            # said at once, before any batch ends
+    # the target's dtype and weight kind, and why each, in one line after it is ready
+    assert f"train-head: target {tiny / 'target'}: float32 (dtype: float32 in {p}); float weights (" \
+        in lines[ready_at + 1], out
     assert "data-parts" in lines[start]
     assert any("running for" in x and "compiles first" in x for x in lines[start:first_done]), out
     kept = sorted((tmp_path / "run" / "data-parts" / "train-rollouts").glob("*.npz"))
