@@ -132,18 +132,40 @@ def check_prompt_lengths(prompt_ids, prompt_lengths) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# On the CPU, a float32 model's prompt pass over a bucket longer than this runs in chunks of
+# this many tokens, up to the longest prompt of the batch (a loop with a traced trip count: one
+# program per bucket), so a 158-token prompt in the 256 bucket costs 160 rows of products, not
+# 256. Where products are flat in rows (16-bit and int8 kernels on the CPU, accelerators) one
+# pass over the bucket is faster (results/prefill_*.json).
+PREFILL_CHUNK = 32
+
+
+def prefill_chunk(config: ModelConfig, params) -> int:
+    """The prompt pass's chunk for a model: ``PREFILL_CHUNK`` for float32 kernels on the CPU,
+    whose products cost in proportion to their rows; ``0`` (one pass) elsewhere."""
+    from dsbd_jax.models.kinds import is_int8
+    float32 = jnp.dtype(config.jnp_dtype) == jnp.float32 and not is_int8(params)
+    return PREFILL_CHUNK if float32 and jax.default_backend() == "cpu" else 0
+
+
 @jax.named_scope("prefill")
 def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int,
-            feature_layers=None):
+            feature_layers=None, chunk: Optional[int] = None):
     """Run the prompts once. Returns ``(cache [L, B, slots, K, D], last_logits [B, V])``, and
     with ``feature_layers`` (a draft head's, :mod:`dsbd_jax.models.head`) the target's features
     of every prompt position ``[B, P, F]`` as a third element.
 
-    Slots ``0 .. len-1`` of each row hold the prompt; later slots are zero.
+    Slots ``0 .. len-1`` of each row hold the prompt. A bucket ``P`` over ``chunk`` (that
+    ``chunk`` divides; ``None``: :func:`prefill_chunk`) runs in chunks up to the batch's longest
+    prompt (:func:`_chunked`); ``0`` runs the bucket in one pass.
     """
     B, P = prompt_ids.shape
+    if chunk is None:
+        chunk = prefill_chunk(config, params)
     if slots < P:
         raise ValueError(f"cache of {slots} slots cannot hold a prompt of {P} tokens")
+    if chunk and P > chunk and P % chunk == 0:
+        return _chunked(config, params, prompt_ids, prompt_lengths, slots, feature_layers, chunk)
     from dsbd_jax.models.llama import causal_mask
     positions = jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (B, P))
     mask = causal_mask(prompt_lengths, P)
@@ -152,6 +174,52 @@ def prefill(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int,
     cache = kvc.empty_cache(config, B, slots)
     cache = kvc.write(cache, out[1], jnp.zeros((B,), jnp.int32))
     return (cache, out[0][:, 0]) + tuple(out[2:])
+
+
+def _chunked(config: ModelConfig, params, prompt_ids, prompt_lengths, slots: int,
+             feature_layers, chunk: int):
+    """:func:`prefill` in chunks of ``chunk`` tokens: chunk ``k`` attends to the cache slots
+    before it and causally within itself, writes its keys and values at slot ``k * chunk``;
+    the loop stops after the chunk holding the longest prompt's last token. Every row's logits
+    come from the chunk holding its last token."""
+    B, P = prompt_ids.shape
+    lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    trips = (jnp.max(lengths) + chunk - 1) // chunk
+    j = jnp.arange(chunk, dtype=jnp.int32)
+    within = j[None, :] <= j[:, None]                                        # [C, C]
+    last = lengths - 1
+
+    def body(k, carry):
+        cache, logits, feats = carry
+        start = k * chunk
+        tokens = jax.lax.dynamic_slice_in_dim(prompt_ids, start, chunk, axis=1)
+        positions = jnp.broadcast_to(start + j, (B, chunk))
+        seen = (jnp.arange(slots)[None, :] < jnp.minimum(start, lengths)[:, None])  # [B, S]
+        new_ok = within[None] & ((start + j)[None, None, :] < lengths[:, None, None])
+        mask = jnp.concatenate([jnp.broadcast_to(seen[:, None, :], (B, chunk, slots)),
+                                new_ok], axis=-1)
+        at = jnp.clip(last - start, 0, chunk - 1)[:, None]
+        out = forward(config, params, tokens, positions, mask, cache, logits_at=at,
+                      feature_layers=feature_layers)
+        cache = kvc.write(cache, out[1], jnp.full((B,), start, jnp.int32))
+        here = (last >= start) & (last < start + chunk)
+        logits = jnp.where(here[:, None], out[0][:, 0], logits)
+        if feature_layers is not None:
+            feats = jax.lax.dynamic_update_slice_in_dim(feats, out[2].astype(feats.dtype),
+                                                        start, axis=1)
+        return cache, logits, feats
+
+    # the carries' shapes from one chunk's abstract pass (no computation)
+    probe = jax.eval_shape(lambda: forward(
+        config, params, prompt_ids[:, :chunk], jnp.zeros((B, chunk), jnp.int32),
+        jnp.ones((B, chunk, slots + chunk), bool), kvc.empty_cache(config, B, slots),
+        logits_at=jnp.zeros((B, 1), jnp.int32), feature_layers=feature_layers))
+    logits = jnp.zeros(probe[0].shape[:1] + probe[0].shape[2:], probe[0].dtype)
+    feats = (jnp.zeros((B, P) + probe[2].shape[2:], probe[2].dtype)
+             if feature_layers is not None else jnp.zeros((), jnp.float32))
+    cache, logits, feats = jax.lax.fori_loop(
+        0, trips, body, (kvc.empty_cache(config, B, slots), logits, feats))
+    return (cache, logits) + ((feats,) if feature_layers is not None else ())
 
 
 def decode_step(config: ModelConfig, params, cache: kvc.KVCache, tokens, lengths,
