@@ -178,6 +178,9 @@ def main():
     if "--cli" in sys.argv[1:]:   # the command line's answers, not decoding (module _cli_latency)
         from benchmarks import _cli_latency
         return _cli_latency.main([a for a in sys.argv[1:] if a != "--cli"])
+    if "--prefill" in sys.argv[1:]:   # the prompt pass alone, whole bucket vs chunks (_prefill)
+        from benchmarks import _prefill
+        return _prefill.main([a for a in sys.argv[1:] if a != "--prefill"])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -200,6 +203,9 @@ def main():
     ap.add_argument("--cli", action="store_true",
                     help="time the command line instead (help, refusals, a warm first token as "
                          "whole processes; python -m benchmarks.speed --cli --help)")
+    ap.add_argument("--prefill", action="store_true",
+                    help="time the prompt pass alone instead, the whole bucket against chunks "
+                         "(python -m benchmarks.speed --prefill --help)")
     args = ap.parse_args()
     from dsbd_jax import eval as bench
     import gc

@@ -25,7 +25,22 @@ def kernel_blocks(r: Results, sources) -> str:
                   "beam sampling W=4: plain / blocked"], rows)
 
 
+def prefill(r: Results, source: str) -> str:
+    """The prompt pass over its whole bucket against chunks up to the longest prompt
+    (``benchmarks.speed --prefill``), ms and the chunked pass over the whole one."""
+    doc = r(source)
+    chunks = [str(c) for c in doc["settings"]["chunks"]]
+    rows = [[row["dtype"], row["model"], ", ".join(str(n) for n in row["prompt_tokens"]),
+             row["bucket"], f"{row['ms']['0']:.0f}",
+             *[f"{row['ms'][c]:.0f} ({x(row['ratio'][c])})" for c in chunks]]
+            for row in doc["rows"]]
+    return (host_line(doc, source, " and ".join(doc["settings"]["dtypes"])) + "\n\n"
+            + table(["dtype", "model", "prompt tokens", "bucket", "whole bucket, ms",
+                     *[f"chunks of {c}, ms" for c in chunks]], rows))
+
+
 BLOCKS = {
+    "cpu-prefill": lambda r: prefill(r, "results/prefill_amx_xeon.json"),
     "cpu-kernel-blocks": lambda r: kernel_blocks(r, ["results/kernel_blocks_64_epyc.json",
                                                      "results/kernel_blocks_halves_epyc.json",
                                                      "results/kernel_blocks_64_float32_epyc.json"]),
