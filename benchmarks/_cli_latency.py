@@ -22,7 +22,7 @@ command (a figure taken beside other work is no figure). The goal is ``help`` an
 at or under 1 s on a 2-core AVX2 host.
 
     .venv/bin/python -m benchmarks.speed --cli --no-model --out results/cli_latency_<host>.json
-    .venv/bin/python -m benchmarks.speed --cli --out results/cli_latency.json   # ~3 min, warm
+    .venv/bin/python -m benchmarks.speed --cli --repeats 5 --out results/cli_latency_<host>.json  # warm
 """
 
 from __future__ import annotations

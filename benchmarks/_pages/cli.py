@@ -13,9 +13,14 @@ from benchmarks._pages.common import (BEAM_W4_POINT, DEFAULT, MODEL_NAMES, Resul
 def cli_latency(r: Results, source: str) -> str:
     """Whole ``dsbd`` commands timed from outside (``benchmarks.speed --cli``), median seconds."""
     doc = r(source)
+    m = doc["machine"]
+    host = (f"`{source}`: {m['cpu_model']} ({host_class(m)}), {m['cpu_count']} cores, "
+            f"jax {m['jax']}, load {doc.get('load_per_core')} per core, median of "
+            f"{doc['settings']['repeats']} runs")
     # the JSON keeps each command's words, not its quoting: printed as words, not as code
-    return table(["command (its words)", "seconds"],
-                 [[doc["commands"][k], f"{v:.1f}"] for k, v in doc["seconds"].items()])
+    return host + "\n\n" + table(
+        ["command (its words)", "seconds"],
+        [[doc["commands"][k], f"{v:.2f}"] for k, v in doc["seconds"].items()])
 
 
 def progress_chunks(r: Results, source: str) -> str:
@@ -32,7 +37,7 @@ def progress_chunks(r: Results, source: str) -> str:
 
 
 BLOCKS = {
-    "cli-latency": lambda r: cli_latency(r, "results/cli_latency.json"),
+    "cli-latency": lambda r: cli_latency(r, "results/cli_latency_amx_xeon.json"),
     "cli-progress-chunks": lambda r: progress_chunks(
         r, "results/progress_chunks_avx512bf16_epyc.json"),
 }
