@@ -166,6 +166,8 @@ BLOCKS = {
     "speed-int8-draft-epyc": lambda r: speed_vs_beam(
         r, "results/speed_int8_draft_avx512bf16_epyc.json"),
     "speed-int8-draft-amx": lambda r: speed_vs_beam(r, "results/speed_int8_draft_amx_xeon.json"),
+    "speed-fixed-width-amx": lambda r: speed_vs_beam(
+        r, "results/speed_fixed_width_amx_xeon.json"),
     "speed-int8-target-amx": lambda r: speed_target_kinds(
         r, "results/speed_int8_target_amx_xeon.json"),
     "speed-int8-target-epyc": lambda r: speed_target_kinds(
