@@ -28,13 +28,14 @@ def cmd_generate(args) -> int:
         from tqdm.auto import tqdm
         for b in rows:
             if b < len(args.prompt):
-                tqdm.write(prompt_block(tokenizer, out, b, args.prompt[b]))
+                tqdm.write(prompt_block(tokenizer, out, b, args.prompt[b], limit=args.beams))
                 shown.append(b)
     out, comp, run_s = run_method(decoders[args.method], target, draft, ids, lens, args.seed,
                                   progress=progress_mode(args), warmup=False, mesh=mesh,
                                   on_done=done)
     print(f"[{args.method}] compile {comp:.1f} s")
-    _print_outputs(tokenizer, args.method, out, args.prompt, run_s, shown=shown)
+    _print_outputs(tokenizer, args.method, out, args.prompt, run_s, shown=shown,
+                   limit=args.beams)
     return 0
 
 

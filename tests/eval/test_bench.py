@@ -6,6 +6,7 @@ per-iteration progress, ``jax.jit(dsbd_generate)``, the first-iteration forest, 
 
 import json
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -341,6 +342,13 @@ def test_cli_generate_bench_plot(tmp_path, pair, gsm_file, capsys):
     assert (f"draft {d}: float32 (--dtype auto for a draft: a small model") in out
     assert "; float weights (int8 draft not used here: a small model (not measured))" in out
     assert "DSBD forest" not in err   # --node-budget off, the default: nothing measured
+    # --beams 2 prints 2 beams, though DSBD's output holds its last layer's width (3 here)
+    code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
+                             "--max-new-tokens", "5", "--no-eos", "--beams", "2",
+                             "--min-width", "3", "--threshold", "1", "--progress", "none")
+    assert code == 0, err
+    assert len(re.findall(r"^    (best )?beam \d+: log-lik", out, re.M)) == 2, out
+    assert "(3 beams in the output; the 2 most likely shown, as --beams asks)" in out, out
     code, out, err = run_cli(capsys, "generate", "--target", t, "--draft", d, "--prompt", "hi",
                              "--max-new-tokens", "5", "--no-eos", "--node-budget", "auto",
                              "--progress", "none")
