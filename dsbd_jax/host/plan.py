@@ -79,7 +79,7 @@ DRAFT_PASSES = (1,)
 ROLES = ("target", "draft")
 NOISE = 0.10     # repeats of a pass that disagree by more than this are measured again
 TRIES = 3        # measurements at most, while they disagree
-BUSY = 0.75      # load average per core above which a choice is not cached as final
+BUSY = 0.75      # others' load per core above which a choice is not cached as final
 
 
 def passes_of(methods=None, role: str = "target") -> tuple:
@@ -147,8 +147,42 @@ def dtype_key(config) -> str:
             + "x".join(str(int(v)) for v in _shape(config)))
 
 
-def load_per_core() -> float:
-    """The host's one-minute load average per core (0 where the OS does not say)."""
+def cpu_seconds() -> Optional[tuple]:
+    """``(busy, own, wall, cpus)`` now: every CPU's busy seconds from ``/proc/stat``, this
+    process's CPU seconds, a monotonic clock and the CPUs ``/proc/stat`` counts; ``None``
+    where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        ticks = [int(v) for v in lines[0].split()[1:]]
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)          # idle and iowait
+    busy = sum(ticks[:8]) - idle     # user, nice, system, irq, softirq, steal (guest is in user)
+    t = os.times()
+    return busy / hz, t.user + t.system, time.monotonic(), max(cpus, 1)
+
+
+def others_per_core(before: tuple, after: tuple) -> float:
+    """The CPU time other processes used between two :func:`cpu_seconds` readings, per CPU and
+    second: this process's own work (a probe's passes) left out, so it reads 0 on a quiet
+    host however hard the probe works, and about 1 with another job on every core."""
+    busy, own, wall = (after[i] - before[i] for i in range(3))
+    if wall <= 0:
+        return 0.0
+    return max(busy - own, 0.0) / (wall * after[3])
+
+
+def load_per_core(since: Optional[tuple] = None) -> float:
+    """How busy other work kept this host: with ``since`` (a :func:`cpu_seconds` reading) the
+    others' CPU time since then (:func:`others_per_core`); else, or without ``/proc/stat``, the
+    one-minute load average per core (0 where the OS does not say), which also counts this
+    process's own recent work."""
+    now = cpu_seconds() if since is not None else None
+    if now is not None:
+        return others_per_core(since, now)
     try:
         return os.getloadavg()[0] / max(os.cpu_count() or 1, 1)
     except (OSError, AttributeError):
@@ -187,7 +221,8 @@ def _figures(times: Mapping, config, rows) -> str:
 def _measured(config) -> dict:
     """This host's dtype figures for a model shape (:func:`dtype_key`): the cached entry when
     it is final, else measured (:func:`measure_repeatably`) and written, as final only when the
-    repeats agreed within ``NOISE`` and the load average per core was under ``BUSY``. Returns
+    repeats agreed within ``NOISE`` and other work kept the host under ``BUSY`` per core
+    (:func:`load_per_core`, the probe's own work left out). Returns
     the entry (``min_ms``, ``worst_ms``, ``spread``, ``load``, ``final``) and where it came
     from (``how``)."""
     path = cpu_options.cache_file()
@@ -198,9 +233,9 @@ def _measured(config) -> dict:
             for d in DTYPES)):
         return {**got, "how": f"cached in {path}"}
     redo = " (the cached figures were not final: measured again)" if got else ""
-    load = load_per_core()
+    since = cpu_seconds()
     fast, slow, noise, tries = measure_repeatably(lambda: measure_dtypes(config))
-    load = max(load, load_per_core())
+    load = load_per_core(since)      # others' work beside the probe, not the probe's own
     final = noise <= NOISE and load <= BUSY
     extra = {"worst_ms": cpu_options._ms(slow), "spread": round(noise, 3),
              "load": round(load, 2), "tries": tries, "final": final}

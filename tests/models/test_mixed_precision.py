@@ -4,6 +4,7 @@ choice (dsbd_jax/models/products.py, kernels.py, host.py)."""
 from __future__ import annotations
 
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -156,7 +157,7 @@ def test_dtype_choice_is_forced_small_or_measured_once(monkeypatch, tmp_path):
     # a model past MIN_ELEMENTS is measured once (its passes, both dtypes, repeated), then read
     # back
     monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
-    monkeypatch.setattr(host, "load_per_core", lambda: 0.0)     # a quiet host
+    monkeypatch.setattr(host, "load_per_core", lambda since=None: 0.0)     # a quiet host
     _clear()
     calls = []
     real = host.measure_dtypes
@@ -216,7 +217,7 @@ def avx2_host(monkeypatch, tmp_path):
     monkeypatch.delenv(host.ENV, raising=False)
     cpu_options.cpu_flags.cache_clear()
     monkeypatch.setattr(forms, "MIN_ELEMENTS", 1)
-    monkeypatch.setattr(host, "load_per_core", lambda: 0.1)
+    monkeypatch.setattr(host, "load_per_core", lambda since=None: 0.1)
     _clear()
     config, _ = ref.toy_model(vocab=12)
     yield config.replace(hidden_size=128, intermediate_size=256)
@@ -272,11 +273,32 @@ def test_a_noisy_probe_is_measured_again_and_not_cached_as_final(avx2_host, monk
 
 
 def test_a_busy_host_does_not_cache_its_choice_as_final(avx2_host, monkeypatch):
-    monkeypatch.setattr(host, "load_per_core", lambda: 1.5)
+    monkeypatch.setattr(host, "load_per_core", lambda since=None: 1.5)
     monkeypatch.setattr(host, "measure_dtypes", lambda cfg: _s(AVX2_MS))
     dt, why = host.dtype_choice(avx2_host, "sample")
     assert dt == "float32" and "load 1.50 per core" in why and "not final" in why
     assert cpu_options.host_entries()[host.dtype_key(avx2_host)]["final"] is False
+
+
+def test_the_probes_own_work_is_not_load():
+    """Whether a choice is made beside other work is read from the CPU time others used during
+    the probe, not from the load average, which counts the probe's own passes: on a 2-core
+    host a 90 s probe alone drove it over ``BUSY``, so no choice there was ever final."""
+    quiet = ((0.0, 0.0, 0.0, 2), (20.0, 20.0, 10.0, 2))      # both cores busy, all the probe
+    assert host.others_per_core(*quiet) == 0.0
+    beside = ((0.0, 0.0, 0.0, 2), (30.0, 20.0, 10.0, 2))     # another job on one core
+    assert host.others_per_core(*beside) == 0.5
+    assert host.others_per_core((5.0, 5.0, 1.0, 2), (5.0, 5.0, 1.0, 2)) == 0.0
+    before = host.cpu_seconds()
+    if before is None:                                      # no /proc/stat: the load average
+        assert host.load_per_core() >= 0.0
+        return
+    t = time.process_time()
+    while time.process_time() - t < 0.3:                    # this process's own work
+        sum(range(1000))
+    after = host.cpu_seconds()
+    assert after[1] - before[1] >= 0.25 and after[0] - before[0] >= 0.2
+    assert 0.0 <= host.load_per_core(before) <= 1.0 + 1e-6
 
 
 def test_passes_per_decoder_and_role():
