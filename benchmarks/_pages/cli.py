@@ -38,6 +38,7 @@ def progress_chunks(r: Results, source: str) -> str:
 
 BLOCKS = {
     "cli-latency": lambda r: cli_latency(r, "results/cli_latency_amx_xeon.json"),
+    "cli-latency-avx2": lambda r: cli_latency(r, "results/cli_latency_avx2_epyc.json"),
     "cli-progress-chunks": lambda r: progress_chunks(
         r, "results/progress_chunks_avx512bf16_epyc.json"),
 }
