@@ -41,6 +41,7 @@ def prefill(r: Results, source: str) -> str:
 
 BLOCKS = {
     "cpu-prefill": lambda r: prefill(r, "results/prefill_amx_xeon.json"),
+    "cpu-prefill-avx2": lambda r: prefill(r, "results/prefill_avx2_epyc.json"),
     "cpu-kernel-blocks": lambda r: kernel_blocks(r, ["results/kernel_blocks_64_epyc.json",
                                                      "results/kernel_blocks_halves_epyc.json",
                                                      "results/kernel_blocks_64_float32_epyc.json"]),
