@@ -3,7 +3,9 @@
 Ours: sampling (batch 1, EOS off, top-k 10, top-p 0.8, temperature 1) with the float target in
 the host's dtype (``load_model(dtype="auto")``) and with the int8 target
 (``load_model(weights="int8")``, another model than the float one), each prompt padded to its
-bucket as the library runs it. llama.cpp: the same GGUF file (Q4_K / Q6_K blocks, run as stored),
+bucket as the library runs it; on the int8 pair (int8 target and draft) also beam sampling W=4
+and DSBD at ``--dsbd`` (the beam-W4 point): beam-sampling quality against llama.cpp's
+sampling. llama.cpp: the same GGUF file (Q4_K / Q6_K blocks, run as stored),
 the same prompt token ids, warping (``min_p=0``, no repetition penalty) and number of new
 tokens, through llama-cpp-python with one thread per core.
 
@@ -25,11 +27,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks.speed import run_peer  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
+DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 LLAMA_SCRIPT = r"""
 import json, sys, time
@@ -67,14 +72,17 @@ print("JSON" + json.dumps({"version": llama_cpp.__version__, "prompts": per}))
 
 
 def ours(args, prompts_of):
-    """Sampling with the float target (the host's dtype) and the int8 target: one row each."""
+    """Sampling with the float target (the host's dtype) and the int8 target, one row each;
+    on the int8 pair also beam sampling W=4 and DSBD at ``args.dsbd``."""
     import gc
 
     import jax
 
     from dsbd_jax import eval as bench
     from dsbd_jax.decoding import common
-    from dsbd_jax.decoding.configs import SampleConfig
+    from dsbd_jax.decoding.beam import beam_sample
+    from dsbd_jax.decoding.configs import BeamSampleConfig, SampleConfig
+    from dsbd_jax.decoding.dsbd import DSBDConfig, dsbd_generate
     from dsbd_jax.decoding.sampling import sample
     from dsbd_jax.eval.run import prefill_seconds
     from dsbd_jax.loading.load import load_model
@@ -84,24 +92,51 @@ def ours(args, prompts_of):
         if prompts is None:         # one tokenizer for both kinds
             prompts = prompts_of(m.tokenizer)[1]
         P = common.bucket_length(max(len(p) for p in prompts))
-        cfg = SampleConfig(target=m.config, temperature=1.0, top_k=args.top_k, top_p=args.top_p,
-                           eos_token_id=(), max_new_tokens=args.max_new_tokens)
-        pre = []
-        for p in prompts:
-            ids, lens = common.pad_prompts([p], length=P)
-            pre.append(prefill_seconds(m, P, ids, lens, 3))
-        r = bench.run_over_prompts(sample, m.params, cfg, prompts, P, seed=args.seed,
-                                   label=f"ours ({m.info['dtype']}, {weights} weights) sample")
-        sec = sum(p["seconds"] for p in r["prompts"])
-        tok = sum(p["tokens"] for p in r["prompts"])
-        rows.append({"impl": "dsbd_jax", "weights": weights, "dtype": m.info["dtype"],
-                     "bucket": P, "prefill_s": pre, "tokens_per_s": tok / sec,
-                     "decode_tokens_per_s": tok / (sec - sum(pre)),
-                     "compile_s": r["compile_s"], "prompts": r["prompts"]})
-        del m
+        warp = dict(temperature=1.0, top_k=args.top_k, top_p=args.top_p, eos_token_id=(),
+                    max_new_tokens=args.max_new_tokens)
+
+        def pre_of(model):
+            return [prefill_seconds(model, P, *common.pad_prompts([p], length=P), 3)
+                    for p in prompts]
+        pre = pre_of(m)
+        runs = [("sample", sample, m.params, SampleConfig(target=m.config, **warp), pre)]
+        draft = None
+        if weights == "int8" and args.dsbd != "none":
+            draft = load_model(DRAFT, "auto", weights="int8")
+            g, ws, t, wmin = args.dsbd.split(",")
+            runs.append(("beam_sample_W4", beam_sample, m.params,
+                         BeamSampleConfig(target=m.config, num_beams=4, **warp), pre))
+            runs.append((f"dsbd_g{g}_WS{ws}_t{t}_Wmin{wmin}", dsbd_generate,
+                         {"target": m.params, "draft": draft.params},
+                         DSBDConfig(target=m.config, draft=draft.config, gamma=int(g),
+                                    draft_width=int(ws), threshold=float(t),
+                                    min_width=int(wmin), **warp),
+                         [a + b for a, b in zip(pre, pre_of(draft))]))
+        for method, fn, params, cfg, prefill in runs:
+            r = bench.run_over_prompts(fn, params, cfg, prompts, P, seed=args.seed,
+                                       label=f"ours ({m.info['dtype']}, {weights} weights) "
+                                             f"{method}")
+            sec = sum(p["seconds"] for p in r["prompts"])
+            tok = sum(p["tokens"] for p in r["prompts"])
+            rows.append({"impl": "dsbd_jax", "method": method, "weights": weights,
+                         "dtype": m.info["dtype"], "bucket": P, "prefill_s": prefill,
+                         "tokens_per_s": tok / sec,
+                         "decode_tokens_per_s": tok / (sec - sum(prefill)),
+                         "loglik_per_token": float(np.mean(
+                             [p["loglik_per_token"] for p in r["prompts"]])),
+                         "compile_s": r["compile_s"], "prompts": r["prompts"]})
+        del m, draft
         jax.clear_caches()
         gc.collect()
     return prompts, rows
+
+
+def ratios(rows) -> dict:
+    """Each of our rows over llama.cpp's sampling (the last row), end to end and in decode."""
+    peer = rows[-1]
+    return {f"{key}: ours {r.get('method', 'sample')} {r['dtype']} {r['weights']} weights / "
+            f"llama.cpp sampling": r[key] / peer[key]
+            for r in rows[:-1] for key in ("tokens_per_s", "decode_tokens_per_s")}
 
 
 def theirs(args, prompts):
@@ -131,8 +166,20 @@ def main(argv=None):
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--top-p", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dsbd", default="2,4,0.7,2",
+                    help="DSBD's gamma,W_S,t,W_min on the int8 pair, beside beam sampling W=4 "
+                         "(default: the beam-W4 point); none skips both")
     ap.add_argument("--out", default="/tmp/dsbd_llama_cpp.json")
     args = ap.parse_args(argv)
+    if args.dsbd != "none":          # before any model loads
+        parts = args.dsbd.split(",")
+        try:
+            ok = len(parts) == 4 and int(parts[0]) >= 1 and 0 <= float(parts[2]) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SystemExit(f"--dsbd {args.dsbd}: give gamma,W_S,t,W_min (e.g. 2,4,0.7,2) "
+                             f"or none")
     check = subprocess.run([args.llama_python, "-c", "import llama_cpp"], capture_output=True,
                            text=True)
     if check.returncode != 0:       # before our part: minutes of work otherwise
@@ -146,16 +193,13 @@ def main(argv=None):
     t0 = time.perf_counter()
     prompts, rows = ours(args, lambda tok: benchmark_prompts(tok, args.prompts))
     rows.append(theirs(args, prompts))
-    peer = rows[-1]
-    ratios = {f"{key}: ours {r['dtype']} {r['weights']} weights / llama.cpp":
-              r[key] / peer[key] for r in rows[:-1]
-              for key in ("tokens_per_s", "decode_tokens_per_s")}
-    for k, v in ratios.items():
+    got = ratios(rows)
+    for k, v in got.items():
         print(f"ratio {k}: {v:.2f}x")
     settings = portable_settings(vars(args), _ROOT)
     settings["llama_python"] = "(a Python with llama-cpp-python)"
     res = {"machine": bench.machine_info(), "settings": settings,
-           "prompt_lengths": [len(p) for p in prompts], "rows": rows, "ratios": ratios,
+           "prompt_lengths": [len(p) for p in prompts], "rows": rows, "ratios": got,
            "wall_s": time.perf_counter() - t0}
     bench.write_json(args.out, res)
     print(f"wrote {args.out}")

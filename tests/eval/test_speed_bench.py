@@ -46,3 +46,25 @@ def test_llama_cpp_bench_refuses_a_python_without_it_at_once():
     with pytest.raises(SystemExit, match="cannot import llama_cpp.*pip install llama-cpp-python"):
         bench.main(["--llama-python", sys.executable, "--out", "/dev/null"])
     assert time.perf_counter() - t0 < 30
+
+
+def test_llama_cpp_bench_ratios_name_each_decoder_and_refuse_a_bad_point():
+    """Every row of ours (sampling on both targets; beam sampling W=4 and DSBD on the int8 pair)
+    is set against llama.cpp's sampling, and a malformed ``--dsbd`` is refused before any
+    model loads."""
+    import sys
+    bench = load_bench("llama_cpp")
+    rows = [_row("sample", 2.0), _row("sample", 4.0, "int8"),
+            _row("beam_sample_W4", 3.0, "int8"), _row("dsbd_g2_WS4_t0.7_Wmin2", 5.0, "int8"),
+            {"impl": "llama.cpp", "tokens_per_s": 4.0, "decode_tokens_per_s": 10.0}]
+    r = bench.ratios(rows)
+    assert len(r) == 8
+    assert r["tokens_per_s: ours dsbd_g2_WS4_t0.7_Wmin2 float32 int8 weights / llama.cpp "
+             "sampling"] == pytest.approx(1.25)
+    assert r["decode_tokens_per_s: ours sample float32 float weights / llama.cpp sampling"] \
+        == pytest.approx(0.4)
+    old = {k: v for k, v in rows[0].items() if k != "method"}     # a run from before methods
+    assert "ours sample" in next(iter(bench.ratios([old, rows[-1]])))
+    for bad in ("2,4,0.7", "a,4,0.7,2", "2,4,1.5,2"):
+        with pytest.raises(SystemExit, match="--dsbd"):
+            bench.main(["--llama-python", sys.executable, "--dsbd", bad, "--out", "/dev/null"])
