@@ -170,6 +170,7 @@ BLOCKS = {
     "speed-int8-draft-epyc": lambda r: speed_vs_beam(
         r, "results/speed_int8_draft_avx512bf16_epyc.json"),
     "speed-int8-draft-amx": lambda r: speed_vs_beam(r, "results/speed_int8_draft_amx_xeon.json"),
+    "speed-int8-draft-avx2": lambda r: speed_vs_beam(r, "results/speed_int8_draft_avx2_epyc.json"),
     "speed-fixed-width-amx": lambda r: speed_vs_beam(
         r, "results/speed_fixed_width_amx_xeon.json"),
     "speed-int8-target-amx": lambda r: speed_target_kinds(
@@ -177,6 +178,7 @@ BLOCKS = {
     "speed-int8-target-epyc": lambda r: speed_target_kinds(
         r, "results/speed_int8_target_avx512bf16_epyc.json"),
     "llama-cpp-amx": lambda r: llama_cpp(r, "results/llama_cpp_amx_xeon.json"),
+    "llama-cpp-avx2": lambda r: llama_cpp(r, "results/llama_cpp_avx2_epyc.json"),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
     "forest-head-epyc": lambda r: forest_decoders(r, "results/forest_budget_epyc.json"),
     "forest-draft-model-epyc": lambda r: forest_decoders(
