@@ -136,6 +136,13 @@ BLOCKS = {
          ("1.5B target, int8", "target", "bfloat16", "int8"),
          ("0.5B draft, bfloat16", "draft", "bfloat16", "transposed"),
          ("0.5B draft, int8", "draft", "bfloat16", "int8"))),
+    "precision-passes-avx2": lambda r: pass_floor_passes(
+        r, "results/pass_floor_int8_avx2_epyc.json",
+        (("1.5B target, float32", "target", "float32", "transposed"),
+         ("1.5B target, bfloat16", "target", "bfloat16", "transposed"),
+         ("1.5B target, int8", "target", "float32", "int8"),
+         ("0.5B draft, float32", "draft", "float32", "transposed"),
+         ("0.5B draft, int8", "draft", "float32", "int8"))),
     "precision-terms-amx": lambda r: terms_runs(
         r, (("earlier", "results/draft_terms_int8_amx_xeon_earlier.json"),
             ("later", "results/draft_terms_int8_amx_xeon.json"))),
