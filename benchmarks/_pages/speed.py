@@ -177,6 +177,8 @@ BLOCKS = {
         r, "results/speed_int8_target_amx_xeon.json"),
     "speed-int8-target-epyc": lambda r: speed_target_kinds(
         r, "results/speed_int8_target_avx512bf16_epyc.json"),
+    "speed-int8-target-avx2": lambda r: speed_target_kinds(
+        r, "results/speed_int8_target_avx2_epyc.json"),
     "llama-cpp-amx": lambda r: llama_cpp(r, "results/llama_cpp_amx_xeon.json"),
     "llama-cpp-avx2": lambda r: llama_cpp(r, "results/llama_cpp_avx2_epyc.json"),
     "forest-curve-epyc": lambda r: forest_curve(r, "results/forest_budget_epyc.json"),
