@@ -110,15 +110,18 @@ def test_train_head_shows_its_rollouts_and_resumes_from_their_parts(tmp_path, ti
     env = dict(os.environ, PYTHONPATH=str(ROOT), DSBD_JAX_CACHE=str(tmp_path / "cache"),
                DSBD_JAX_CPU_OPTIONS="default", DSBD_JAX_HEARTBEAT_S="0.5")
     argv = [sys.executable, "-u", "-m", "dsbd_jax", "train-head", str(p)]
+    import signal
+    # a test lane runs in a script's background, where the shell starts every command with
+    # SIGINT ignored and Python keeps ignoring it: give the child the default back (ctrl_c.py)
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         for line in proc.stdout:
             lines.append(line)
             if "target rollouts 2/10" in line:        # the first batch is kept: stop here,
                 break                                # three batches before the run could end
-        import signal
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
     finally:
